@@ -1,0 +1,117 @@
+"""Tiny Qwen2-architecture chat models and tokenizers built from scratch, with no download.
+
+Tests, benchmarks and the bundled demo model (``data/build_tiny_model.py``) all need a chat model whose
+tokenizer behaves like Qwen's: ChatML special tokens, ``<|im_end|>`` as end of turn, byte-level BPE, digits split
+one per token. Building one locally keeps every run offline and deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "CHATML_DEFAULT_SYSTEM_TEMPLATE",
+    "DEFAULT_SYSTEM_PROMPT",
+    "SPECIAL_TOKENS",
+    "train_chat_tokenizer",
+    "build_tiny_qwen2",
+]
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Plain ChatML: a system turn appears only when the conversation has one.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen2.5-style ChatML: injects a default system turn when the conversation has none.
+CHATML_DEFAULT_SYSTEM_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (loop.first and message['role'] == 'system') %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def train_chat_tokenizer(
+    corpus: Iterable[str],
+    vocab_size: int = 512,
+    chat_template: str = CHATML_DEFAULT_SYSTEM_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE with ChatML special tokens on ``corpus``.
+
+    Digits and newlines are isolated before BPE, so numbers tokenize one digit per token (arithmetic stays
+    learnable) and no token ever spans a turn header and its content. Everything else may merge across spaces,
+    so fixed strings that recur in the corpus (system prompts, answer prefixes) become a few tokens.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\d|\n"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=chat_template,
+        padding_side="right",
+        model_max_length=1024,
+    )
+
+
+def build_tiny_qwen2(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2ForCausalLM sized for ``tokenizer``; deterministic for a given ``seed``."""
+    import torch
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 3 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
