@@ -1,0 +1,134 @@
+"""``SFTTrainingArguments``: TrainingArguments plus the model, data and LoRA fields of a LoRA SFT run.
+
+One dataclass (rather than three) because DeepSpeed's "auto" values, the precision choice and the batch checks all
+need to see the training fields and ours together. Invalid combinations fail in ``__post_init__``, before any model
+is loaded, with a message that says which flag to change.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import TrainingArguments
+
+__all__ = ["SFTTrainingArguments"]
+
+
+@dataclass
+class SFTTrainingArguments(TrainingArguments):
+    # ---- model ----
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Base model: a local directory or a hub id (any causal LM with a chat template)."}
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto",
+        metadata={
+            "help": "Dtype to load the base weights in. 'auto': bfloat16 on a GPU that supports it (and bf16 training), "
+            "float32 elsewhere, since bf16 LoRA training on CPUs ran ~20x slower than fp32."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow the model's own Python code from its repository to run. Off by default."}
+    )
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."}
+    )
+    # ---- data ----
+    train_file: str | None = field(
+        default=None, metadata={"help": "Training data: .json, .jsonl or .parquet of alpaca or messages records."}
+    )
+    eval_file: str | None = field(
+        default=None, metadata={"help": "Held-out data in the same formats, scored by --eval_task before and after."}
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System turn added to records without one. None keeps the chat template's own default."},
+    )
+    max_length: int = field(default=2048, metadata={"help": "Samples longer than this many tokens are truncated."})
+    assistant_turns: Literal["all", "last"] = field(
+        default="all", metadata={"help": "Train on every assistant turn of a conversation, or on the last one only."}
+    )
+    on_empty_labels: Literal["drop", "error"] = field(
+        default="drop",
+        metadata={"help": "A sample that truncation leaves with no supervised token is dropped (and counted) or an error."},
+    )
+    batching: Literal["auto", "padded", "padding_free"] = field(
+        default="auto",
+        metadata={
+            "help": "'padded': pad each batch to its longest sample. 'padding_free': flatten the batch with position_ids "
+            "(needs an attention that supports it). 'auto': padding-free with flash attention, padded otherwise."
+        },
+    )
+    pad_to_multiple_of: int | None = field(
+        default=None, metadata={"help": "Round padded batch lengths up to a multiple of this (e.g. 8 for tensor cores)."}
+    )
+    dataset_cache_dir: str | None = field(
+        default=None, metadata={"help": "Where tokenized datasets are cached. None: the datasets library's cache."}
+    )
+    # ---- LoRA ----
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_alpha: float = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r, or / sqrt(r))."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input, in [0, 1)."})
+    lora_target_modules: str = field(
+        default="all-linear",
+        metadata={"help": "Comma-separated module names to adapt, or 'all-linear' for every linear layer but the head."},
+    )
+    use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA: scale by alpha / sqrt(r)."})
+    use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
+    # ---- answer-accuracy eval ----
+    eval_task: str = field(
+        default="sum_to_x", metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."}
+    )
+
+    def __post_init__(self) -> None:
+        self._check_model_and_data()
+        self._check_lora()
+        self._resolve_precision()
+        super().__post_init__()
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def _check_model_and_data(self) -> None:
+        if not self.model_name_or_path:
+            raise ValueError("--model_name_or_path is required: a local model directory or a hub id")
+        if not self.train_file:
+            raise ValueError("--train_file is required: a .json, .jsonl or .parquet file of training records")
+        for flag in ("train_file", "eval_file"):
+            path = getattr(self, flag)
+            if path and not os.path.isfile(path):
+                raise FileNotFoundError(f"--{flag} {path}: no such file")
+        if self.max_length < 2:
+            raise ValueError(f"--max_length must be at least 2 tokens, got {self.max_length}")
+        if self.batching == "padding_free" and self.pad_to_multiple_of:
+            raise ValueError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"--pad_to_multiple_of must be a positive integer, got {self.pad_to_multiple_of}")
+
+    def _check_lora(self) -> None:
+        if self.lora_rank < 1:
+            raise ValueError(f"--lora_rank must be a positive integer, got {self.lora_rank}")
+        if self.lora_alpha <= 0:
+            raise ValueError(f"--lora_alpha must be positive, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_target_modules.strip(" ,"):
+            raise ValueError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+
+    def _resolve_precision(self) -> None:
+        """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
+        if self.dtype == "auto":
+            on_bf16_gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not self.use_cpu
+            self.dtype = "bfloat16" if on_bf16_gpu and not self.fp16 else "float32"
+        if self.dtype == "bfloat16" and self.fp16:
+            raise ValueError("--dtype bfloat16 with --fp16: use --bf16 (or --dtype float16 with --fp16)")
+        if self.dtype == "float16" and self.bf16:
+            raise ValueError("--dtype float16 with --bf16: use --fp16 (or --dtype bfloat16 with --bf16)")
+        if self.dtype == "bfloat16":
+            self.bf16 = True
+        elif self.dtype == "float16":
+            self.fp16 = True

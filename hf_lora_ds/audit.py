@@ -1,0 +1,141 @@
+"""Dataset-wide mask audit: what the model will actually be trained on, before a GPU-hour is spent.
+
+``python -m hf_lora_ds.audit --data FILE --tokenizer DIR`` prints the full report; every training run logs its
+one-line summary first. The numbers catch the silent failures: samples with no supervised token, answers cut by
+truncation, spans that do not end in the end-of-turn token (a model that never learns to stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
+
+__all__ = ["MaskAudit", "audit_dataset", "render_supervision", "main"]
+
+OPEN, CLOSE = "[[", "]]"
+
+
+@dataclass
+class MaskAudit:
+    samples: int
+    supervised_min: int
+    supervised_median: float
+    supervised_max: int
+    truncated: int
+    dropped_empty: int
+    spans: int
+    spans_ending_in_eot: int
+    spans_cut_by_truncation: int
+    example: str
+
+    @property
+    def all_spans_end_in_eot(self) -> bool:
+        return self.spans_ending_in_eot + self.spans_cut_by_truncation == self.spans
+
+    def line(self) -> str:
+        return (
+            f"mask audit: {self.samples} samples, supervised tokens/sample min {self.supervised_min} "
+            f"median {self.supervised_median:g} max {self.supervised_max}, {self.truncated} truncated, "
+            f"{self.dropped_empty} dropped with no supervised token, "
+            f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
+            + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
+        )
+
+    def __str__(self) -> str:
+        verdict = "yes" if self.all_spans_end_in_eot else "NO: some answers would not teach the model to stop"
+        return "\n".join(
+            [
+                f"samples:                          {self.samples}",
+                f"supervised tokens per sample:     min {self.supervised_min}, median {self.supervised_median:g}, "
+                f"max {self.supervised_max}",
+                f"truncated samples:                {self.truncated}",
+                f"dropped, no supervised token:     {self.dropped_empty}",
+                f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
+                f"{self.spans_cut_by_truncation} cut by truncation)",
+                f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
+                self.example,
+            ]
+        )
+
+
+def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int]) -> str:
+    """Decode a sample with each supervised run wrapped in [[ ]], so the mask can be read at a glance."""
+    pieces, run = [], []
+    for token, label in zip(input_ids, labels):
+        if label != IGNORE_INDEX:
+            run.append(token)
+            continue
+        if run:
+            pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
+            run = []
+        pieces.append(tokenizer.decode([token]))
+    if run:
+        pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
+    return "".join(pieces)
+
+
+def audit_dataset(dataset: ChatSFTDataset) -> MaskAudit:
+    end_of_turn_ids = set(dataset.tokenizer.all_special_ids) | set(dataset.tokenizer.get_added_vocab().values())
+    supervised, spans, ending_in_eot, cut = [], 0, 0, 0
+    for sample in dataset:
+        labels = sample["labels"]
+        supervised.append(sum(label != IGNORE_INDEX for label in labels))
+        for end in _run_ends(labels):
+            spans += 1
+            if labels[end] in end_of_turn_ids:
+                ending_in_eot += 1
+            elif end == len(labels) - 1 and len(labels) == dataset.max_length:
+                cut += 1
+    first = dataset[0]
+    return MaskAudit(
+        samples=len(dataset),
+        supervised_min=min(supervised),
+        supervised_median=statistics.median(supervised),
+        supervised_max=max(supervised),
+        truncated=dataset.num_truncated,
+        dropped_empty=dataset.num_dropped,
+        spans=spans,
+        spans_ending_in_eot=ending_in_eot,
+        spans_cut_by_truncation=cut,
+        example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
+    )
+
+
+def _run_ends(labels: list[int]) -> list[int]:
+    """Index of the last token of every contiguous supervised run."""
+    return [
+        i
+        for i, label in enumerate(labels)
+        if label != IGNORE_INDEX and (i + 1 == len(labels) or labels[i + 1] == IGNORE_INDEX)
+    ]
+
+
+def main(argv: list[str] | None = None) -> MaskAudit:
+    parser = argparse.ArgumentParser(prog="python -m hf_lora_ds.audit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="A .json, .jsonl or .parquet file of alpaca or messages records.")
+    parser.add_argument("--tokenizer", required=True, help="Tokenizer (or model) directory with a chat template.")
+    parser.add_argument("--max_length", type=int, default=None, help="Truncate samples to this many tokens.")
+    parser.add_argument("--system_prompt", default=None, help="System turn for records that have none.")
+    parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
+    parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
+    args = parser.parse_args(argv)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=args.trust_remote_code)
+    dataset = ChatSFTDataset(
+        args.data,
+        tokenizer,
+        max_length=args.max_length,
+        system_prompt=args.system_prompt,
+        assistant_turns=args.assistant_turns,
+    )
+    report = audit_dataset(dataset)
+    print(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

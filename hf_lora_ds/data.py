@@ -1,0 +1,225 @@
+"""Chat-template SFT data with exact labels: every token is -100 except what each trained assistant turn says.
+
+Stock chat templates (Qwen's among them) have no ``{% generation %}`` block, so transformers' assistant mask comes
+back all zeros with only a warning, and masking by response-marker strings breaks when the marker tokenizes
+differently in context. Instead, the supervised spans are derived from the template itself: for assistant turn i,
+the conversation rendered up to turn i with the generation prompt must be a prefix of the conversation rendered
+through turn i, and what lies between is exactly the assistant content followed by an end-of-turn special token.
+Those character spans are mapped to tokens with the fast tokenizer's offsets, and each decoded span is checked
+against ``content + end_of_turn``. Whatever the template does that breaks this (reformatting history, merging the
+header into the content) raises a ``TemplateError`` instead of training on a wrong mask.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import torch
+from datasets.fingerprint import Hasher
+from transformers import PreTrainedTokenizerBase
+
+from hf_lora_ds.records import DataError, load_records, to_messages
+
+__all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "supervised_char_spans", "tokenize_conversation"]
+
+IGNORE_INDEX = -100
+AssistantTurns = Literal["all", "last"]
+EmptyLabelsPolicy = Literal["drop", "error"]
+
+
+class TemplateError(ValueError):
+    """The chat template renders conversations in a way that no exact assistant mask can be derived from."""
+
+
+def supervised_char_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, str]],
+    assistant_turns: AssistantTurns = "all",
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render ``messages`` and return the text with the character spans to train on (content + end-of-turn)."""
+    text = _render(tokenizer, messages)
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if assistant_turns == "last":
+        turns = turns[-1:]
+    spans = []
+    for i in turns:
+        prompt = _render(tokenizer, messages[:i], add_generation_prompt=True)
+        through = _render(tokenizer, messages[: i + 1])
+        if not (through.startswith(prompt) and text.startswith(through)):
+            raise TemplateError(
+                f"the chat template renders assistant turn {i} differently once later turns follow it (or the "
+                "generation prompt is not a prefix of the rendered turn), so its tokens cannot be located exactly; "
+                "train on the last assistant turn only (assistant_turns='last') or use a template that keeps history"
+            )
+        content = messages[i]["content"]
+        reply = through[len(prompt) :]
+        if not reply.startswith(content):
+            raise TemplateError(
+                f"the chat template changes the content of assistant turn {i} (rendered {reply[:60]!r}, "
+                f"expected it to start with {content[:60]!r}); strip or normalise the content in your data first"
+            )
+        end_of_turn = _end_of_turn_after(tokenizer, reply[len(content) :])
+        start = len(prompt)
+        spans.append((start, start + len(content) + len(end_of_turn)))
+    return text, spans
+
+
+def tokenize_conversation(
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    spans: Sequence[tuple[int, int]],
+    offsets: Sequence[tuple[int, int]],
+    input_ids: Sequence[int],
+) -> list[int]:
+    """Labels for one tokenized text: the token id inside a supervised span, -100 elsewhere.
+
+    A token that straddles a span boundary means the tokenizer merged template text into the answer (or the
+    answer into the template), so no exact mask exists for it: that is an error, not a guess.
+    """
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for start, end in spans:
+        picked = []
+        for j, (token_start, token_end) in enumerate(offsets):
+            if token_end <= start or token_start >= end:
+                continue
+            if token_start < start or token_end > end:
+                raise TemplateError(
+                    f"token {tokenizer.convert_ids_to_tokens(input_ids[j])!r} crosses the boundary of an assistant "
+                    f"turn (chars {start}-{end}); the tokenizer merges template and content here"
+                )
+            labels[j] = input_ids[j]
+            picked.append(input_ids[j])
+        decoded = tokenizer.decode(picked, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if decoded != text[start:end]:
+            raise TemplateError(f"supervised tokens decode to {decoded!r}, expected {text[start:end]!r}")
+    return labels
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def _end_of_turn_after(tokenizer: PreTrainedTokenizerBase, rest: str) -> str:
+    """The special token the template puts right after an assistant message (``<|im_end|>``, ``<|eot_id|>``...)."""
+    specials = sorted(set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens), key=len, reverse=True)
+    for token in specials:
+        if rest.startswith(token):
+            return token
+    raise TemplateError(
+        f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
+        "the model would never learn to stop"
+    )
+
+
+class ChatSFTDataset(torch.utils.data.Dataset):
+    """Tokenized chat SFT samples: ``ds[i]`` is a dict of ``input_ids``, ``attention_mask`` and ``labels`` lists.
+
+    Args:
+        data: a ``.json``/``.jsonl``/``.parquet`` path or a list of alpaca / messages records.
+        tokenizer: a fast tokenizer whose chat template renders the conversations.
+        max_length: truncate longer samples to this many tokens (right side); None keeps them whole.
+        system_prompt: system turn to add to records that have none (a record's own system turn wins).
+        assistant_turns: train on ``"all"`` assistant turns or only the ``"last"`` one.
+        on_empty_labels: a sample left with no supervised token (by truncation) is ``"drop"``-ped and counted,
+            or raises an ``"error"`` naming it.
+        cache_dir: where the tokenized arrow file is cached; None uses the datasets cache.
+    """
+
+    def __init__(
+        self,
+        data: str | Path | list[dict],
+        tokenizer: PreTrainedTokenizerBase,
+        max_length: int | None = None,
+        system_prompt: str | None = None,
+        assistant_turns: AssistantTurns = "all",
+        on_empty_labels: EmptyLabelsPolicy = "drop",
+        cache_dir: str | Path | None = None,
+    ):
+        if not tokenizer.is_fast:
+            raise TemplateError("a fast tokenizer is required (its offsets locate the assistant spans exactly)")
+        if tokenizer.chat_template is None:
+            raise TemplateError("the tokenizer has no chat_template; set tokenizer.chat_template first")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.assistant_turns = assistant_turns
+        records = load_records(data)
+        conversations = [to_messages(r.data, system_prompt, r.where) for r in records]
+        raw = datasets.Dataset.from_dict({"messages": conversations, "where": [r.where for r in records]})
+        with _main_process_first():
+            tokenized = raw.map(
+                self._tokenize_batch,
+                batched=True,
+                remove_columns=["messages"],
+                cache_file_name=str(_cache_file(cache_dir, conversations, tokenizer, max_length, assistant_turns)),
+                desc="Tokenizing with the chat template",
+            )
+        empty = [i for i, n in enumerate(tokenized["num_supervised"]) if n == 0]
+        if empty and on_empty_labels == "error":
+            where = tokenized[empty[0]]["where"]
+            raise DataError(
+                f"{where}: sample {empty[0]} has no supervised token left after truncation to max_length={max_length} "
+                f"({len(empty)} such samples); raise max_length or set on_empty_labels='drop'"
+            )
+        self.num_dropped = len(empty)
+        self.num_truncated = sum(tokenized["truncated"])
+        self.samples = tokenized.filter(lambda n: n > 0, input_columns="num_supervised") if empty else tokenized
+        self.samples = self.samples.with_format(columns=["input_ids", "attention_mask", "labels"])
+        if len(self.samples) == 0:
+            raise DataError(f"no trainable samples: all {len(tokenized)} lost their supervised tokens to truncation")
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        return self.samples[index]
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.samples.with_format(None)["length"])
+
+    def _tokenize_batch(self, batch: dict[str, list]) -> dict[str, list]:
+        rendered = [supervised_char_spans(self.tokenizer, m, self.assistant_turns) for m in batch["messages"]]
+        texts = [text for text, _ in rendered]
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        out: dict[str, list] = {k: [] for k in ("input_ids", "attention_mask", "labels", "length")}
+        out.update(num_supervised=[], truncated=[])
+        for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
+            labels = tokenize_conversation(self.tokenizer, text, spans, offsets, ids)
+            truncated = self.max_length is not None and len(ids) > self.max_length
+            if truncated:
+                ids, labels = ids[: self.max_length], labels[: self.max_length]
+            out["input_ids"].append(ids)
+            out["attention_mask"].append([1] * len(ids))
+            out["labels"].append(labels)
+            out["length"].append(len(ids))
+            out["num_supervised"].append(sum(label != IGNORE_INDEX for label in labels))
+            out["truncated"].append(truncated)
+        return out
+
+
+@contextmanager
+def _main_process_first() -> Iterator[None]:
+    """Rank 0 tokenizes and writes the cache first; the other ranks then read it instead of redoing the work."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    is_main = not distributed or torch.distributed.get_rank() == 0
+    if distributed and not is_main:
+        torch.distributed.barrier()
+    yield
+    if distributed and is_main:
+        torch.distributed.barrier()
+
+
+def _cache_file(
+    cache_dir: str | Path | None, conversations: list, tokenizer: PreTrainedTokenizerBase, *settings: Any
+) -> Path:
+    """A cache path keyed on everything that changes the tokens: data, vocabulary, template and settings."""
+    root = Path(cache_dir or os.path.join(datasets.config.HF_DATASETS_CACHE, "hf_lora_ds"))
+    root.mkdir(parents=True, exist_ok=True)
+    key = Hasher.hash([conversations, tokenizer.backend_tokenizer.to_str(), tokenizer.chat_template, settings])
+    return root / f"chat_sft-{key}.arrow"

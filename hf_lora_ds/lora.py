@@ -1,0 +1,37 @@
+"""From arguments to a PEFT LoRA model, and the trainable-parameter report users check first."""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+
+from hf_lora_ds.arguments import SFTTrainingArguments
+
+__all__ = ["lora_config_from_args", "wrap_with_lora", "trainable_parameters_line"]
+
+
+def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
+    """``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
+    targets = args.lora_target_modules.strip()
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        use_rslora=args.use_rslora,
+        use_dora=args.use_dora,
+    )
+
+
+def wrap_with_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
+    """Wrap ``model`` unless it already is a PeftModel (a resumed or user-built adapter is kept as it is)."""
+    if isinstance(model, PeftModel):
+        return model
+    return get_peft_model(model, config)
+
+
+def trainable_parameters_line(model: PeftModel) -> str:
+    """PEFT's count, which also sees ZeRO-3 partitioned parameters (their local numel is 0)."""
+    trainable, total = model.get_nb_trainable_parameters()
+    return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"

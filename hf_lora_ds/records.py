@@ -1,0 +1,172 @@
+"""Load SFT records and check them before anything is tokenized or trained.
+
+A bad record found deep inside Trainer costs a user a GPU allocation and a traceback that names no line.
+Every error raised here names the file, the line (or row / record index) and the field, and says what to fix.
+
+Two record formats are accepted and normalised to one conversation shape (a list of ``{role, content}``):
+
+- alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
+  "system" (optional)}``;
+- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DataError", "Record", "load_records", "to_messages", "ROLES"]
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class DataError(ValueError):
+    """A record that cannot be trained on; the message names where it is and what to change."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One raw record and where it came from, so later errors can still point at the line."""
+
+    data: Any
+    where: str
+
+
+def load_records(data: str | Path | list[dict]) -> list[Record]:
+    """Read records from a ``.json`` (array or JSON lines), ``.jsonl`` or ``.parquet`` file, or take a list."""
+    if isinstance(data, list):
+        return [Record(item, f"record {i}") for i, item in enumerate(data)]
+    path = Path(data)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path} (check --train_file / --eval_file)")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import datasets
+
+        rows = datasets.Dataset.from_parquet(str(path)).to_list()
+        return [Record(row, f"{path}, row {i}") for i, row in enumerate(rows)]
+    if suffix not in (".json", ".jsonl"):
+        raise DataError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+    text = path.read_text(encoding="utf-8")
+    records = _read_json_array(text, path) if text.lstrip().startswith("[") else _read_json_lines(text, path)
+    if not records:
+        raise DataError(f"{path}: no records found")
+    return records
+
+
+def _read_json_lines(text: str, path: Path) -> list[Record]:
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(Record(json.loads(line), f"{path}, line {number}"))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}, line {number}: malformed JSON ({err.msg} at column {err.colno})") from None
+    return records
+
+
+def _read_json_array(text: str, path: Path) -> list[Record]:
+    """Decode a JSON array element by element so each record keeps the line it starts on."""
+    decoder = json.JSONDecoder()
+    records: list[Record] = []
+    pos = text.index("[") + 1
+    while True:
+        pos = _skip_space(text, pos)
+        if pos < len(text) and text[pos] == "]":
+            return records
+        if records:
+            if pos >= len(text) or text[pos] != ",":
+                raise DataError(f"{path}, line {_line_of(text, pos)}: malformed JSON (expected ',' or ']')")
+            pos = _skip_space(text, pos + 1)
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}, line {err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from None
+        records.append(Record(value, f"{path}, line {_line_of(text, pos)}"))
+        pos = end
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, str]]:
+    """Validate one record and return its conversation, with ``system_prompt`` prepended when it has no system turn.
+
+    A system turn in the record (alpaca ``system`` or a leading ``system`` message) wins over ``system_prompt``.
+    """
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "messages" in record:
+        messages = _messages_record(record["messages"], where)
+    elif "instruction" in record or "output" in record:
+        messages = _alpaca_record(record, where)
+    else:
+        raise DataError(
+            f"{where}: missing field: a record needs 'messages' (chat format) "
+            f"or 'instruction' and 'output' (alpaca format); found fields {sorted(record)}"
+        )
+    if system_prompt is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def _alpaca_record(record: dict, where: str) -> list[dict[str, str]]:
+    instruction = _string_field(record, "instruction", where)
+    output = _string_field(record, "output", where)
+    extra = _string_field(record, "input", where, required=False, allow_empty=True)
+    system = _string_field(record, "system", where, required=False, allow_empty=True)
+    messages = [{"role": "system", "content": system}] if system else []
+    user = f"{instruction}\n{extra}" if extra else instruction
+    return messages + [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
+
+
+def _messages_record(messages: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: field 'messages' must be a non-empty list of {{role, content}} objects")
+    result = []
+    for i, message in enumerate(messages):
+        field_name = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise DataError(f"{where}: field '{field_name}' must be an object with 'role' and 'content'")
+        role = _string_field(message, "role", where, prefix=field_name)
+        if role not in ROLES:
+            raise DataError(f"{where}: field '{field_name}.role': unknown role {role!r}; use one of {list(ROLES)}")
+        if role == "system" and i != 0:
+            raise DataError(f"{where}: field '{field_name}.role': a system turn may only come first")
+        content = _string_field(message, "content", where, prefix=field_name)
+        result.append({"role": role, "content": content})
+    if not any(m["role"] == "assistant" for m in result):
+        raise DataError(f"{where}: field 'messages': no assistant turn, so there is nothing to train on")
+    return result
+
+
+def _string_field(
+    obj: dict,
+    name: str,
+    where: str,
+    *,
+    required: bool = True,
+    allow_empty: bool = False,
+    prefix: str = "",
+) -> str:
+    label = f"{prefix}.{name}" if prefix else name
+    value = obj.get(name)
+    if value is None:
+        if required:
+            raise DataError(f"{where}: missing field '{label}'")
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{label}' must be a string, got {type(value).__name__} ({value!r:.40})")
+    if not allow_empty and not value.strip():
+        raise DataError(f"{where}: field '{label}' is empty")
+    return value

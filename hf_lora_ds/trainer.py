@@ -1,0 +1,54 @@
+"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front and the adapter saved at the end.
+
+Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from peft import LoraConfig
+from transformers import Trainer
+
+from hf_lora_ds.arguments import SFTTrainingArguments
+from hf_lora_ds.audit import audit_dataset
+from hf_lora_ds.data import ChatSFTDataset
+from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+
+__all__ = ["LoraSFTTrainer"]
+
+
+class LoraSFTTrainer(Trainer):
+    """A Trainer for LoRA SFT. Pass the base model; it is wrapped with PEFT from ``args`` (or ``lora_config``)
+    unless it already is a PeftModel."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: SFTTrainingArguments,
+        *trainer_args: Any,
+        lora_config: LoraConfig | None = None,
+        **trainer_kwargs: Any,
+    ):
+        model = wrap_with_lora(model, lora_config or lora_config_from_args(args))
+        kwargs = args.gradient_checkpointing_kwargs or {}
+        if args.gradient_checkpointing and kwargs.get("use_reentrant", False):
+            # Reentrant checkpointing only backpropagates through segments whose inputs require grad, and the
+            # embeddings of a frozen base never do: without this, LoRA layers inside checkpoints get no gradient.
+            model.enable_input_require_grads()
+        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        self._print_main(trainable_parameters_line(self.model))
+
+    def train(self, *args: Any, **kwargs: Any):
+        """Print the mask audit before training (the one look at the labels most runs never get), then save the
+        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``."""
+        if isinstance(self.train_dataset, ChatSFTDataset):
+            self._print_main(audit_dataset(self.train_dataset).line())
+        result = super().train(*args, **kwargs)
+        self.save_model()
+        return result
+
+    def _print_main(self, message: str) -> None:
+        if self.is_world_process_zero():
+            print(message, flush=True)
