@@ -106,6 +106,9 @@ class SFTTrainingArguments(TrainingArguments):
             raise ValueError(f"--max_length must be at least 2 tokens, got {self.max_length}")
         if self.batching == "padding_free" and self.pad_to_multiple_of:
             raise ValueError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
+        if self.batching == "padding_free" and self.use_cache:
+            # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
+            raise ValueError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ValueError(f"--pad_to_multiple_of must be a positive integer, got {self.pad_to_multiple_of}")
 

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from transformers import HfArgumentParser
+
+from hf_lora_ds.arguments import SFTTrainingArguments
+
+
+@pytest.fixture
+def train_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"instruction": "1=", "output": "0 + 1"}\n')
+    return str(path)
+
+
+def parse(argv):
+    (args,) = HfArgumentParser(SFTTrainingArguments).parse_args_into_dataclasses(argv)
+    return args
+
+
+def test_cli_flags(train_file, tmp_path):
+    args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
+                  "--lora_rank", "4", "--lora_target_modules", "q_proj,v_proj", "--assistant_turns", "last"])
+    assert (args.lora_rank, args.lora_target_modules, args.assistant_turns) == (4, "q_proj,v_proj", "last")
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_config_file(train_file, tmp_path, suffix):
+    config = {"model_name_or_path": "m", "train_file": train_file, "output_dir": str(tmp_path), "use_dora": True}
+    path = tmp_path / f"config{suffix}"
+    path.write_text(yaml.safe_dump(config) if suffix == ".yaml" else json.dumps(config))
+    parser = HfArgumentParser(SFTTrainingArguments)
+    (args,) = parser.parse_yaml_file(str(path)) if suffix == ".yaml" else parser.parse_json_file(str(path))
+    assert args.use_dora and args.train_file == train_file
+
+
+@pytest.mark.parametrize(
+    "extra, error, pattern",
+    [
+        (["--lora_rank", "0"], ValueError, "--lora_rank must be a positive integer"),
+        (["--lora_dropout", "1.0"], ValueError, r"--lora_dropout must be in \[0, 1\)"),
+        (["--lora_alpha", "-1"], ValueError, "--lora_alpha must be positive"),
+        (["--lora_target_modules", " , "], ValueError, "--lora_target_modules is empty"),
+        (["--max_length", "1"], ValueError, "--max_length must be at least 2"),
+        (["--batching", "padding_free", "--pad_to_multiple_of", "8"], ValueError, "--pad_to_multiple_of has no effect"),
+        (["--batching", "padding_free", "--use_cache", "True"], ValueError, "needs --use_cache False"),
+        (["--dtype", "float16", "--bf16"], ValueError, "use --fp16"),
+        (["--dtype", "bfloat16", "--fp16"], ValueError, "use --bf16"),
+        (["--eval_file", "missing.json"], FileNotFoundError, "--eval_file missing.json: no such file"),
+    ],
+)
+def test_invalid_combinations_say_what_to_change(train_file, tmp_path, extra, error, pattern):
+    with pytest.raises(error, match=pattern):
+        parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)] + extra)
+
+
+def test_required_model_and_train_file(train_file, tmp_path):
+    with pytest.raises(ValueError, match="--model_name_or_path is required"):
+        parse(["--train_file", train_file, "--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="--train_file is required"):
+        parse(["--model_name_or_path", "m", "--output_dir", str(tmp_path)])
+
+
+def test_auto_dtype_is_float32_without_a_bf16_gpu(train_file, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)])
+    assert args.dtype == "float32" and not args.bf16
+
+
+def test_bfloat16_weights_turn_on_bf16_training(train_file, tmp_path):
+    args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
+                  "--dtype", "bfloat16", "--use_cpu", "True"])
+    assert args.bf16 and str(args.torch_dtype) == "torch.bfloat16"

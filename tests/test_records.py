@@ -1,0 +1,76 @@
+"""Bad records fail before training, naming the file, the line and the field."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hf_lora_ds.records import DataError, load_records, to_messages
+
+
+def write_jsonl(tmp_path, lines: list[str]):
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def first_error(path) -> str:
+    with pytest.raises(DataError) as info:
+        for record in load_records(path):
+            to_messages(record.data, where=record.where)
+    return str(info.value)
+
+
+GOOD = json.dumps({"instruction": "1=", "output": "0 + 1"})
+
+
+@pytest.mark.parametrize(
+    "bad_line, pattern",
+    [
+        ('{"instruction": "1=", "output": ', r"train.jsonl, line 2: malformed JSON"),
+        ('{"instruction": "1="}', r"train.jsonl, line 2: missing field 'output'"),
+        ('{"prompt": "1=", "completion": "1"}', r"train.jsonl, line 2: missing field: .*'messages'"),
+        ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: field 'messages\[0\].role': unknown role 'robot'"),
+        ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}',
+         r"line 2: field 'messages\[1\].content' is empty"),
+        ('{"instruction": "1=", "output": 1}', r"line 2: field 'output' must be a string, got int"),
+        ('{"messages": [{"role": "user", "content": "hi"}]}', r"line 2: field 'messages': no assistant turn"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}, '
+         '{"role": "assistant", "content": "c"}]}', r"field 'messages\[1\].role': a system turn may only come first"),
+        ('["not", "an", "object"]', r"line 2: expected a JSON object, got list"),
+    ],
+)
+def test_bad_jsonl_record_names_file_line_field(tmp_path, bad_line, pattern):
+    message = first_error(write_jsonl(tmp_path, [GOOD, bad_line]))
+    assert str(tmp_path / "train.jsonl") in message
+    assert re.search(pattern, message), message
+
+
+def test_json_array_errors_name_the_record_line(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text('[\n  {"instruction": "1=", "output": "0 + 1"},\n  {"instruction": "2=",\n   "output": null}\n]\n')
+    assert first_error(path) == f"{path}, line 3: missing field 'output'"
+    path.write_text('[\n  {"instruction": "1=", "output": "0 + 1"}\n  {"instruction": "2="}\n]\n')
+    assert "line 3: malformed JSON" in first_error(path)
+
+
+def test_missing_file_and_unknown_suffix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_records(tmp_path / "nope.jsonl")
+    (tmp_path / "data.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match=r"data.csv: unsupported file type '.csv'"):
+        load_records(tmp_path / "data.csv")
+
+
+def test_blank_lines_are_skipped_and_lines_still_counted(tmp_path):
+    path = write_jsonl(tmp_path, [GOOD, "", "   ", '{"instruction": 3, "output": "x"}'])
+    assert "line 4: field 'instruction' must be a string" in first_error(path)
+
+
+def test_system_prompt_only_added_when_missing():
+    assert to_messages({"instruction": "q", "output": "a"}, system_prompt="S")[0] == {"role": "system", "content": "S"}
+    record = {"messages": [{"role": "system", "content": "Mine"}, {"role": "user", "content": "q"},
+                           {"role": "assistant", "content": "a"}]}
+    assert to_messages(record, system_prompt="S")[0]["content"] == "Mine"

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import torch
+from peft import PeftModel
+
+from hf_lora_ds.arguments import SFTTrainingArguments
+from hf_lora_ds.collator import build_collator
+from hf_lora_ds.data import ChatSFTDataset
+from hf_lora_ds.trainer import LoraSFTTrainer
+
+RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x - 3} + 3"} for x in range(10, 42)]
+
+
+def make_trainer(model, tokenizer, tmp_path, **overrides):
+    train_file = tmp_path / "train.json"
+    train_file.write_text("[]")  # arguments only check that the file exists; the dataset below is built from records
+    options = dict(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", train_file=str(train_file),
+                   max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2, report_to="none",
+                   save_strategy="no", logging_steps=1, lora_dropout=0.0)
+    options.update(overrides)
+    args = SFTTrainingArguments(**options)
+    dataset = ChatSFTDataset(RECORDS, tokenizer, cache_dir=tmp_path)
+    return LoraSFTTrainer(model, args, train_dataset=dataset, data_collator=build_collator("padded", tokenizer),
+                          processing_class=tokenizer)
+
+
+def test_lora_weights_change_and_base_weights_do_not(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+    base_before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
+    assert isinstance(trainer.model, PeftModel)
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert lora_before and all("lora_" in n for n in lora_before)
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert all(not torch.equal(after[n], p) for n, p in lora_before.items() if "lora_B" in n)
+    base_after = {
+        n.removeprefix("base_model.model.").replace(".base_layer", ""): p
+        for n, p in trainer.model.named_parameters()
+        if "lora_" not in n
+    }
+    assert base_after.keys() == base_before.keys()
+    for name, tensor in base_after.items():
+        torch.testing.assert_close(tensor, base_before[name], rtol=0, atol=0)
+    out = capsys.readouterr().out
+    assert "trainable params:" in out and "mask audit: 32 samples" in out
+
+
+def test_adapter_and_tokenizer_saved_at_end(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)
+    trainer.train()
+    saved = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= saved
+
+
+def test_gradient_checkpointing_trains_lora(tiny_model, qwen_style_tokenizer, tmp_path):
+    for kwargs in ({"use_reentrant": False}, {"use_reentrant": True}):
+        trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, gradient_checkpointing=True,
+                               gradient_checkpointing_kwargs=kwargs)
+        b = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+        trainer.train()
+        assert all(not torch.equal(dict(trainer.model.named_parameters())[n], p) for n, p in b.items()), kwargs
+        tiny_model = trainer.model.unload()
+
+
+def test_existing_peft_model_is_not_wrapped_twice(tiny_model, qwen_style_tokenizer, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(tiny_model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    trainer = make_trainer(peft_model, qwen_style_tokenizer, tmp_path)
+    assert trainer.model is peft_model
+    assert trainer.model.peft_config["default"].r == 2
