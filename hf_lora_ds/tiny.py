@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -53,16 +54,18 @@ def train_chat_tokenizer(
     vocab_size: int = 512,
     chat_template: str = CHATML_DEFAULT_SYSTEM_TEMPLATE,
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE with ChatML special tokens on ``corpus``.
+    """Train a byte-level BPE with ChatML special tokens on ``corpus``, with Qwen2's exact pre-tokenization.
 
-    Digits and newlines are isolated before BPE, so numbers tokenize one digit per token (arithmetic stays
-    learnable) and no token ever spans a turn header and its content. Everything else may merge across spaces,
-    so fixed strings that recur in the corpus (system prompts, answer prefixes) become a few tokens.
+    The pipeline (NFC, Qwen2's split regex, byte-level) is Qwen2's own, not only for realism: transformers reloads a
+    saved ``qwen2`` model's tokenizer as ``Qwen2Tokenizer``, which rebuilds that pipeline from the vocabulary and
+    merges, so any other pre-tokenizer would tokenize differently after a save/load round trip. Qwen2's regex also
+    splits digits one per token, which keeps the arithmetic of the bundled demo learnable.
     """
     tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\d|\n"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

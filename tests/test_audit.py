@@ -17,8 +17,7 @@ def test_audit_counts_and_marks_supervision(chatml_tokenizer, tmp_path):
     report = audit_dataset(ChatSFTDataset(RECORDS, chatml_tokenizer, cache_dir=tmp_path))
     assert report.samples == 3 and report.truncated == 0 and report.dropped_empty == 0
     assert report.spans == 4 and report.spans_ending_in_eot == 4 and report.all_spans_end_in_eot
-    # "0 + 1<|im_end|>" is 5 tokens with digits split one per token
-    assert report.supervised_min == 5
+    assert report.supervised_min == len(chatml_tokenizer("0 + 1<|im_end|>", add_special_tokens=False)["input_ids"])
     assert report.example == (
         "<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n[[王大丫丫的回答是--->3 + 9<|im_end|>]]\n"
     )
