@@ -20,7 +20,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
-from hf_lora_ds.eval import compare_table, evaluate, get_task, load_eval_records
+from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback, write_run_report
+from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_predictions, write_report
+from hf_lora_ds.records import load_records
 
 ROOT = Path(__file__).resolve().parent
 DEMO_DEFAULTS = {
@@ -69,14 +71,18 @@ def main(argv: list[str] | None = None) -> dict:
         cache_dir=args.dataset_cache_dir,
     )
     task = get_task(args.eval_task)
-    eval_records = load_eval_records(args.eval_file, task, system_prompt=args.system_prompt) if args.eval_file else None
+    eval_records = load_records(args.eval_file) if args.eval_file else None
+    if eval_records:
+        load_samples(eval_records, task, args.system_prompt)
 
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model_name_or_path,
-        dtype=args.torch_dtype,
-        attn_implementation=args.attn_implementation,
-        trust_remote_code=args.trust_remote_code,
-    )
+    memory = MemoryTraceCallback()
+    with memory.phase("load"):
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model_name_or_path,
+            dtype=args.torch_dtype,
+            attn_implementation=args.attn_implementation,
+            trust_remote_code=args.trust_remote_code,
+        )
     trainer = LoraSFTTrainer(
         model,
         args,
@@ -84,20 +90,28 @@ def main(argv: list[str] | None = None) -> dict:
         data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
         processing_class=tokenizer,
     )
+    memory.attach(trainer)
+    ThroughputCallback().attach(trainer)
+    trainer.add_callback(RunReportCallback())  # after the two above: the report reads what they log
 
-    report = {}
+    def answer_accuracy(phase: str):
+        result = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
+                          system_prompt=args.system_prompt)
+        write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
+        return result
+
+    results = {}
     if eval_records:
         # A fresh LoRA adapter is an exact no-op (B = 0), so the wrapped model still answers as the base does.
-        report["before"] = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size)
+        results["before"] = answer_accuracy("before")
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     if eval_records:
-        report["after"] = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size)
-
-    summary = {phase: result.summary() for phase, result in report.items()}
-    if trainer.is_world_process_zero() and summary:
-        Path(args.output_dir, "eval_report.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        print(compare_table(report.get("before"), report.get("after")), flush=True)
-    return summary
+        results["after"] = answer_accuracy("after")
+        report_path = write_report(results, Path(args.output_dir, "eval_report.json"))
+        trainer.log({f"eval_accuracy_{phase}": result.accuracy for phase, result in results.items()})
+        write_run_report(trainer, report_path)
+        print_comparison(results)
+    return {phase: result.summary() for phase, result in results.items()}
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from transformers import Trainer
 
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
+from hf_lora_ds.callbacks import use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 
@@ -38,6 +39,9 @@ class LoraSFTTrainer(Trainer):
             # embeddings of a frozen base never do: without this, LoRA layers inside checkpoints get no gradient.
             model.enable_input_require_grads()
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        if "swanlab" in self.args.report_to:
+            # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
+            use_swanlab(self)
         self._print_main(trainable_parameters_line(self.model))
 
     def train(self, *args: Any, **kwargs: Any):

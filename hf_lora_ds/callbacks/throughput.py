@@ -1,0 +1,313 @@
+"""Tokens per second (all and supervised), padding efficiency and MFU, per logging window and for the whole run.
+
+Where the tokens come from. A ``TrainerCallback`` never sees the batches, and Trainer's own
+``include_num_input_tokens_seen`` counts one kind of token and needs an argument the user may not set. This callback
+registers a forward pre-hook on the model in ``on_train_begin`` (removed in ``on_train_end``): the hook sees exactly
+the keyword arguments of every training forward, whatever ``compute_loss`` or the collator do, works under DDP and
+DeepSpeed (their engines call the hooked module) and ignores evaluation forwards (``model.training`` is False there).
+Counts stay on the device and are read once per log, so the hook adds no host-device sync. Its one blind spot: a
+``compute_loss`` that pops ``labels`` before the forward (label smoothing, ``compute_loss_func``) hides the
+supervised tokens, and the supervised rates are then left out.
+
+What is counted, per micro-batch: supervised tokens (``labels != -100``), real tokens (``attention_mask.sum()``, or
+every token of a padding-free batch that has no mask), padded tokens (``input_ids.numel()``) and sequences (rows, or
+``position_ids == 0`` in a padding-free batch). Token counts are summed over ranks; the clock excludes the time spent
+in evaluation and checkpointing inside the window.
+
+MFU (model FLOPs utilisation, PaLM appendix B) = achieved model FLOP/s per device ÷ peak FLOP/s per device, with
+model FLOPs per real token
+
+    4·N_frozen + 6·N_trainable + 12·L·d_attn·T
+
+N_frozen / N_trainable: parameters of every >= 2-D weight outside embedding lookups (a tied LM head counts; ZeRO-3
+partitioned weights count in full). A weight costs 2 FLOPs per token forward and 2 more for the activation gradient;
+only trainable weights (LoRA) pay another 2 for their weight gradient, hence ~4N for the frozen base, 6N for LoRA.
+12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice that) for L layers, attention
+width d_attn = heads·head_dim and T the mean processed sequence length (padded length, or the packed sequence length).
+Recomputation from gradient checkpointing is not model FLOPs and is left out, as in PaLM; MoE layers are counted as
+dense. Peak FLOP/s: a short matmul measurement on the CPU and on unknown accelerators; the dense bf16/fp16 datasheet
+figure for known NVIDIA GPUs; or ``peak_flops=`` if you know better.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from ._common import LoggingCallback, rank_and_world
+
+__all__ = ["ThroughputCallback", "flops_per_token", "matmul_parameters", "peak_flops_per_device"]
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+_COUNTS = ("supervised", "real", "padded", "sequences")
+
+# Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA datasheets, TFLOP/s. First substring match wins.
+_NVIDIA_DENSE_TFLOPS = (
+    ("B200", 2250.0),
+    ("H200", 989.4),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),
+    ("H800", 989.4),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.1),
+    ("L40", 181.0),
+    ("L4", 121.0),
+    ("A10", 125.0),
+    ("RTX 4090", 165.2),
+    ("RTX 3090", 71.0),
+)
+
+
+def matmul_parameters(model: nn.Module) -> tuple[int, int]:
+    """(frozen, trainable) parameter counts of the weights a token is multiplied by; embedding lookups excluded."""
+    frozen = trainable = 0
+    seen: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            continue
+        for param in module.parameters(recurse=False):
+            shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3 leaves an empty local shard
+            if id(param) in seen or len(shape) < 2:
+                continue
+            seen.add(id(param))
+            numel = int(getattr(param, "ds_numel", param.numel()))
+            if param.requires_grad:
+                trainable += numel
+            else:
+                frozen += numel
+    return frozen, trainable
+
+
+def _attention_shape(model: nn.Module) -> tuple[int, int]:
+    """(layers, heads·head_dim) from the model config; (0, 0) when the config does not say."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return 0, 0
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return int(layers), int(heads * head_dim)
+
+
+def _flops(shape: tuple[int, int, int, int], seq_len: float) -> float:
+    frozen, trainable, layers, attn_dim = shape
+    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
+
+
+def _model_shape(model: nn.Module) -> tuple[int, int, int, int]:
+    return (*matmul_parameters(model), *_attention_shape(model))
+
+
+def flops_per_token(model: nn.Module, seq_len: float) -> float:
+    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len (see the module docstring)."""
+    return _flops(_model_shape(model), seq_len)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cpu":
+        return
+    if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "synchronize"):
+        torch.accelerator.synchronize()
+    else:
+        torch.cuda.synchronize(device)
+
+
+def _measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """Best-of-5 FLOP/s of square matmuls: 1024² once on the CPU (~2 GFLOP), 4096² twenty times elsewhere."""
+    size, per_timing = (1024, 1) if device.type == "cpu" else (4096, 20)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b  # warm-up: kernel selection, allocator
+    _synchronize(device)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(per_timing):
+            a @ b
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 * per_timing / best
+
+
+def peak_flops_per_device(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(peak FLOP/s, where it came from) for one device computing in ``dtype``."""
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in _NVIDIA_DENSE_TFLOPS:
+            if key in name:
+                return tflops * 1e12, f"datasheet ({name}, dense {dtype})"
+    return _measure_matmul_flops(device, dtype), f"measured matmul ({device.type}, {dtype})"
+
+
+def _compute_dtype(args: TrainingArguments, model: nn.Module) -> torch.dtype:
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+class _TokenCounter:
+    """Forward pre-hook that counts the tokens of training micro-batches; device counts stay on the device."""
+
+    def __init__(self) -> None:
+        self.labels_missing = False
+        self._host: Counter[str] = Counter()
+        self._device: dict[str, torch.Tensor] = {}
+
+    def _add(self, key: str, value: torch.Tensor | int) -> None:
+        if isinstance(value, int):
+            self._host[key] += value
+        else:
+            self._device[key] = self._device[key] + value if key in self._device else value
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if not module.training:
+            return
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is None:
+            return
+        mask, labels, positions = kwargs.get("attention_mask"), kwargs.get("labels"), kwargs.get("position_ids")
+        padding_free = mask is None and positions is not None
+        self._add("padded", input_ids.numel())
+        self._add("real", mask.sum() if mask is not None and mask.dim() == 2 else input_ids.numel())
+        self._add("sequences", (positions == 0).sum() if padding_free else input_ids.shape[0])
+        if labels is None:
+            self.labels_missing = True
+        else:
+            self._add("supervised", (labels != IGNORE_INDEX).sum())
+
+    def take(self, device: torch.device) -> dict[str, int]:
+        """Counts since the last call, summed over ranks (a collective under torch.distributed)."""
+        totals = torch.tensor([self._host[k] for k in _COUNTS], dtype=torch.int64, device=device)
+        for index, key in enumerate(_COUNTS):
+            if key in self._device:
+                totals[index] += self._device[key].to(device)
+        self._host.clear()
+        self._device.clear()
+        if rank_and_world()[1] > 1:
+            dist.all_reduce(totals)
+        return dict(zip(_COUNTS, (int(v) for v in totals.tolist())))
+
+
+class _ActiveClock:
+    """Wall time with pauses, so evaluation and checkpointing do not dilute training throughput."""
+
+    def __init__(self) -> None:
+        self._banked = 0.0
+        self._since: float | None = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._banked += time.perf_counter() - self._since
+            self._since = None
+
+    def resume(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self._banked + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+
+class ThroughputCallback(LoggingCallback):
+    """Logs ``throughput/*`` per logging window and ``throughput/run_*`` at the end; works in any ``Trainer``.
+
+    >>> trainer = Trainer(model=model, args=args, train_dataset=ds)  # doctest: +SKIP
+    >>> ThroughputCallback().attach(trainer)                         # doctest: +SKIP
+    """
+
+    def __init__(self, peak_flops: float | None = None) -> None:
+        super().__init__()
+        self.peak_flops = peak_flops
+        self.peak_flops_source = "given" if peak_flops else ""
+        self._counter = _TokenCounter()
+        self._hook: Any = None
+        self._shape = (0, 0, 0, 0)  # (N_frozen, N_trainable, layers, d_attn), read once at train begin
+        self._clock = _ActiveClock()
+        self._window_start = 0.0
+        self._run: Counter[str] = Counter()
+
+    def _rates(self, counts: dict[str, int], seconds: float, prefix: str) -> dict[str, float]:
+        if seconds <= 0 or counts["padded"] == 0:
+            return {}
+        world = rank_and_world()[1]
+        tokens_per_s = counts["real"] / seconds
+        seq_len = counts["padded"] / max(counts["sequences"], 1)
+        metrics = {
+            f"throughput/{prefix}tokens_per_second": tokens_per_s,
+            f"throughput/{prefix}padding_efficiency": counts["real"] / counts["padded"],
+            f"throughput/{prefix}mfu": tokens_per_s * _flops(self._shape, seq_len) / (world * self.peak_flops),
+        }
+        if not self._counter.labels_missing:
+            metrics[f"throughput/{prefix}supervised_tokens_per_second"] = counts["supervised"] / seconds
+        return metrics
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        model = kwargs["model"]
+        self._shape = _model_shape(model)
+        if self.peak_flops is None:
+            self.peak_flops, self.peak_flops_source = peak_flops_per_device(args.device, _compute_dtype(args, model))
+        if state.is_world_process_zero:
+            logger.info("Peak %.3g FLOP/s per device for MFU: %s", self.peak_flops, self.peak_flops_source)
+        self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
+        self._clock = _ActiveClock()
+        if args.eval_on_start:
+            self._clock.pause()  # resumed by on_evaluate
+        self._window_start = 0.0
+        self._run.clear()
+
+    def _pause_for_eval_or_save(self, control: TrainerControl) -> None:
+        if control.should_evaluate or control.should_save:
+            self._clock.pause()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self._pause_for_eval_or_save(control)
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self._pause_for_eval_or_save(control)
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        if not control.should_save:
+            self._clock.resume()
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self._clock.resume()
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
+        if self._hook is None or not logs or "loss" not in logs:  # only the trainer's own training logs
+            return
+        counts = self._counter.take(args.device)
+        self._run.update(counts)
+        now = self._clock.elapsed()
+        metrics = self._rates(counts, now - self._window_start, prefix="")
+        self._window_start = now
+        self._emit(state, metrics)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        if self._hook is None:
+            return
+        self._hook.remove()
+        self._hook = None
+        self._run.update(self._counter.take(args.device))
+        metrics = self._rates(self._run, self._clock.elapsed(), prefix="run_")
+        if metrics:
+            seq_len = self._run["padded"] / max(self._run["sequences"], 1)
+            metrics["throughput/flops_per_token"] = _flops(self._shape, seq_len)
+            metrics["throughput/peak_tflops_per_device"] = self.peak_flops / 1e12
+            metrics["throughput/run_tokens"] = self._run["real"]
+            if not self._counter.labels_missing:
+                metrics["throughput/run_supervised_tokens"] = self._run["supervised"]
+        self._emit(state, metrics)

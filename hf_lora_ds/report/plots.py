@@ -1,0 +1,118 @@
+"""The report's plots, as base64 PNG strings ready for ``<img src="data:image/png;base64,...">``.
+
+Figures are built with ``matplotlib.figure.Figure`` and rendered by the Agg canvas directly, never through
+``pyplot``: no display is needed, and the user's global backend (a notebook's, say) is left untouched.
+Each function returns None when the run logged nothing to plot.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["loss_plot", "memory_plot", "throughput_plot", "accuracy_plot"]
+
+_MEMORY_KINDS = (("gpu", "GPU allocated"), ("gpu_reserved", "GPU reserved"), ("cpu", "host RSS"))
+
+
+def _png(fig: Figure) -> str:
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _series(log_history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    points = [(entry["step"], entry[key]) for entry in log_history if key in entry and "step" in entry]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def loss_plot(log_history: list[dict[str, Any]]) -> str | None:
+    """Training loss per logging step, with the evaluation loss when there is one."""
+    curves = [(label, *_series(log_history, key)) for key, label in (("loss", "train"), ("eval_loss", "eval"))]
+    curves = [c for c in curves if c[1]]
+    if not curves:
+        return None
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    for label, steps, values in curves:
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=label)
+    ax.set(xlabel="step", ylabel="loss", title="Loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _png(fig)
+
+
+def _phase_label(record: dict[str, Any]) -> str:
+    return record["phase"] if record["phase"] in ("load", "train") else f"{record['phase']}@{record['step']}"
+
+
+def memory_plot(records: list[dict[str, Any]]) -> str | None:
+    """Per phase, one stacked bar per rank: memory at the start (pale) plus the peak above it; a panel per kind."""
+    kinds = [(k, label) for k, label in _MEMORY_KINDS if records and k in records[0]["ranks"][0]]
+    if not kinds:
+        return None
+    labels = [_phase_label(r) for r in records]
+    n_ranks = max(len(r["ranks"]) for r in records)
+    width = 0.8 / n_ranks
+    fig = Figure(figsize=(max(6, 0.9 * len(records)), 3 * len(kinds)))
+    for row, (kind, kind_label) in enumerate(kinds, start=1):
+        ax = fig.add_subplot(len(kinds), 1, row)
+        for rank in range(n_ranks):
+            stats = [r["ranks"][rank][kind] if rank < len(r["ranks"]) else None for r in records]
+            x = [i + rank * width for i in range(len(records))]
+            before = [s["before"] if s else 0 for s in stats]
+            color = f"C{rank % 10}"
+            ax.bar(x, before, width, color=color, alpha=0.3)
+            ax.bar(x, [s["peak"] if s else 0 for s in stats], width, bottom=before, color=color, label=f"rank {rank}")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(records))], labels)
+        ax.set(ylabel="MiB", title=f"{kind_label}: at phase start (pale) + peak above it (max - begin)")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def throughput_plot(log_history: list[dict[str, Any]]) -> str | None:
+    """Tokens/s per logging window (all and supervised), with padding efficiency and MFU beside them."""
+    rates = [
+        (label, *_series(log_history, f"throughput/{key}"))
+        for key, label in (("tokens_per_second", "all tokens/s"), ("supervised_tokens_per_second", "supervised/s"))
+    ]
+    rates = [r for r in rates if r[1]]
+    if not rates:
+        return None
+    fig = Figure(figsize=(10, 3.5))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for label, steps, values in rates:
+        left.plot(steps, values, marker="o", label=label)
+    left.set(xlabel="step", ylabel="tokens / s (all ranks)", title="Throughput per logging window")
+    left.legend()
+    for key, label in (("padding_efficiency", "padding efficiency"), ("mfu", "MFU")):
+        steps, values = _series(log_history, f"throughput/{key}")
+        if steps:
+            right.plot(steps, values, marker="o", label=label)
+    right.set(xlabel="step", ylabel="fraction", title="Padding efficiency and MFU", ylim=(0, 1.05))
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def accuracy_plot(eval_report: dict[str, Any]) -> str | None:
+    """Accuracy before and after fine-tuning, from ``{"before": {"accuracy": a}, "after": {"accuracy": b}}``."""
+    values = [(k, (eval_report.get(k) or {}).get("accuracy")) for k in ("before", "after")]
+    bars = [(k, v) for k, v in values if isinstance(v, (int, float))]
+    if not bars:
+        return None
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_subplot()
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["#999999", "#2a7ab0"][: len(bars)])
+    for i, (_, value) in enumerate(bars):
+        ax.annotate(f"{value:.3f}", (i, value), ha="center", va="bottom")
+    ax.set(ylabel="accuracy", ylim=(0, 1.15 * max(1.0, *(b[1] for b in bars))), title="Accuracy before / after")
+    return _png(fig)

@@ -1,0 +1,38 @@
+"""A plain ``transformers.Trainer`` on a tiny LoRA model and a dataset of tensors made here, with known token counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from callback_helpers import LENGTHS, TokenDataset, lora_model, pad_collate
+from transformers import Trainer, TrainingArguments
+
+
+@pytest.fixture(scope="module")
+def make_trainer(qwen_style_tokenizer, tmp_path_factory) -> Callable[..., Trainer]:
+    """``make_trainer(collate=pad_collate, **training_args)``: one epoch over ``LENGTHS`` in 4 steps of 2."""
+
+    def make(collate=pad_collate, model=None, **overrides) -> Trainer:
+        settings = {
+            "output_dir": str(tmp_path_factory.mktemp("run")),
+            "per_device_train_batch_size": 2,
+            "num_train_epochs": 1,
+            "logging_steps": 2,
+            "learning_rate": 1e-3,
+            "use_cpu": True,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "save_strategy": "no",
+        }
+        settings.update(overrides)
+        dataset = TokenDataset(LENGTHS, vocab_size=len(qwen_style_tokenizer))
+        return Trainer(
+            model=model if model is not None else lora_model(qwen_style_tokenizer),
+            args=TrainingArguments(**settings),
+            train_dataset=dataset,
+            eval_dataset=TokenDataset(LENGTHS[:4], vocab_size=len(qwen_style_tokenizer), seed=1),
+            data_collator=collate,
+        )
+
+    return make

@@ -1,0 +1,61 @@
+"""Two-rank CPU run for test_callbacks_ddp.py: ``torchrun --nproc_per_node 2 ddp_run.py MODEL_DIR OUTPUT_DIR``.
+
+Rank 1 holds an extra HOLD_MIB of host RAM from its first step on, so the min and max across ranks must differ.
+Rank 0 writes the log history to OUTPUT_DIR/log_history.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from callback_helpers import LENGTHS, TokenDataset, add_lora, pad_collate
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, use_swanlab
+
+HOLD_MIB = 64
+
+
+class HoldOnRankOne(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.process_index == 1 and not hasattr(self, "held"):
+            self.held = b"x" * (HOLD_MIB << 20)
+
+
+def main(model_dir: str, output_dir: str) -> None:
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=2,
+        num_train_epochs=1,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        report_to="swanlab",
+        disable_tqdm=True,
+    )
+    memory = MemoryTraceCallback()
+    with memory.phase("load"):
+        model = add_lora(AutoModelForCausalLM.from_pretrained(model_dir))
+    vocab = model.config.vocab_size
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=TokenDataset(LENGTHS, vocab),
+        eval_dataset=TokenDataset(LENGTHS[:4], vocab, seed=1),
+        data_collator=pad_collate,
+    )
+    memory.attach(trainer)
+    ThroughputCallback().attach(trainer)
+    use_swanlab(trainer, project="hf-lora-ds-test", log_dir=str(Path(output_dir) / "swanlog"))
+    trainer.add_callback(HoldOnRankOne())
+    trainer.train()
+    if trainer.is_world_process_zero():
+        (Path(output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

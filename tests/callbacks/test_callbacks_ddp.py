@@ -1,0 +1,81 @@
+"""Two ranks (torchrun, gloo, CPU): every metric logged once, from rank 0, carrying the min and max across ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from callback_helpers import LENGTHS, read_local_runs
+from ddp_run import HOLD_MIB
+
+SCRIPT = Path(__file__).with_name("ddp_run.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tiny_model_dir, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("ddp")
+    env = {k: v for k, v in os.environ.items() if k not in ("SWANLAB_MODE", "SWANLAB_API_KEY")}
+    env.update(OMP_NUM_THREADS="1", SWANLAB_ROOT=str(output_dir / "swanlab-home"))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        str(SCRIPT), str(tiny_model_dir), str(output_dir),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    history = json.loads((output_dir / "log_history.json").read_text())
+    return output_dir, history, result.stdout
+
+
+def _logged(history, key):
+    return [entry[key] for entry in history if key in entry]
+
+
+@pytest.mark.slow
+def test_each_phase_is_logged_once_with_min_and_max(two_rank_run):
+    _, history, _ = two_rank_run
+    for phase, times in (("load", 1), ("train", 1), ("eval", 2)):
+        for stat in ("before", "consumed", "peak", "total_peak"):
+            low = _logged(history, f"memory/{phase}/cpu_{stat}_mib_min")
+            high = _logged(history, f"memory/{phase}/cpu_{stat}_mib_max")
+            assert len(low) == len(high) == times, (phase, stat)
+            assert all(lo <= hi for lo, hi in zip(low, high))
+
+
+@pytest.mark.slow
+def test_max_is_the_rank_holding_more(two_rank_run):
+    output_dir, history, _ = two_rank_run
+    (low,) = _logged(history, "memory/train/cpu_peak_mib_min")
+    (high,) = _logged(history, "memory/train/cpu_peak_mib_max")
+    assert high - low >= HOLD_MIB * 0.75
+    train = json.loads((output_dir / "memory_trace.json").read_text())[-1]
+    assert [r["rank"] for r in train["ranks"]] == [0, 1]
+    assert train["ranks"][1]["cpu"]["peak"] == high
+
+
+@pytest.mark.slow
+def test_tokens_are_summed_over_ranks(two_rank_run):
+    _, history, _ = two_rank_run
+    assert _logged(history, "throughput/run_tokens") == [sum(LENGTHS)]
+    assert len(_logged(history, "throughput/tokens_per_second")) == 2  # 8 rows / (2 ranks x 2) = 2 steps
+
+
+@pytest.mark.slow
+def test_only_rank_zero_prints_and_reports(two_rank_run):
+    output_dir, _, stdout = two_rank_run
+    assert stdout.count("CPU Peak Memory consumed during the train (max-begin):") == 1
+    assert "(min .. max over 2 ranks)" in stdout
+    assert len(list((output_dir / "swanlog").glob("run-*"))) == 1
+    metrics = read_local_runs(output_dir / "swanlog")
+    assert len(metrics["train/memory/train/cpu_peak_mib_max"]) == 1

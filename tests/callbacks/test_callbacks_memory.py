@@ -1,0 +1,89 @@
+"""MemoryTraceCallback's accelerator path (driven by a fake allocator, as CI has no GPU) and its printed block."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from hf_lora_ds.callbacks import MemoryTraceCallback, memory
+from hf_lora_ds.callbacks.memory import format_memory_block
+
+MIB = 2**20
+
+
+class FakeAllocator:
+    """The allocator statistics torch.cuda / torch.accelerator expose, driven by hand (values in MiB)."""
+
+    def __init__(self) -> None:
+        self.allocated = self.peak = 0
+
+    def set(self, mib: int) -> None:
+        self.allocated = mib * MIB
+        self.peak = max(self.peak, self.allocated)
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self) -> int:
+        return self.peak
+
+    def memory_reserved(self) -> int:
+        return 2 * self.allocated
+
+    def max_memory_reserved(self) -> int:
+        return 2 * self.peak
+
+    def reset_peak_memory_stats(self) -> None:
+        self.peak = self.allocated
+
+
+@pytest.fixture
+def traced(monkeypatch, tmp_path):
+    """A callback on the fake allocator: train begins at 100 MiB, an eval inside it spikes to 500 MiB."""
+    fake = FakeAllocator()
+    monkeypatch.setattr(memory, "_device_memory_api", lambda: fake)
+    callback = MemoryTraceCallback(print_blocks=False)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    state, control = TrainerState(), TrainerControl()
+    fake.set(100)
+    callback.on_train_begin(args, state, control, model=None)
+    fake.set(150)
+    with callback.phase("eval"):
+        fake.set(500)
+        fake.set(200)
+    fake.set(300)
+    fake.set(150)
+    callback.on_train_end(args, state, control)
+    return callback, state
+
+
+def test_inner_phase_sees_its_own_peak(traced):
+    callback, _ = traced
+    eval_record, train_record = callback.records
+    assert eval_record["phase"] == "eval"
+    assert eval_record["ranks"][0]["gpu"] == {"before": 150, "consumed": 50, "peak": 350, "total_peak": 500}
+    assert eval_record["ranks"][0]["gpu_reserved"]["total_peak"] == 1000
+
+
+def test_outer_phase_keeps_the_peak_of_the_inner_one(traced):
+    callback, _ = traced
+    train = callback.records[1]["ranks"][0]["gpu"]
+    assert train == {"before": 100, "consumed": 50, "peak": 400, "total_peak": 500}
+
+
+def test_accelerator_metrics_are_logged(traced):
+    _, state = traced
+    logged = {k: v for entry in state.log_history for k, v in entry.items()}
+    assert logged["memory/eval/gpu_peak_mib_max"] == 350
+    assert logged["memory/train/gpu_total_peak_mib_min"] == 500
+    assert "memory/train/cpu_peak_mib_max" in logged
+
+
+def test_block_has_peft_lines_and_rank_ranges():
+    stats = {"before": 10.0, "consumed": 1.0, "peak": 5.0, "total_peak": 15.0}
+    wider = {**stats, "peak": 7.0}
+    record = {"phase": "train", "step": 3, "ranks": [{"rank": 0, "cpu": stats}, {"rank": 1, "cpu": wider}]}
+    block = format_memory_block(record).splitlines()
+    assert block[0] == "CPU Memory before entering the train : 10.0"
+    assert block[2] == "CPU Peak Memory consumed during the train (max-begin): 5.0 .. 7.0 (min .. max over 2 ranks)"
+    assert len(block) == 4  # no GPU lines on a CPU-only record

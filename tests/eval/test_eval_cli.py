@@ -1,0 +1,97 @@
+"""python -m hf_lora_ds.eval end to end on a tiny model directory: evaluate, compare with an adapter, score only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_lora_ds.eval import evaluate
+from hf_lora_ds.eval.__main__ import main
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory, varied_model_dir):
+    """A LoRA adapter with random (not zero) B matrices, so base + adapter generates differently from the base."""
+    path = tmp_path_factory.mktemp("adapter")
+    model = AutoModelForCausalLM.from_pretrained(varied_model_dir)
+    config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(path)
+    return path
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_compare_prints_before_and_after_and_writes_files(
+    capsys, tmp_path, varied_model_dir, adapter_dir, sum_records_file, sum_records
+):
+    out = tmp_path / "out"
+    argv = ["--model", str(varied_model_dir), "--adapter", str(adapter_dir), "--task", "sum_to_x"]
+    argv += ["--data", str(sum_records_file), "--compare", "--output_dir", str(out), "--batch_size", "4"]
+    assert main(argv) == 0
+
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if "before" in line and "after" in line)
+    assert header.split() == ["before", "after"]
+    assert "accuracy" in printed and "generated tokens/s" in printed and "peak host RSS" in printed
+
+    report = json.loads((out / "eval_report.json").read_text())
+    assert set(report) == {"before", "after"}
+    assert report["before"]["num_samples"] == report["after"]["num_samples"] == len(sum_records)
+    before, after = read_jsonl(out / "predictions_before.jsonl"), read_jsonl(out / "predictions_after.jsonl")
+    assert [p["reference"] for p in before] == [r["output"] for r in sum_records]
+    assert {"prompt", "output", "answer", "correct", "reason"} <= set(before[0])
+    assert [p["output"] for p in before] != [p["output"] for p in after], "the adapter changed nothing"
+
+    # "before" is the base model itself: the adapter was disabled, not merely loaded.
+    base = AutoModelForCausalLM.from_pretrained(varied_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(varied_model_dir)
+    direct = evaluate(base, tokenizer, sum_records, "sum_to_x", batch_size=4)
+    assert [p["output"] for p in before] == [p.output for p in direct.predictions]
+
+
+def test_single_eval_without_adapter(capsys, tmp_path, varied_model_dir, sum_records_file):
+    assert main(["--model", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "3",
+                 "--output_dir", str(tmp_path)]) == 0
+    assert "eval" in capsys.readouterr().out
+    assert len(read_jsonl(tmp_path / "predictions_eval.jsonl")) == 3
+
+
+def test_score_mode(capsys, tmp_path):
+    p = "王大丫丫的回答是--->"
+    rows = [
+        {"instruction": "5=", "input": "", "output": f"{p}1 + 4", "prediction": f"{p}2+3"},
+        {"instruction": "7=", "input": "", "output": f"{p}1 + 6", "prediction": f"{p}0 + 7"},
+        {"instruction": "9=", "input": "", "output": f"{p}1 + 8", "prediction": f"{p}1 + 8 ok"},
+    ]
+    data = tmp_path / "preds.json"
+    data.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+    assert main(["score", "--task", "sum_to_x", "--data", str(data)]) == 0
+    assert "accuracy 0.6667 (2/3)" in capsys.readouterr().out
+    verdicts = read_jsonl(tmp_path / "preds.verdicts.jsonl")
+    assert [(v["correct"], v["reason"]) for v in verdicts] == [(True, None), (True, None), (False, "extra text")]
+
+
+def test_bad_records_name_file_line_and_field(capsys, tmp_path, varied_model_dir):
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}\n{"instruction": "6="}\n')
+    assert main(["--model", str(varied_model_dir), "--data", str(data)]) == 2
+    assert f"{data}, line 2: missing field 'output'" in capsys.readouterr().err
+    assert main(["score", "--data", str(data)]) == 2
+    assert f"{data}, line 2: missing field 'output'" in capsys.readouterr().err
+    data.write_text('{"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}\n')
+    assert main(["score", "--data", str(data)]) == 2
+    assert f"{data}, line 1: field 'prediction' is missing" in capsys.readouterr().err
+
+
+def test_argument_errors(capsys, tmp_path, varied_model_dir):
+    with pytest.raises(SystemExit):
+        main(["--model", str(varied_model_dir), "--data", "x.json", "--compare"])
+    assert "pass --adapter DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["score", "--task", "sum-to-x", "--data", "x.json"])
+    assert "unknown eval task 'sum-to-x'" in capsys.readouterr().err

@@ -1,0 +1,86 @@
+"""Batched generation equals one-by-one generation, stops at the end of the turn, and leaves its inputs alone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hf_lora_ds.eval import generate, stop_token_ids
+from hf_lora_ds.eval.generate import _decode
+
+
+def render(tokenizer, records):
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["instruction"]}], tokenize=False, add_generation_prompt=True
+        )
+        for r in records
+    ]
+
+
+def reference_generate(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
+    """Plain transformers generate on one unpadded prompt: the ground truth batching must reproduce."""
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stop_token_ids(tokenizer, model),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def test_batched_equals_one_by_one(varied_model, qwen_style_tokenizer, sum_records):
+    tokenizer = qwen_style_tokenizer
+    prompts = render(tokenizer, sum_records)
+    lengths = {len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts}
+    assert len(lengths) >= 3, "prompts of different lengths are needed to exercise left padding"
+    padding_side = tokenizer.padding_side
+
+    one_by_one = generate(varied_model, tokenizer, prompts, batch_size=1, max_new_tokens=12)
+    batched = generate(varied_model, tokenizer, prompts, batch_size=5, max_new_tokens=12)
+    assert batched == one_by_one
+    assert len({g.text for g in batched}) >= len(prompts) // 2, "outputs barely differ: the test would miss a swap"
+    assert any(g.stopped for g in batched) and not all(g.stopped for g in batched)
+    assert tokenizer.padding_side == padding_side
+
+    for prompt, g in zip(prompts, batched):
+        tokens = reference_generate(varied_model, tokenizer, prompt, 12)
+        assert g.num_tokens == len(tokens)
+        assert g.stopped == (tokens[-1] == tokenizer.eos_token_id)
+        expected = tokenizer.decode(tokens[:-1] if g.stopped else tokens, skip_special_tokens=False)
+        assert g.text == expected
+
+
+def test_generate_restores_training_mode(varied_model, qwen_style_tokenizer):
+    varied_model.train()
+    prompts = render(qwen_style_tokenizer, [{"instruction": "3="}])
+    generate(varied_model, qwen_style_tokenizer, prompts, max_new_tokens=2)
+    assert varied_model.training
+
+
+def test_decode_cuts_at_the_first_stop_and_keeps_other_special_tokens(qwen_style_tokenizer):
+    tok = qwen_style_tokenizer
+    im_start, im_end, pad = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    text_ids = tok("12", add_special_tokens=False)["input_ids"]
+    g = _decode(tok, text_ids + [im_start, im_end, pad, pad], [im_end])
+    assert (g.text, g.num_tokens, g.stopped) == ("12<|im_start|>", len(text_ids) + 2, True)
+    g = _decode(tok, text_ids, [im_end])
+    assert (g.text, g.num_tokens, g.stopped) == ("12", len(text_ids), False)
+
+
+def test_stop_tokens_include_the_template_end_of_turn(qwen_style_tokenizer, tiny_model):
+    im_end, endoftext = qwen_style_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    base_style = copy.deepcopy(qwen_style_tokenizer)
+    base_style.eos_token = "<|endoftext|>"  # as a Qwen base model's tokenizer has it
+    tiny_model.generation_config.eos_token_id = endoftext
+    assert stop_token_ids(base_style, tiny_model) == [im_end, endoftext]
+
+
+def test_batch_size_must_be_positive(varied_model, qwen_style_tokenizer):
+    with pytest.raises(ValueError, match="batch_size"):
+        generate(varied_model, qwen_style_tokenizer, ["x"], batch_size=0)

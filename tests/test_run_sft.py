@@ -1,0 +1,77 @@
+"""run_sft.main() end to end on a tiny model, and its refusal of bad input before training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import run_sft
+from hf_lora_ds.records import DataError
+
+
+@pytest.fixture
+def sum_files(tmp_path):
+    def write(name, xs):
+        records = [{"instruction": f"{x}=", "input": "", "output": f"王大丫丫的回答是--->{x - 2} + 2"} for x in xs]
+        path = tmp_path / name
+        path.write_text(json.dumps(records, ensure_ascii=False))
+        return str(path)
+
+    return write("train.json", range(10, 42)), write("eval.json", range(50, 56))
+
+
+def demo_flags(tiny_model_dir, sum_files, out):
+    train, evaluation = sum_files
+    return ["--model_name_or_path", str(tiny_model_dir), "--train_file", train, "--eval_file", evaluation,
+            "--output_dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", "8",
+            "--dataset_cache_dir", str(out / "cache")]
+
+
+def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, capsys):
+    out = tmp_path / "run"
+    summary = run_sft.main(demo_flags(tiny_model_dir, sum_files, out))
+    report = json.loads((out / "eval_report.json").read_text())
+    assert set(report) == {"before", "after"}
+    assert report == json.loads(json.dumps(summary))
+    for phase in ("before", "after"):
+        assert 0.0 <= report[phase]["accuracy"] <= 1.0 and report[phase]["num_samples"] == 6
+        assert len((out / f"predictions_{phase}.jsonl").read_text().splitlines()) == 6
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "report.html"} <= {
+        p.name for p in out.iterdir()}
+    printed = capsys.readouterr().out
+    assert "mask audit: 32 samples" in printed and "before" in printed and "after" in printed
+
+
+def test_config_file_overrides_only_what_it_sets(tiny_model_dir, sum_files, tmp_path):
+    out = tmp_path / "cfg"
+    train, evaluation = sum_files
+    config = {"model_name_or_path": str(tiny_model_dir), "train_file": train, "eval_file": evaluation,
+              "output_dir": str(out), "max_steps": 3, "lora_rank": 4}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = run_sft.parse_args([str(path)])
+    assert args.lora_rank == 4 and args.max_steps == 3
+    assert args.learning_rate == run_sft.DEMO_DEFAULTS["learning_rate"]
+
+
+def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, tmp_path, monkeypatch):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "1=", "output": "0 + 1"}\n{"instruction": "2=", "output": ["1", "1"]}\n')
+    loaded = []
+    monkeypatch.setattr(run_sft.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
+    flags = demo_flags(tiny_model_dir, sum_files, tmp_path / "bad_run")
+    flags[flags.index("--train_file") + 1] = str(bad)
+    with pytest.raises(DataError, match=r"bad.jsonl, line 2: field 'output' must be a string"):
+        run_sft.main(flags)
+    flags[flags.index("--train_file") + 1] = sum_files[0]
+    flags[flags.index("--eval_file") + 1] = str(bad)
+    with pytest.raises(DataError, match=r"bad.jsonl, line 2: field 'output' must be a string"):
+        run_sft.main(flags)
+    assert loaded == []
+
+
+def test_defaults_point_at_the_bundled_demo():
+    for key in ("model_name_or_path", "train_file", "eval_file"):
+        assert run_sft.ROOT.joinpath(run_sft.DEMO_DEFAULTS[key]).exists(), key
