@@ -85,7 +85,7 @@ def _read_json_array(text: str, path: Path) -> list[Record]:
             value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}, line {err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from None
-        records.append(Record(value, f"{path}, line {_line_of(text, pos)}"))
+        records.append(Record(value, f"{path}, line {_line_of(text, pos)} (record {len(records)})"))
         pos = end
 
 

@@ -51,7 +51,9 @@ def test_bad_jsonl_record_names_file_line_field(tmp_path, bad_line, pattern):
 def test_json_array_errors_name_the_record_line(tmp_path):
     path = tmp_path / "train.json"
     path.write_text('[\n  {"instruction": "1=", "output": "0 + 1"},\n  {"instruction": "2=",\n   "output": null}\n]\n')
-    assert first_error(path) == f"{path}, line 3: missing field 'output'"
+    assert first_error(path) == f"{path}, line 3 (record 1): missing field 'output'"
+    path.write_text('[{"instruction": "1=", "output": "0 + 1"}, {"instruction": "2="}]')
+    assert first_error(path) == f"{path}, line 1 (record 1): missing field 'output'"
     path.write_text('[\n  {"instruction": "1=", "output": "0 + 1"}\n  {"instruction": "2="}\n]\n')
     assert "line 3: malformed JSON" in first_error(path)
 
