@@ -12,7 +12,6 @@ Every argument defaults to the bundled demo, so any flag changes only its own pa
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, 
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
 from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback, write_run_report
+from hf_lora_ds.distributed import describe_world
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_predictions, write_report
 from hf_lora_ds.records import load_records
 
@@ -56,8 +56,11 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    set_seed(args.seed)
+    set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after, and the adapter's A init must repeat
+    if args.process_index == 0:
+        print(describe_world(args), flush=True)
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
@@ -100,18 +103,20 @@ def main(argv: list[str] | None = None) -> dict:
         write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
         return result
 
-    results = {}
-    if eval_records:
-        # A fresh LoRA adapter is an exact no-op (B = 0), so the wrapped model still answers as the base does.
-        results["before"] = answer_accuracy("before")
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+
     if eval_records:
+        # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.
+        # "before" is the same model with the adapter switched off: the base, even for a resumed run.
+        with trainer.model.disable_adapter():
+            results = {"before": answer_accuracy("before")}
         results["after"] = answer_accuracy("after")
         report_path = write_report(results, Path(args.output_dir, "eval_report.json"))
         trainer.log({f"eval_accuracy_{phase}": result.accuracy for phase, result in results.items()})
         write_run_report(trainer, report_path)
         print_comparison(results)
-    return {phase: result.summary() for phase, result in results.items()}
+        return {phase: result.summary() for phase, result in results.items()}
+    return {}
 
 
 if __name__ == "__main__":

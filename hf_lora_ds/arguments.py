@@ -14,6 +14,8 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
+from hf_lora_ds.distributed import ensure_world_agreement, prepare_distributed
+
 __all__ = ["SFTTrainingArguments"]
 
 
@@ -86,8 +88,12 @@ class SFTTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         self._check_model_and_data()
         self._check_lora()
+        # Before TrainingArguments builds the process state: on CPU-only multi-rank launches Trainer, the data
+        # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
+        prepare_distributed(self)
         self._resolve_precision()
         super().__post_init__()
+        ensure_world_agreement(self)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -30,7 +30,7 @@ import sys
 from typing import Literal
 
 import torch
-from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedTokenizerBase
 
 from hf_lora_ds.data import IGNORE_INDEX
 

@@ -1,4 +1,5 @@
-"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front and the adapter saved at the end.
+"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, and every saved adapter
+checked (the final one is always saved).
 
 Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
 """
@@ -11,6 +12,7 @@ import torch
 from peft import LoraConfig
 from transformers import Trainer
 
+from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import use_swanlab
@@ -33,11 +35,6 @@ class LoraSFTTrainer(Trainer):
         **trainer_kwargs: Any,
     ):
         model = wrap_with_lora(model, lora_config or lora_config_from_args(args))
-        kwargs = args.gradient_checkpointing_kwargs or {}
-        if args.gradient_checkpointing and kwargs.get("use_reentrant", False):
-            # Reentrant checkpointing only backpropagates through segments whose inputs require grad, and the
-            # embeddings of a frozen base never do: without this, LoRA layers inside checkpoints get no gradient.
-            model.enable_input_require_grads()
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if "swanlab" in self.args.report_to:
             # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
@@ -52,6 +49,13 @@ class LoraSFTTrainer(Trainer):
         result = super().train(*args, **kwargs)
         self.save_model()
         return result
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves
+        zero-size tensors without any error, and the run only fails later, at merge or load time."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            verify_adapter(output_dir or self.args.output_dir, base_model=self.model.get_base_model().config)
 
     def _print_main(self, message: str) -> None:
         if self.is_world_process_zero():

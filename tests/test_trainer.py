@@ -54,8 +54,8 @@ def test_adapter_and_tokenizer_saved_at_end(tiny_model, qwen_style_tokenizer, tm
 
 def test_gradient_checkpointing_trains_lora(tiny_model, qwen_style_tokenizer, tmp_path):
     for kwargs in ({"use_reentrant": False}, {"use_reentrant": True}):
-        trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, gradient_checkpointing=True,
-                               gradient_checkpointing_kwargs=kwargs)
+        trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, activation_checkpointing=True,
+                               activation_checkpointing_kwargs=kwargs)
         b = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
         trainer.train()
         assert all(not torch.equal(dict(trainer.model.named_parameters())[n], p) for n, p in b.items()), kwargs
@@ -69,3 +69,24 @@ def test_existing_peft_model_is_not_wrapped_twice(tiny_model, qwen_style_tokeniz
     trainer = make_trainer(peft_model, qwen_style_tokenizer, tmp_path)
     assert trainer.model is peft_model
     assert trainer.model.peft_config["default"].r == 2
+
+
+def test_save_refuses_an_empty_adapter(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
+    """What ZeRO-3 without gathering writes: the right keys with zero-size tensors. The save itself must fail."""
+    import pytest
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from transformers import Trainer
+
+    from hf_lora_ds.adapter import AdapterIntegrityError
+
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
+
+    def zero3_without_gather(self, output_dir=None, _internal_call=False):
+        self.model.save_pretrained(output_dir)
+        state = {k: torch.empty(0) for k in get_peft_model_state_dict(self.model)}
+        save_file(state, f"{output_dir}/adapter_model.safetensors")
+
+    monkeypatch.setattr(Trainer, "save_model", zero3_without_gather)
+    with pytest.raises(AdapterIntegrityError, match="empty"):
+        trainer.save_model(str(tmp_path / "broken"))

@@ -12,8 +12,8 @@ These are pure functions of (lengths, rank, world size), testable without a proc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from hf_lora_ds.eval import Generation, evaluate, score_predictions
-from hf_lora_ds.eval import evaluator
+from hf_lora_ds.eval import Generation, evaluate, evaluator, score_predictions
 from hf_lora_ds.eval.evaluator import EXTRA_TOKENS
 from hf_lora_ds.records import DataError
 
@@ -81,7 +80,7 @@ def test_sharded_across_two_ranks_equals_one_process(monkeypatch, varied_model, 
     monkeypatch.setattr(evaluator, "generate", counting_generate)
     monkeypatch.setattr(evaluator, "all_gather", fake_all_gather)
     for rank in (1, 0):
-        monkeypatch.setattr(evaluator, "rank_and_world", lambda: (rank, 2))
+        monkeypatch.setattr(evaluator, "rank_and_world", lambda rank=rank: (rank, 2))
         try:
             sharded = evaluate(varied_model, qwen_style_tokenizer, sum_records, "sum_to_x", batch_size=3)
         except Captured:

@@ -1,0 +1,71 @@
+"""python -m hf_lora_ds.merge writes a standalone safetensors model that computes what base + adapter computed."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_lora_ds.merge import MergeMismatchError, main, merge_adapter
+
+PROMPTS = ["What is the capital of France?", "Tell me a joke about cats."]
+
+
+@pytest.fixture(scope="module")
+def trained_adapter(tmp_path_factory, tiny_model_dir):
+    """An adapter whose lora_B is non-zero, as after training (a fresh one is a no-op and would hide a bad merge)."""
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear")
+    )
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    path = tmp_path_factory.mktemp("adapter")
+    model.save_pretrained(path)
+    return path
+
+
+def _logits(model, tokenizer, prompt: str) -> torch.Tensor:
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_cli_writes_a_model_matching_base_plus_adapter(tiny_model_dir, trained_adapter, tmp_path, capsys):
+    out = tmp_path / "merged"
+    assert main(["--base", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]) == 0
+    assert "max abs logit diff" in capsys.readouterr().out
+    assert list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
+    assert not (out / "adapter_config.json").exists()  # a plain HF model, loadable without peft
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    base_logits = [_logits(base, tokenizer, prompt) for prompt in PROMPTS]
+    with_adapter = PeftModel.from_pretrained(base, str(trained_adapter)).eval()
+    for prompt, plain in zip(PROMPTS, base_logits):
+        expected = _logits(with_adapter, tokenizer, prompt)
+        torch.testing.assert_close(_logits(merged, tokenizer, prompt), expected, atol=1e-4, rtol=1e-4)
+        assert (expected - plain).abs().max() > 1e-2, "the adapter must change the output, else this proves nothing"
+
+
+def test_empty_adapter_fails_with_the_cause(tiny_model_dir, trained_adapter, tmp_path, capsys):
+    broken = tmp_path / "empty-adapter"
+    shutil.copytree(trained_adapter, broken)
+    weights = {name: torch.empty(0) for name in load_file(broken / "adapter_model.safetensors")}
+    save_file(weights, broken / "adapter_model.safetensors")
+    assert main(["--base", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]) == 1
+    assert "empty" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tolerance_is_enforced(tiny_model_dir, trained_adapter, tmp_path):
+    """bf16 rounding makes merged and unmerged differ; an impossibly tight tolerance must be reported."""
+    with pytest.raises(MergeMismatchError, match="differs from base \\+ adapter"):
+        merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "bf16", dtype="bfloat16", atol=1e-9)
