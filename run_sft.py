@@ -19,7 +19,13 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
-from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback, write_run_report
+from hf_lora_ds.callbacks import (
+    AnswerAccuracyCallback,
+    MemoryTraceCallback,
+    RunReportCallback,
+    ThroughputCallback,
+    write_run_report,
+)
 from hf_lora_ds.distributed import describe_world
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_predictions, write_report
 from hf_lora_ds.records import load_records
@@ -64,19 +70,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    train_dataset = ChatSFTDataset(
-        args.train_file,
-        tokenizer,
-        max_length=args.max_length,
-        system_prompt=args.system_prompt,
-        assistant_turns=args.assistant_turns,
-        on_empty_labels=args.on_empty_labels,
-        cache_dir=args.dataset_cache_dir,
-    )
+    def sft_dataset(path: str) -> ChatSFTDataset:
+        return ChatSFTDataset(path, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
+                              assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
+                              cache_dir=args.dataset_cache_dir)
+
+    train_dataset = sft_dataset(args.train_file)
     task = get_task(args.eval_task)
     eval_records = load_records(args.eval_file) if args.eval_file else None
     if eval_records:
         load_samples(eval_records, task, args.system_prompt)
+    # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.
+    evaluating_during_training = eval_records is not None and args.eval_strategy != "no"
 
     memory = MemoryTraceCallback()
     with memory.phase("load"):
@@ -90,12 +95,16 @@ def main(argv: list[str] | None = None) -> dict:
         model,
         args,
         train_dataset=train_dataset,
+        eval_dataset=sft_dataset(args.eval_file) if evaluating_during_training else None,
         data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
         processing_class=tokenizer,
     )
     memory.attach(trainer)
     ThroughputCallback().attach(trainer)
-    trainer.add_callback(RunReportCallback())  # after the two above: the report reads what they log
+    if evaluating_during_training:
+        AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
+                               system_prompt=args.system_prompt).attach(trainer)
+    trainer.add_callback(RunReportCallback())  # after the ones above: the report reads what they log
 
     def answer_accuracy(phase: str):
         result = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,

@@ -14,12 +14,14 @@ With ``report_to="swanlab"``, call ``use_swanlab(trainer)``: it swaps transforme
 with swanlab 0.10) for one that also runs offline without an API key.
 """
 
+from .accuracy import AnswerAccuracyCallback
 from .memory import MemoryTraceCallback
 from .run_report import RunReportCallback, write_run_report
 from .swanlab import SwanLabCallback, default_swanlab_mode, use_swanlab
 from .throughput import ThroughputCallback
 
 __all__ = [
+    "AnswerAccuracyCallback",
     "MemoryTraceCallback",
     "ThroughputCallback",
     "SwanLabCallback",

@@ -1,0 +1,55 @@
+"""Answer accuracy at every evaluation, logged as ``eval_accuracy`` through ``Trainer.log``.
+
+Trainer's own evaluation gives the loss, which says little about whether answers are right. This callback runs
+``hf_lora_ds.eval.evaluate`` whenever Trainer evaluates (``eval_strategy``), on every rank: the records are split
+across ranks and gathered, and under ZeRO-3 generation runs with ``synced_gpus`` inside the live engine, so each
+layer's weights are gathered on the fly and no rank ever holds the whole model. Cost: one generation pass over the
+eval set per evaluation; under ZeRO-3, every generated token also re-gathers every layer (a forward's worth of
+all-gathers per token), which is why small eval sets and ``max_new_tokens`` set by the task matter there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase, TrainerControl, TrainerState, TrainingArguments
+
+from hf_lora_ds.eval import Task, evaluate
+from hf_lora_ds.records import Record
+
+from ._common import LoggingCallback
+
+__all__ = ["AnswerAccuracyCallback"]
+
+
+class AnswerAccuracyCallback(LoggingCallback):
+    """``AnswerAccuracyCallback(tokenizer, records, "sum_to_x").attach(trainer)`` logs ``eval_accuracy``."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        records: Sequence[dict] | Sequence[Record] | str,
+        task: str | Task,
+        *,
+        batch_size: int = 32,
+        system_prompt: str | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.records = records
+        self.task = task
+        self.batch_size = batch_size
+        self.system_prompt = system_prompt
+        self.metric_key_prefix = metric_key_prefix
+        self.history: list[dict[str, Any]] = []
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> None:
+        result = evaluate(model, self.tokenizer, self.records, self.task, batch_size=self.batch_size,
+                          system_prompt=self.system_prompt)
+        metrics = {f"{self.metric_key_prefix}_accuracy": result.accuracy}
+        self.history.append({"step": state.global_step, **result.summary()})
+        self._emit(state, metrics)
