@@ -6,6 +6,7 @@
     python run_sft.py --model_name_or_path DIR --train_file FILE --eval_file FILE --eval_task exact_match
     torchrun --nproc_per_node 2 run_sft.py ...
     deepspeed run_sft.py --deepspeed ds_configs/stage3.json ...
+    python run_sft.py --save_strategy steps --save_steps 50 --resume_from_checkpoint auto   # resumes after a crash
 
 Every argument defaults to the bundled demo, so any flag changes only its own part of the job.
 """
@@ -13,10 +14,11 @@ Every argument defaults to the bundled demo, so any flag changes only its own pa
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback, set_seed
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
 from hf_lora_ds.callbacks import (
@@ -29,6 +31,7 @@ from hf_lora_ds.callbacks import (
 from hf_lora_ds.distributed import describe_world
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_predictions, write_report
 from hf_lora_ds.records import load_records
+from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
 ROOT = Path(__file__).resolve().parent
 DEMO_DEFAULTS = {
@@ -61,12 +64,17 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:
+    """The whole job; ``callbacks`` are extra TrainerCallbacks for programmatic use (a notebook, a test)."""
     # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
     set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after, and the adapter's A init must repeat
+    # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count fails here, not later.
+    checkpoint, resume_note = resolve_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, args.world_size)
     if args.process_index == 0:
         print(describe_world(args), flush=True)
+        if resume_note:
+            print(resume_note, flush=True)
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
@@ -98,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         eval_dataset=sft_dataset(args.eval_file) if evaluating_during_training else None,
         data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
         processing_class=tokenizer,
+        callbacks=list(callbacks),
     )
     memory.attach(trainer)
     ThroughputCallback().attach(trainer)
@@ -105,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
         AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
                                system_prompt=args.system_prompt).attach(trainer)
     trainer.add_callback(RunReportCallback())  # after the ones above: the report reads what they log
+    # Last: a checkpoint counts as complete (for --resume_from_checkpoint auto) only after every other on_save ran.
+    trainer.add_callback(CheckpointCompletionCallback())
 
     def answer_accuracy(phase: str):
         result = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
@@ -112,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
         write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
         return result
 
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_state()  # trainer_state.json in output_dir: the step count and the whole log history
 
     if eval_records:
         # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.

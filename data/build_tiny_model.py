@@ -8,11 +8,17 @@ what this script trains, once, from the train split only (eval x values stay uns
 1. a byte-level BPE whose corpus holds chat-rendered plain AND prefixed answers, so the fixed strings (system
    prompt, turn headers, the answer prefix) become few tokens and sequences stay short. The tokenizer knowing the
    prefix does not mean the model does: the prefix tokens never occur in pre-training.
-2. a Qwen2-shaped model pre-trained in chat format on plain answers, loss on the assistant content and the
-   ``<|im_end|>`` that closes the turn (so the model learns to stop). In half of the examples the answer comes after
-   a few random tokens that are input only (no loss). Without them the model learns to copy x's digits from fixed
-   token distances; any prefix then breaks its arithmetic (0% held-out with the answer prefix prefilled), and LoRA
-   r=8 could not rebuild it in 150 steps. With them it learns to find the digits wherever the answer starts.
+2. a Qwen2-shaped model pre-trained in chat format, loss only on the assistant turn, ending with the
+   ``<|im_end|>`` that closes it (so the model learns to stop). Phase 1 is plain answers only: the model learns the
+   arithmetic fast, but by copying x's digits from fixed token distances. Phase 2 mixes in two things, because
+   without them LoRA r=8 could not teach the new format (0% after 150 steps, measured):
+   - filler: random tokens (input only) before the plain answer, so the model finds x's digits wherever the answer
+     starts; otherwise any prefix breaks its arithmetic (0% held-out with the answer prefix prefilled).
+   - echo: the user sends random tokens, the assistant repeats them. Every token becomes a confident output in
+     some context, as in any real pre-training; a token that is never a target ends with an embedding nearly
+     parallel to every other such token (tied embeddings), and LoRA then cannot make the model emit it.
+   The echo and filler tokens include the answer prefix's tokens (the model knows them as tokens, as a real base
+   knows every token of its vocabulary) but never the prefix as an answer: before LoRA the format is new.
 
     PYTHONPATH=. python data/make_sum_to_x.py && PYTHONPATH=. python data/build_tiny_model.py
 """
@@ -32,7 +38,7 @@ from transformers import PreTrainedTokenizerFast, get_cosine_schedule_with_warmu
 
 from hf_lora_ds.tiny import CHATML_DEFAULT_SYSTEM_TEMPLATE, SPECIAL_TOKENS, build_tiny_qwen2, train_chat_tokenizer
 
-__all__ = ["split_answer", "tokenizer_corpus", "encode_plain", "filler_pool", "assemble", "accuracy", "main"]
+__all__ = ["split_answer", "tokenizer_corpus", "encode_plain", "token_pool", "echo_example", "assemble", "accuracy", "main"]
 
 DATA_DIR = Path(__file__).parent
 A_VALUES = range(1, 10)
@@ -101,20 +107,23 @@ def encode_plain(tokenizer: PreTrainedTokenizerFast, xs: list[int]) -> list[Exam
     return examples
 
 
-def filler_pool(tokenizer: PreTrainedTokenizerFast, avoid: str) -> list[int]:
-    """Token ids usable as filler: no special tokens, no digits, and no token that is a piece of ``avoid`` (the
-    answer prefix), so the base model never sees the prefix that LoRA is to teach, not even in parts."""
-    avoid_pieces = "".join(tokenizer.convert_ids_to_tokens(tokenizer(avoid, add_special_tokens=False)["input_ids"]))
+def token_pool(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    """Tokens for filler and echo: every token but the special ones and those with a digit or ``=``, so no filler
+    or echo text looks like a sum-to-x prompt or answer."""
     special = set(tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS))
-    return [
-        i
-        for i, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
-        if i not in special and piece not in avoid_pieces and not re.search(r"\d", tokenizer.decode([i]))
-    ]
+    return [i for i in range(len(tokenizer)) if i not in special and not re.search(r"[\d=]", tokenizer.decode([i]))]
+
+
+def echo_example(tokenizer: PreTrainedTokenizerFast, content: list[int]) -> Example:
+    """A chat whose user turn is ``content`` (token ids, spliced in so they stay exactly these tokens) and whose
+    answer repeats it."""
+    prompt_ids = _prompt_ids(tokenizer, "")
+    user_end = len(prompt_ids) - prompt_ids[::-1].index(tokenizer.eos_token_id) - 1
+    return prompt_ids[:user_end] + content + prompt_ids[user_end:], content + [tokenizer.eos_token_id]
 
 
 def assemble(example: Example, filler: list[int]) -> tuple[list[int], list[int]]:
-    """Input ids and labels: only the answer (with its ``<|im_end|>``) is supervised, never prompt or filler."""
+    """Input ids and labels: only the answer (with its ``<|im_end|>``) is supervised, never the prompt or filler."""
     prompt_ids, answer_ids = example
     unsupervised = prompt_ids + filler
     return unsupervised + answer_ids, [IGNORE_INDEX] * len(unsupervised) + answer_ids
@@ -155,26 +164,32 @@ def accuracy(model, tokenizer: PreTrainedTokenizerFast, xs: list[int], prefill: 
     return correct / len(xs)
 
 
-def pretrain(model, examples: list[Example], pool: list[int], pad_id: int, args, report) -> None:
+def mixed_row(rng: random.Random, tokenizer, examples: list[Example], pool: list[int], args) -> tuple[list[int], list[int]]:
+    """One training row: echo, plain answer after filler, or plain answer, at the configured rates."""
+    draw = rng.random()
+    tokens = rng.choices(pool, k=rng.randint(1, args.max_filler))
+    if draw < args.echo_fraction:
+        return assemble(echo_example(tokenizer, tokens), [])
+    filler = tokens if draw < args.echo_fraction + args.filler_fraction else []
+    return assemble(rng.choice(examples), filler)
+
+
+def train(model, make_row, pad_id: int, args, report) -> None:
     """Plain AdamW loop in fp32: the model is tiny, and a Trainer would add nothing here but start-up time."""
-    rng = random.Random(args.seed)
+    steps = args.max_steps
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, steps)
     model.train()
     started = time.perf_counter()
-    for step in range(1, args.max_steps + 1):
-        rows = []
-        for example in rng.sample(examples, args.batch_size):
-            filled = rng.random() < args.filler_fraction
-            rows.append(assemble(example, rng.choices(pool, k=rng.randint(1, args.max_filler)) if filled else []))
-        loss = model(**_pad_batch(rows, pad_id)).loss
+    for step in range(1, steps + 1):
+        loss = model(**_pad_batch([make_row() for _ in range(args.batch_size)], pad_id)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if step % args.log_every == 0 or step == args.max_steps:
-            line = f"step {step}/{args.max_steps} loss {loss.item():.4f} {time.perf_counter() - started:.0f}s"
+        if step % args.log_every == 0 or step == steps:
+            line = f"step {step}/{steps} loss {loss.item():.4f} {time.perf_counter() - started:.0f}s"
             if args.eval_every and step % args.eval_every == 0:
                 line += " " + report()
             print(line, flush=True)
@@ -194,12 +209,13 @@ def main() -> None:
         default=8,
         help="8 heads of 16 dims left the loss plateau within ~300 steps where 4 of 32 were still stuck at 800",
     )
-    parser.add_argument("--max_steps", type=int, default=4000)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_steps", type=int, default=5000)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--echo_fraction", type=float, default=1 / 3, help="share of echo rows")
+    parser.add_argument("--filler_fraction", type=float, default=1 / 3, help="share of plain answers after filler")
+    parser.add_argument("--max_filler", type=int, default=8, help="filler/echo length is uniform in 1..max_filler")
+    parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--warmup_steps", type=int, default=100)
-    parser.add_argument("--filler_fraction", type=float, default=0.5, help="share of examples with filler tokens")
-    parser.add_argument("--max_filler", type=int, default=8, help="filler length is uniform in 1..max_filler")
     parser.add_argument("--log_every", type=int, default=100)
     parser.add_argument("--eval_every", type=int, default=0, help="held-out eval during training (0: only at the end)")
     parser.add_argument("--num_threads", type=int, default=2)
@@ -229,8 +245,9 @@ def main() -> None:
         return f"held-out accuracy: plain {plain:.3f}, after a prefilled {answer_prefix!r} {prefilled:.3f}"
 
     examples = encode_plain(tokenizer, train_xs)
-    pool = filler_pool(tokenizer, answer_prefix)
-    pretrain(model, examples, pool, tokenizer.pad_token_id, args, report)
+    pool = token_pool(tokenizer)
+    rng = random.Random(args.seed)
+    train(model, lambda: mixed_row(rng, tokenizer, examples, pool, args), tokenizer.pad_token_id, args, report)
 
     print(f"{len(eval_xs)} held-out x values, greedy: {report()}")
     model.save_pretrained(args.out_dir)

@@ -1,0 +1,149 @@
+"""``--resume_from_checkpoint PATH|auto``, where ``auto`` never picks a checkpoint that a kill cut short.
+
+transformers (5.x) writes ``checkpoint-N`` in place, file by file, with no temporary directory and no final rename:
+adapter, optimizer (under DeepSpeed one ZeRO shard per rank), scheduler, one RNG file per rank, then
+``trainer_state.json`` from rank 0 only, with no barrier, so rank 0 can finish while other ranks are still writing.
+Its ``get_last_checkpoint`` takes the highest ``checkpoint-N`` directory, complete or not. A job killed during a
+save therefore resumes from a torn checkpoint: missing files fail the load, truncated ones can load garbage.
+
+``CheckpointCompletionCallback`` closes that gap: once Trainer has saved (``on_save`` runs after the save), every
+rank meets at a barrier, then the saving process writes ``checkpoint_complete.json`` atomically (temporary file +
+``os.replace``), listing every file and its size. ``auto`` takes the highest-numbered checkpoint whose marker is
+present and whose files are all still there at those sizes.
+
+Resuming ZeRO checkpoints on another number of ranks fails inside DeepSpeed's engine setup (its optimizer state is
+partitioned per rank); ``resolve_resume_checkpoint`` says so up front, with the rank count to use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "CheckpointCompletionCallback",
+    "mark_checkpoint_complete",
+    "is_complete_checkpoint",
+    "find_latest_complete_checkpoint",
+    "check_resume_world_size",
+    "resolve_resume_checkpoint",
+]
+
+COMPLETE_MARKER = "checkpoint_complete.json"
+_CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# DeepSpeed's per-rank optimizer partition (ZeRO 1-3, and its bf16 optimizer): <tag>/zero_pp_rank_<dp>_mp_rank_<mp>_...
+_ZERO_OPTIMIZER_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+class CheckpointCompletionCallback(TrainerCallback):
+    """Mark each checkpoint complete once every rank has finished writing it. Add it after any callback whose
+    ``on_save`` must run before the checkpoint counts as complete."""
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        # Every rank writes its own shards and RNG state; only after all have returned is the checkpoint whole.
+        args.distributed_state.wait_for_everyone()
+        checkpoint = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if args.should_save and checkpoint.is_dir():
+            mark_checkpoint_complete(checkpoint, state.global_step, args.world_size)
+
+
+def mark_checkpoint_complete(checkpoint: str | os.PathLike, global_step: int, world_size: int) -> Path:
+    """Write the completion marker into ``checkpoint``: the files it holds now, with their sizes."""
+    checkpoint = Path(checkpoint)
+    files = {
+        str(path.relative_to(checkpoint)): path.stat().st_size
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != COMPLETE_MARKER
+    }
+    marker = checkpoint / COMPLETE_MARKER
+    partial = marker.with_name(f".{COMPLETE_MARKER}.tmp")
+    partial.write_text(json.dumps({"global_step": global_step, "world_size": world_size, "files": files}, indent=1))
+    os.replace(partial, marker)  # atomic: the marker is either absent or whole
+    return marker
+
+
+def is_complete_checkpoint(checkpoint: str | os.PathLike) -> bool:
+    """True when ``checkpoint`` carries a marker and every file it lists is present with the recorded size."""
+    marker = Path(checkpoint, COMPLETE_MARKER)
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    for name, size in files.items():
+        path = Path(checkpoint, name)
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return bool(files)
+
+
+def find_latest_complete_checkpoint(output_dir: str | os.PathLike) -> tuple[Path | None, list[Path]]:
+    """The highest-step complete ``checkpoint-N`` in ``output_dir`` (or None), and the newer incomplete ones skipped."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None, []
+    steps = {
+        int(m.group(1)): path for path in root.iterdir() if path.is_dir() and (m := _CHECKPOINT_NAME.match(path.name))
+    }
+    skipped = []
+    for step in sorted(steps, reverse=True):
+        if is_complete_checkpoint(steps[step]):
+            return steps[step], skipped
+        skipped.append(steps[step])
+    return None, skipped
+
+
+def check_resume_world_size(checkpoint: str | os.PathLike, world_size: int) -> None:
+    """Raise, before any engine is built, when ``checkpoint`` holds ZeRO optimizer partitions for another number of
+    ranks: DeepSpeed cannot re-partition them and would fail later, after the model is loaded."""
+    ranks = {
+        int(match.group(1))
+        for path in Path(checkpoint).glob("global_step*/*")
+        if (match := _ZERO_OPTIMIZER_SHARD.match(path.name))
+    }
+    if ranks and len(ranks) != world_size:
+        raise ValueError(
+            f"{checkpoint} holds DeepSpeed ZeRO optimizer state partitioned over {len(ranks)} ranks, and this run has "
+            f"{world_size}. DeepSpeed cannot re-partition it: resume with {len(ranks)} ranks (the same launcher "
+            "flags as the run that wrote it), or convert it to a DeepSpeed universal checkpoint."
+        )
+
+
+def resolve_resume_checkpoint(
+    value: str | None, output_dir: str | os.PathLike, world_size: int = 1
+) -> tuple[str | None, str | None]:
+    """Turn ``--resume_from_checkpoint`` into the path for ``Trainer.train`` and a note for rank 0 to print.
+
+    ``None``/empty: start fresh, no note. ``auto``: the latest complete checkpoint in ``output_dir``, or a fresh start
+    when there is none. A path: used as given (it must look like a Trainer checkpoint); the note warns when it has no
+    completion marker, as for checkpoints written by other tools or cut short by a kill. Either way a ZeRO
+    checkpoint written by another number of ranks than ``world_size`` is an error.
+    """
+    if not value:
+        return None, None
+    if value == "auto":
+        latest, skipped = find_latest_complete_checkpoint(output_dir)
+        skipped_note = f"; skipped incomplete {', '.join(path.name for path in skipped)}" if skipped else ""
+        if latest is None:
+            return None, f"resume: no complete checkpoint in {output_dir}, starting fresh{skipped_note}"
+        check_resume_world_size(latest, world_size)
+        return str(latest), f"resume: from {latest} (latest complete checkpoint{skipped_note})"
+    checkpoint = Path(value)
+    if not (checkpoint / "trainer_state.json").is_file():
+        raise FileNotFoundError(
+            f"--resume_from_checkpoint {value}: not a Trainer checkpoint (no trainer_state.json). Pass a "
+            f"{PREFIX_CHECKPOINT_DIR}-N directory, or 'auto' for the latest complete one in --output_dir."
+        )
+    check_resume_world_size(checkpoint, world_size)
+    if not is_complete_checkpoint(checkpoint):
+        return value, (
+            f"resume: from {value}, which has no {COMPLETE_MARKER}: it was written by another tool or cut short by "
+            "a kill; use 'auto' to pick the latest checkpoint known to be complete"
+        )
+    return value, f"resume: from {value}"

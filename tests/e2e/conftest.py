@@ -1,0 +1,74 @@
+"""End-to-end fixtures: DeepSpeed's CPU ops built once, and tiny sum-to-x files next to ``tiny_model_dir``.
+
+The model is the shared ``tiny_model_dir`` (tests/conftest.py): Qwen2, hidden 32, 2 layers, saved with its
+tokenizer like a user's ``--model_name_or_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from launching import REPO
+
+from hf_lora_ds.tiny import build_tiny_qwen2
+
+TRAIN_RECORDS = 32
+EVAL_RECORDS = 6
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_cpu_ops():
+    """JIT-build DeepSpeed's CPU ops (shm_comm, cpu_adam) once, before the first launch, with the CI script itself.
+
+    Left to the launches, the first one of each op pays a multi-minute ninja build inside its timeout, and its two
+    ranks race on the same build directory. Built here, every launch loads the cached library from
+    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Tests run one after another, so this session
+    fixture is the only builder.
+    """
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = time.perf_counter()
+    done = subprocess.run(["bash", str(REPO / ".ci" / "prebuild_deepspeed_ops.sh")], env=env, capture_output=True,
+                          text=True, timeout=1200)  # fmt: skip
+    assert done.returncode == 0, f"building DeepSpeed's CPU ops failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
+    print(f"\nDeepSpeed CPU ops ready in {time.perf_counter() - start:.0f} s:\n{done.stdout.strip()}")
+
+
+def sum_record(x: int) -> dict[str, str]:
+    a = 1 + x % 9
+    return {"instruction": f"{x}=", "input": "", "output": f"王大丫丫的回答是--->{a} + {x - a}"}
+
+
+@pytest.fixture(scope="session")
+def sum_data(tmp_path_factory) -> dict[str, Path]:
+    """32 training and 6 held-out sum-to-x records (distinct x, so every training sample is a distinct sequence)."""
+    root = tmp_path_factory.mktemp("sum-to-x")
+    xs = [10 + 13 * i for i in range(TRAIN_RECORDS + EVAL_RECORDS)]
+    files = {"train": root / "train.json", "eval": root / "eval.json"}
+    for name, chosen in (("train", xs[:TRAIN_RECORDS]), ("eval", xs[TRAIN_RECORDS:])):
+        files[name].write_text(json.dumps([sum_record(x) for x in chosen], ensure_ascii=False), encoding="utf-8")
+    return files
+
+
+@pytest.fixture(scope="session")
+def varied_model_dir(tmp_path_factory, qwen_style_tokenizer) -> Path:
+    """``tiny_model_dir``'s model with large random weights: a fresh one (std 0.02) answers every prompt with the same
+    repeated token, so predictions gathered in the wrong order would still compare equal. With std 0.5 each prompt
+    gets its own completion, and a boosted end-of-turn embedding makes some of them stop early."""
+    model = build_tiny_qwen2(qwen_style_tokenizer)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+        model.get_input_embeddings().weight[qwen_style_tokenizer.eos_token_id] *= 1.5
+    path = tmp_path_factory.mktemp("varied-model")
+    model.save_pretrained(path)
+    qwen_style_tokenizer.save_pretrained(path)
+    return path

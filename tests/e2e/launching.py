@@ -1,0 +1,151 @@
+"""Launch run_sft.py (through ``sft_entry.py``) under deepspeed, torchrun or plain python, and read what it left.
+
+Every launch gets its own free ``--master_port``, ``OMP_NUM_THREADS=1`` (tiny models gain nothing from threads, and
+on a busy 2-core runner ranks waiting on each other's threads slow down many-fold) and no inherited launcher
+variables, so a test run under some launcher still starts clean children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = Path(__file__).with_name("sft_entry.py")
+RUN_SFT = REPO / "run_sft.py"
+CONFIGS = sorted(path.stem for path in (REPO / "ds_configs").glob("*.json"))
+LAUNCH_TIMEOUT_S = 600
+_INHERITED_LAUNCH_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+)  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in _INHERITED_LAUNCH_VARIABLES}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    return env
+
+
+def launcher(kind: str, nproc: int = 1) -> list[str]:
+    """The command a user types: ``deepspeed --num_gpus N``, ``torchrun --nproc_per_node N`` or ``python``, each
+    as ``python -m`` of the module its console script calls, so this interpreter's environment is the one tested."""
+    port = str(free_port())
+    if kind == "deepspeed":
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port", port]
+    if kind == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", port]
+    if kind == "python":
+        assert nproc == 1, "plain python runs one process"
+        return [sys.executable]
+    raise ValueError(f"unknown launcher {kind}")
+
+
+def sft_args(model_dir: Path, data: dict[str, Path], out: Path, *extra: str, eval_file: bool = True) -> list[str]:
+    """A short run: 4 steps of 4 samples per rank at a learning rate that lowers the loss within those steps."""
+    return [
+        "--model_name_or_path", str(model_dir), "--train_file", str(data["train"]),
+        "--eval_file", str(data["eval"]) if eval_file else "", "--output_dir", str(out),
+        "--dataset_cache_dir", str(out.parent / "dataset-cache"),
+        "--max_steps", "4", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+        "--learning_rate", "2e-2", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+        "--logging_steps", "1", "--save_strategy", "no", "--seed", "0", "--report_to", "none",
+        "--disable_tqdm", "true", *extra,
+    ]  # fmt: skip
+
+
+@dataclass
+class Launch:
+    returncode: int
+    log: str
+    seconds: float
+    finished_at: float
+
+
+def run(command: list[str], log_path: Path, timeout: int = LAUNCH_TIMEOUT_S) -> Launch:
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        done = subprocess.run(
+            command, cwd=REPO, env=launch_env(), stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+        )
+    return Launch(done.returncode, log_path.read_text(errors="replace"), time.perf_counter() - start, time.time())
+
+
+def node_launcher(kind: str, node_rank: int, port: int, log_dir: Path) -> list[str]:
+    """One of two one-rank "nodes" on 127.0.0.1. torchrun: ``--nnodes 2 --node_rank R``. deepspeed: a two-host
+    hostfile and ``--no_ssh --node_rank R`` (the launcher started on each machine, as torchrun is; its default
+    instead reaches the hosts over SSH, which a test cannot)."""
+    master = ["--master_addr", "127.0.0.1", "--master_port", str(port), "--node_rank", str(node_rank)]
+    if kind == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", *master]
+    hostfile = log_dir / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # two names for loopback: two "machines"
+    return [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh", *master]
+
+
+def run_two_nodes(kind: str, args: list[str], log_dir: Path, timeout: int = LAUNCH_TIMEOUT_S) -> list[Launch]:
+    """Start both nodes at once and wait for both; one ``Launch`` per node, ``finished_at`` when both are done."""
+    port = free_port()
+    start, logs, nodes = time.perf_counter(), [], []
+    try:
+        for node_rank in (0, 1):
+            command = node_launcher(kind, node_rank, port, log_dir) + args
+            logs.append(open(log_dir / f"node{node_rank}.log", "w"))
+            nodes.append(
+                subprocess.Popen(command, cwd=REPO, env=launch_env(), stdout=logs[-1], stderr=subprocess.STDOUT)
+            )
+        codes = [node.wait(timeout=timeout) for node in nodes]
+    finally:
+        for node, log in zip(nodes, logs):
+            if node.poll() is None:
+                node.kill()
+            log.close()
+    seconds, now = time.perf_counter() - start, time.time()
+    return [Launch(code, (log_dir / f"node{rank}.log").read_text(errors="replace"), seconds, now)
+            for rank, code in enumerate(codes)]  # fmt: skip
+
+
+def check_ok(launch: Launch) -> None:
+    assert launch.returncode == 0, f"exit {launch.returncode} after {launch.seconds:.0f} s:\n{launch.log[-6000:]}"
+
+
+def trainer_state(out: Path) -> dict:
+    return json.loads((out / "trainer_state.json").read_text())
+
+
+def losses(out: Path) -> list[float]:
+    return [entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry]
+
+
+def world_lines(log: str) -> list[str]:
+    """run_sft's ``describe_world`` line (rank 0 prints it once)."""
+    return re.findall(r"^world size .*$", log, flags=re.MULTILINE)
+
+
+def rank_samples(out: Path, world_size: int) -> list[list[tuple[int, ...]]]:
+    return [[tuple(ids) for ids in json.loads((out / f"e2e_samples_rank{rank}.json").read_text())]
+            for rank in range(world_size)]  # fmt: skip
+
+
+def eval_report(out: Path) -> dict:
+    return json.loads((out / "eval_report.json").read_text())
+
+
+def adapter_weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "adapter_model.safetensors"))

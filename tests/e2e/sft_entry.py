@@ -1,0 +1,72 @@
+"""run_sft.py's ``main`` exactly as users launch it, plus two test-only callbacks; the e2e tests launch this file.
+
+    deepspeed --num_gpus 2 tests/e2e/sft_entry.py [--kill_rank R --kill_step N --kill_on step_end|save] RUN_SFT_ARGS
+
+- ``SampleRecorder``: when training ends, each rank writes the samples its own (sharded) training dataloader yields
+  to ``OUTPUT_DIR/e2e_samples_rank{R}.json``. run_sft.py shows the world size and the global batch, not which rank
+  got which sample; this is the one observation it lacks. The loader is read after training, so it cannot change
+  the run: each epoch's order comes from the seed and the epoch number alone.
+- ``KillRank``: SIGKILLs rank R at step N, at the end of the step (before any checkpoint of that step) or inside
+  the save (after Trainer wrote ``checkpoint-N``, before run_sft's completion marker, whose callback comes later).
+  It first writes ``OUTPUT_DIR/e2e_killed.json`` with the wall-clock time of the kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from transformers import TrainerCallback  # noqa: E402
+
+import run_sft  # noqa: E402  (needs the repository root on sys.path)
+
+
+class SampleRecorder(TrainerCallback):
+    def on_train_end(self, args, state, control, train_dataloader=None, **kwargs):
+        samples = []
+        for batch in train_dataloader:
+            mask = batch.get("attention_mask")
+            for row, ids in enumerate(batch["input_ids"]):
+                samples.append(ids[mask[row].bool()].tolist() if mask is not None else ids.tolist())
+        Path(args.output_dir, f"e2e_samples_rank{args.process_index}.json").write_text(json.dumps(samples))
+
+
+class KillRank(TrainerCallback):
+    def __init__(self, rank: int, step: int, on: str):
+        self.rank, self.step, self.on = rank, step, on
+
+    def _maybe_kill(self, args, state, event: str) -> None:
+        if event == self.on and state.global_step == self.step and args.process_index == self.rank:
+            Path(args.output_dir, "e2e_killed.json").write_text(json.dumps({"time": time.time(), "rank": self.rank}))
+            print(f"[e2e] SIGKILL rank {self.rank} at step {self.step} ({event})", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._maybe_kill(args, state, "step_end")
+
+    def on_save(self, args, state, control, **kwargs):
+        self._maybe_kill(args, state, "save")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--kill_rank", type=int, default=None)
+    parser.add_argument("--kill_step", type=int, default=None)
+    parser.add_argument("--kill_on", choices=("step_end", "save"), default="step_end")
+    ours, run_sft_args = parser.parse_known_args()
+    callbacks = [SampleRecorder()]
+    if ours.kill_rank is not None:
+        callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
+    run_sft.main(run_sft_args, callbacks=callbacks)
+
+
+if __name__ == "__main__":
+    main()

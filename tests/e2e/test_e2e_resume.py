@@ -1,0 +1,59 @@
+"""Kill a run with SIGKILL while it writes a checkpoint, resume with ``--resume_from_checkpoint auto``: it must pick
+the last *complete* checkpoint and end exactly where an uninterrupted run with the same seed ends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from launching import ENTRY, REPO, adapter_weights, check_ok, launcher, run, sft_args, trainer_state
+from transformers.trainer_utils import get_last_checkpoint
+
+from hf_lora_ds.adapter import verify_adapter
+from hf_lora_ds.resume import COMPLETE_MARKER, is_complete_checkpoint
+
+STEPS = 6
+# Trainer's own checkpoints, a one-process DeepSpeed engine, and ZeRO-3 partitions over 2 ranks.
+CASES = [("python", 1, None), ("python", 1, "stage0"), ("deepspeed", 2, "stage3")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "nproc", "config"), CASES, ids=["python-no-deepspeed", "python-stage0", "deepspeed-2-stage3"]
+)
+def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
+    kind, nproc, config, tiny_model_dir, sum_data, tmp_path
+):
+    def launch(out, name, *extra):
+        common = ["--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", "2"]
+        if config:
+            common += ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
+        args = sft_args(tiny_model_dir, sum_data, out, *common, *extra, eval_file=False)
+        return run(launcher(kind, nproc) + [str(ENTRY)] + args, tmp_path / f"{name}.log")
+
+    reference = tmp_path / "uninterrupted"
+    check_ok(launch(reference, "uninterrupted"))
+
+    # The last rank dies inside the save of step 4: Trainer has written checkpoint-4, the completion marker is not.
+    resumed = tmp_path / "resumed"
+    killed = launch(resumed, "killed", "--kill_rank", str(nproc - 1), "--kill_step", "4", "--kill_on", "save")
+    assert killed.returncode != 0, killed.log[-3000:]
+    assert is_complete_checkpoint(resumed / "checkpoint-2")
+    assert not (resumed / "checkpoint-4" / COMPLETE_MARKER).exists()
+    # transformers alone would resume from that unconfirmed one:
+    assert get_last_checkpoint(str(resumed)) == str(resumed / "checkpoint-4")
+
+    again = launch(resumed, "resumed", "--resume_from_checkpoint", "auto")
+    check_ok(again)
+    note = f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint; skipped incomplete checkpoint-4)"
+    assert again.log.count(note) == 1, again.log[-3000:]
+
+    assert trainer_state(resumed)["global_step"] == trainer_state(reference)["global_step"] == STEPS
+    verify_adapter(resumed, base_model=tiny_model_dir)
+    expected, got = adapter_weights(reference), adapter_weights(resumed)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    # The same training run, not only the same end: identical losses at every step after the resume point.
+    logged = [[entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > 2]
+              for out in (reference, resumed)]  # fmt: skip
+    assert logged[0] == pytest.approx(logged[1], rel=1e-5)
