@@ -29,7 +29,7 @@ from hf_lora_ds.callbacks import (
     write_run_report,
 )
 from hf_lora_ds.distributed import describe_world
-from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_predictions, write_report
+from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         with trainer.model.disable_adapter():
             results = {"before": answer_accuracy("before")}
         results["after"] = answer_accuracy("after")
-        report_path = write_report(results, Path(args.output_dir, "eval_report.json"))
+        report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))
         trainer.log({f"eval_accuracy_{phase}": result.accuracy for phase, result in results.items()})
         write_run_report(trainer, report_path)
         print_comparison(results)

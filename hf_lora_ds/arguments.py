@@ -85,6 +85,15 @@ class SFTTrainingArguments(TrainingArguments):
         default="sum_to_x", metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."}
     )
 
+    # Redeclared only for its help text: run_sft resolves "auto" (hf_lora_ds.resume) before calling Trainer.train.
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "A checkpoint-N directory to resume from, or 'auto' for the latest checkpoint in --output_dir "
+            "that every rank finished writing (a fresh start when there is none)."
+        },
+    )
+
     def __post_init__(self) -> None:
         self._check_model_and_data()
         self._check_lora()

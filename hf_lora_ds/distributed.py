@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import torch
 from transformers import TrainingArguments
@@ -46,6 +47,8 @@ __all__ = [
     "ensure_world_agreement",
     "effective_global_batch",
     "describe_world",
+    "rank_and_world",
+    "gather_from_ranks",
 ]
 
 # The variables accelerate itself reads for the world size of a CPU launch (torchrun/deepspeed, then MPI flavours).
@@ -178,3 +181,22 @@ def describe_world(args: TrainingArguments) -> str:
         f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x "
         f"{args.world_size} ranks"
     )
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's global rank and the world size; before the process group exists, the launcher's ``RANK`` and 1
+    (so rank-0-only printing is right from the first line)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), 1
+
+
+def gather_from_ranks(obj: Any) -> list[Any]:
+    """``obj`` from every rank, in rank order, on every rank (``[obj]`` without a process group). A collective:
+    every rank must call it at the same point."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered

@@ -1,4 +1,4 @@
-"""What the metric callbacks share: rank discovery, cross-rank gathering, and a route into ``Trainer.log``.
+"""What the metric callbacks share: JSON-safe values, the resolved DeepSpeed config, and a route into ``Trainer.log``.
 
 A ``TrainerCallback`` never receives the trainer, and the trainer runs user callbacks *after* its ``report_to``
 integrations, so a callback that only edits the ``logs`` dict in ``on_log`` reaches no tracker. Metrics that must
@@ -12,32 +12,13 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 from typing import Any
 
-import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerState, TrainingArguments
 
-__all__ = ["LoggingCallback", "rank_and_world", "gather_from_ranks", "jsonable", "resolved_deepspeed_config"]
+__all__ = ["LoggingCallback", "jsonable", "resolved_deepspeed_config"]
 
 logger = logging.getLogger(__name__)
-
-
-def rank_and_world() -> tuple[int, int]:
-    """This process's global rank and the world size; ``RANK`` from the launcher before the process group exists."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), 1
-
-
-def gather_from_ranks(obj: Any) -> list[Any]:
-    """``obj`` from every rank, in rank order. A collective: every rank must call it at the same point."""
-    rank, world = rank_and_world()
-    if world == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj)
-    return gathered
 
 
 def _json_default(obj: Any) -> Any:

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from ._common import LoggingCallback, gather_from_ranks, rank_and_world
+from ..devices import device_memory_api
+from ..distributed import gather_from_ranks, rank_and_world
+from ._common import LoggingCallback
 
 __all__ = ["MemoryTraceCallback", "format_memory_block"]
 
@@ -47,23 +48,6 @@ logger = logging.getLogger(__name__)
 
 _MIB = 2**20
 _STATS = ("before", "consumed", "peak", "total_peak")
-
-
-def _device_memory_api() -> Any:
-    """``torch.accelerator`` (any backend, torch >= 2.9), else ``torch.cuda``, else ``None`` on a CPU-only host."""
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None and hasattr(accel, "max_memory_allocated") and accel.is_available():
-        api = accel
-    elif torch.cuda.is_available():
-        api = torch.cuda
-    else:
-        return None
-    try:
-        api.memory_allocated()
-    except RuntimeError as err:  # a backend without allocator statistics
-        logger.warning("Accelerator memory is not traced: %s", err)
-        return None
-    return api
 
 
 @dataclass
@@ -195,7 +179,7 @@ class MemoryTraceCallback(LoggingCallback):
         self._print_blocks = print_blocks
         self._trace_file = trace_file
         self._sampler = _RssSampler(sample_interval_s)
-        self._device = _device_memory_api()
+        self._device = device_memory_api()
         self._open: dict[str, _OpenPhase] = {}
         self._pending: list[dict[str, Any]] = []  # finished on this rank, not yet gathered
         self._state: TrainerState | None = None

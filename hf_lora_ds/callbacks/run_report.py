@@ -7,8 +7,9 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from ..distributed import rank_and_world
 from ..report import write_report
-from ._common import rank_and_world, resolved_deepspeed_config
+from ._common import resolved_deepspeed_config
 
 __all__ = ["RunReportCallback", "write_run_report"]
 

@@ -41,7 +41,8 @@ import torch.distributed as dist
 from torch import nn
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from ._common import LoggingCallback, rank_and_world
+from ..distributed import rank_and_world
+from ._common import LoggingCallback
 
 __all__ = ["ThroughputCallback", "flops_per_token", "matmul_parameters", "peak_flops_per_device"]
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, score_predictions
-from hf_lora_ds.eval.report import format_comparison, print_comparison, write_predictions, write_report
+from hf_lora_ds.eval.report import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
 from hf_lora_ds.records import DataError, load_records
 
@@ -141,7 +141,7 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
     if args.output_dir is not None:
         for label, result in results.items():
             write_predictions(result, args.output_dir / f"predictions_{label}.jsonl")
-        write_report(results, args.output_dir / "eval_report.json")
+        write_eval_report(results, args.output_dir / "eval_report.json")
         if state.is_main_process:
             print(f"predictions and eval_report.json written to {args.output_dir}")
     return 0

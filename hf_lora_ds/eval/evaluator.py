@@ -32,9 +32,10 @@ from accelerate.utils import extract_model_from_parallel
 from transformers import PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
 from hf_lora_ds.eval.generate import generate
 from hf_lora_ds.eval.memory import PeakMemory
-from hf_lora_ds.eval.sharding import all_gather, merge_shards, rank_and_world, shard
+from hf_lora_ds.eval.sharding import merge_shards, shard
 from hf_lora_ds.eval.tasks import Sample, Task, get_task
 from hf_lora_ds.records import DataError, Record, load_records
 
@@ -124,7 +125,7 @@ def evaluate(
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     budget = max_new_tokens or task.max_new_tokens or _reference_budget(tokenizer, samples)
     rank, world_size = rank_and_world()
-    mine = shard(lengths, rank, world_size)
+    mine = shard(lengths, rank if world_size > 1 else 0, world_size)  # no process group: this process does all
     module = extract_model_from_parallel(model)
 
     with PeakMemory(module.device) as peak:
@@ -144,7 +145,7 @@ def evaluate(
         for i, out in zip(mine.indices[: mine.num_real], outputs)
     ]
     stats = (generation_time, peak.accelerator_bytes, peak.host_rss_bytes, time.perf_counter() - start)
-    gathered = all_gather((scored, stats))
+    gathered = gather_from_ranks((scored, stats))
     predictions = merge_shards([part for part, _ in gathered], len(samples))
     times, accelerator, host, totals = zip(*(s for _, s in gathered))
     generated = sum(p.num_tokens for p in predictions)

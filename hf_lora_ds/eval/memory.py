@@ -15,6 +15,8 @@ from types import TracebackType
 import psutil
 import torch
 
+from hf_lora_ds.devices import device_memory_api
+
 __all__ = ["PeakMemory"]
 
 _STATUS = Path("/proc/self/status")
@@ -29,25 +31,24 @@ class PeakMemory:
         self.accelerator_bytes: int | None = None
         self.host_rss_bytes: int | None = None
         self._host_peak_resettable = False
+        api = device_memory_api()
+        # A model on the CPU of a GPU host has no device peak to report.
+        self._api = api if api is not None and self.device.type != "cpu" else None
 
     def __enter__(self) -> PeakMemory:
-        if self._on_accelerator():
-            torch.accelerator.synchronize(self.device)
-            torch.accelerator.reset_peak_memory_stats(self.device)
+        if self._api is not None:
+            self._api.synchronize(self.device)
+            self._api.reset_peak_memory_stats(self.device)
         self._host_peak_resettable = _reset_host_peak()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self._on_accelerator():
-            torch.accelerator.synchronize(self.device)
-            self.accelerator_bytes = torch.accelerator.max_memory_allocated(self.device)
+        if self._api is not None:
+            self._api.synchronize(self.device)
+            self.accelerator_bytes = self._api.max_memory_allocated(self.device)
         self.host_rss_bytes = _host_peak() if self._host_peak_resettable else psutil.Process().memory_info().rss
-
-    def _on_accelerator(self) -> bool:
-        accelerator = torch.accelerator.current_accelerator()
-        return accelerator is not None and self.device.type == accelerator.type
 
 
 def _reset_host_peak() -> bool:

@@ -14,10 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult
-from hf_lora_ds.eval.sharding import rank_and_world
 
-__all__ = ["format_comparison", "print_comparison", "write_predictions", "write_report"]
+__all__ = ["format_comparison", "print_comparison", "write_predictions", "write_eval_report"]
 
 _ROWS: list[tuple[str, Callable[[EvalResult], Any]]] = [
     ("accuracy", lambda r: f"{r.accuracy:.3f}"),
@@ -69,7 +69,7 @@ def write_predictions(result: EvalResult, path: str | Path) -> Path:
     return path
 
 
-def write_report(results: Mapping[str, EvalResult], path: str | Path) -> Path:
+def write_eval_report(results: Mapping[str, EvalResult], path: str | Path) -> Path:
     """``{label: summary}`` as JSON, e.g. ``{"before": {"accuracy": ...}, "after": {...}}`` for eval_report.json."""
     path = Path(path)
     if _is_main():

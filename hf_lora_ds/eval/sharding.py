@@ -14,13 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import torch
+from typing import TypeVar
 
 from hf_lora_ds.eval.generate import length_order
 
-__all__ = ["Shard", "shard", "merge_shards", "rank_and_world", "all_gather"]
+__all__ = ["Shard", "shard", "merge_shards"]
 
 T = TypeVar("T")
 
@@ -58,20 +56,3 @@ def merge_shards(parts: Sequence[Sequence[tuple[int, T]]], total: int) -> list[T
         missing = sorted(set(range(total)) - set(merged))[:10]
         raise RuntimeError(f"{total - len(merged)} records were evaluated by no rank, e.g. {missing}")
     return [merged[i] for i in range(total)]
-
-
-def rank_and_world() -> tuple[int, int]:
-    """This process's rank and the world size; (0, 1) when torch.distributed is not initialised."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def all_gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank (a list of one item without a process group)."""
-    _, world_size = rank_and_world()
-    if world_size == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world_size
-    torch.distributed.all_gather_object(gathered, obj)
-    return gathered

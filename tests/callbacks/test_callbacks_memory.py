@@ -41,7 +41,7 @@ class FakeAllocator:
 def traced(monkeypatch, tmp_path):
     """A callback on the fake allocator: train begins at 100 MiB, an eval inside it spikes to 500 MiB."""
     fake = FakeAllocator()
-    monkeypatch.setattr(memory, "_device_memory_api", lambda: fake)
+    monkeypatch.setattr(memory, "device_memory_api", lambda: fake)
     callback = MemoryTraceCallback(print_blocks=False)
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     state, control = TrainerState(), TrainerControl()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from hf_lora_ds.eval import EvalResult, Prediction, format_comparison, write_predictions, write_report
+from hf_lora_ds.eval import EvalResult, Prediction, format_comparison, write_eval_report, write_predictions
 
 
 def result(correct: int, wrong_reasons: list[str], rss: int | None) -> EvalResult:
@@ -35,7 +35,7 @@ def test_table_has_a_column_per_result_and_a_row_per_reason():
 
 def test_report_and_predictions_files(tmp_path):
     before, after = result(0, ["no prefix"] * 2, None), result(2, [], None)
-    path = write_report({"before": before, "after": after}, tmp_path / "r" / "eval_report.json")
+    path = write_eval_report({"before": before, "after": after}, tmp_path / "r" / "eval_report.json")
     report = json.loads(path.read_text())
     assert report["before"]["accuracy"] == 0.0 and report["after"]["accuracy"] == 1.0
     assert report["before"]["reasons"] == {"no prefix": 2}

@@ -71,14 +71,14 @@ def test_sharded_across_two_ranks_equals_one_process(monkeypatch, varied_model, 
         prompt_counts[rank] = len(prompts)
         return real_generate(model, tokenizer, prompts, **kwargs)
 
-    def fake_all_gather(obj):
+    def fake_gather_from_ranks(obj):
         payloads[rank] = obj
         if rank == 1:
             raise Captured
         return [payloads[0], payloads[1]]
 
     monkeypatch.setattr(evaluator, "generate", counting_generate)
-    monkeypatch.setattr(evaluator, "all_gather", fake_all_gather)
+    monkeypatch.setattr(evaluator, "gather_from_ranks", fake_gather_from_ranks)
     for rank in (1, 0):
         monkeypatch.setattr(evaluator, "rank_and_world", lambda rank=rank: (rank, 2))
         try:
