@@ -7,18 +7,19 @@ what this script trains, once, from the train split only (eval x values stay uns
 
 1. a byte-level BPE whose corpus holds chat-rendered plain AND prefixed answers, so the fixed strings (system
    prompt, turn headers, the answer prefix) become few tokens and sequences stay short. The tokenizer knowing the
-   prefix does not mean the model does: the prefix tokens never occur in pre-training.
+   prefix does not mean the model does: the prefix never occurs as (part of) an answer in pre-training.
 2. a Qwen2-shaped model pre-trained in chat format, loss only on the assistant turn, ending with the
-   ``<|im_end|>`` that closes it (so the model learns to stop). Phase 1 is plain answers only: the model learns the
-   arithmetic fast, but by copying x's digits from fixed token distances. Phase 2 mixes in two things, because
-   without them LoRA r=8 could not teach the new format (0% after 150 steps, measured):
-   - filler: random tokens (input only) before the plain answer, so the model finds x's digits wherever the answer
-     starts; otherwise any prefix breaks its arithmetic (0% held-out with the answer prefix prefilled).
-   - echo: the user sends random tokens, the assistant repeats them. Every token becomes a confident output in
-     some context, as in any real pre-training; a token that is never a target ends with an embedding nearly
-     parallel to every other such token (tied embeddings), and LoRA then cannot make the model emit it.
-   The echo and filler tokens include the answer prefix's tokens (the model knows them as tokens, as a real base
-   knows every token of its vocabulary) but never the prefix as an answer: before LoRA the format is new.
+   ``<|im_end|>`` that closes it (so the model learns to stop). Half the rows are plain answers. The other half
+   are there because without them LoRA r=8 could not teach the new format (0% after 150 steps, measured):
+   - filler (1/4): random tokens, input only, before the plain answer, so the model finds x's digits wherever the
+     answer starts. Trained on plain answers alone, it copies them from fixed token distances, and any prefix
+     breaks its arithmetic (0% held-out with the answer prefix prefilled).
+   - echo (1/4): the user sends random tokens, the assistant repeats them, so every token is a confident output in
+     some context, as in any real pre-training. A token that is never a target ends with an embedding nearly
+     parallel to every other such token (cosine ~0.9, tied embeddings); behind the final RMSNorm no hidden state
+     can then make one of them much likelier than the rest, and LoRA could not get the prefix above p ~0.07.
+   Filler and echo draw from every token without a digit or ``=``, the answer prefix's tokens included (a real base
+   knows every token of its vocabulary), but the prefix never appears as an answer: before LoRA the format is new.
 
     PYTHONPATH=. python data/make_sum_to_x.py && PYTHONPATH=. python data/build_tiny_model.py
 """
@@ -211,8 +212,8 @@ def main() -> None:
     )
     parser.add_argument("--max_steps", type=int, default=5000)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--echo_fraction", type=float, default=1 / 3, help="share of echo rows")
-    parser.add_argument("--filler_fraction", type=float, default=1 / 3, help="share of plain answers after filler")
+    parser.add_argument("--echo_fraction", type=float, default=0.25, help="share of echo rows")
+    parser.add_argument("--filler_fraction", type=float, default=0.25, help="share of plain answers after filler")
     parser.add_argument("--max_filler", type=int, default=8, help="filler/echo length is uniform in 1..max_filler")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--warmup_steps", type=int, default=100)
