@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hf_lora_ds.tiny import (
     CHATML_DEFAULT_SYSTEM_TEMPLATE,
@@ -46,7 +47,37 @@ def tiny_model(qwen_style_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, qwen_style_tokenizer):
     """A saved tiny model + tokenizer directory, as a user's ``--model_name_or_path`` would be."""
-    path = tmp_path_factory.mktemp("tiny-model")
-    build_tiny_qwen2(qwen_style_tokenizer).save_pretrained(path)
-    qwen_style_tokenizer.save_pretrained(path)
+    return _save_with_tokenizer(build_tiny_qwen2(qwen_style_tokenizer), qwen_style_tokenizer, tmp_path_factory.mktemp("tiny-model"))
+
+
+def make_varied_model(tokenizer, std: float = 0.5, eos_scale: float = 1.5, seed: int = 0):
+    """A tiny model whose greedy outputs differ from prompt to prompt. A freshly initialised one (std 0.02) repeats
+    one token for every prompt, so predictions swapped between prompts or gathered in the wrong rank order would
+    still compare equal; a larger end-of-turn embedding makes about half the completions stop early, so stopping
+    and padding after the stop are exercised too."""
+    model = build_tiny_qwen2(tokenizer, hidden_size=32, num_hidden_layers=2)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+        model.get_input_embeddings().weight[tokenizer.eos_token_id] *= eos_scale
+    return model.eval()
+
+
+@pytest.fixture
+def varied_model(qwen_style_tokenizer):
+    return make_varied_model(qwen_style_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def varied_model_dir(tmp_path_factory, qwen_style_tokenizer):
+    """``make_varied_model`` saved with its tokenizer, as a ``--model`` directory."""
+    model = make_varied_model(qwen_style_tokenizer)
+    return _save_with_tokenizer(model, qwen_style_tokenizer, tmp_path_factory.mktemp("varied-model"))
+
+
+def _save_with_tokenizer(model, tokenizer, path):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path

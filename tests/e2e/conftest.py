@@ -14,10 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from launching import REPO
-
-from hf_lora_ds.tiny import build_tiny_qwen2
 
 TRAIN_RECORDS = 32
 EVAL_RECORDS = 6
@@ -54,21 +51,3 @@ def sum_data(tmp_path_factory) -> dict[str, Path]:
     for name, chosen in (("train", xs[:TRAIN_RECORDS]), ("eval", xs[TRAIN_RECORDS:])):
         files[name].write_text(json.dumps([sum_record(x) for x in chosen], ensure_ascii=False), encoding="utf-8")
     return files
-
-
-@pytest.fixture(scope="session")
-def varied_model_dir(tmp_path_factory, qwen_style_tokenizer) -> Path:
-    """``tiny_model_dir``'s model with large random weights: a fresh one (std 0.02) answers every prompt with the same
-    repeated token, so predictions gathered in the wrong order would still compare equal. With std 0.5 each prompt
-    gets its own completion, and a boosted end-of-turn embedding makes some of them stop early."""
-    model = build_tiny_qwen2(qwen_style_tokenizer)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
-        model.get_input_embeddings().weight[qwen_style_tokenizer.eos_token_id] *= 1.5
-    path = tmp_path_factory.mktemp("varied-model")
-    model.save_pretrained(path)
-    qwen_style_tokenizer.save_pretrained(path)
-    return path

@@ -1,10 +1,4 @@
-"""Eval fixtures: a tiny model whose greedy outputs differ from prompt to prompt, and sum-to-x records.
-
-A freshly initialised model (std 0.02) repeats one token for every prompt, so "batched equals one-by-one" would
-pass even with prompts swapped. Larger random weights make each prompt's completion distinct; a larger
-end-of-turn embedding makes about half the completions stop early, so stopping and padding after the stop are
-exercised too.
-"""
+"""Eval fixtures: one intra-op thread, and sum-to-x records."""
 
 from __future__ import annotations
 
@@ -12,19 +6,6 @@ import json
 
 import pytest
 import torch
-
-from hf_lora_ds.tiny import build_tiny_qwen2
-
-
-def make_varied_model(tokenizer, std: float = 0.5, eos_scale: float = 1.5, seed: int = 0):
-    model = build_tiny_qwen2(tokenizer, hidden_size=32, num_hidden_layers=2)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
-        model.get_input_embeddings().weight[tokenizer.eos_token_id] *= eos_scale
-    return model.eval()
 
 
 @pytest.fixture(autouse=True)
@@ -35,19 +16,6 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def varied_model(qwen_style_tokenizer):
-    return make_varied_model(qwen_style_tokenizer)
-
-
-@pytest.fixture(scope="session")
-def varied_model_dir(tmp_path_factory, qwen_style_tokenizer):
-    path = tmp_path_factory.mktemp("varied-model")
-    make_varied_model(qwen_style_tokenizer).save_pretrained(path)
-    qwen_style_tokenizer.save_pretrained(path)
-    return path
 
 
 def sum_record(x: int, a: int, prompt_repeat: int = 1) -> dict[str, str]:
