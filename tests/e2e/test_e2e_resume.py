@@ -12,14 +12,14 @@ from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.resume import COMPLETE_MARKER, is_complete_checkpoint
 
 STEPS = 6
-# Trainer's own checkpoints, a one-process DeepSpeed engine, and ZeRO-3 partitions over 2 ranks.
-CASES = [("python", 1, None), ("python", 1, "stage0"), ("deepspeed", 2, "stage3")]
+# Trainer's own checkpoints, a one-process DeepSpeed engine, and every ZeRO stage partitioned over 2 ranks
+# (optimizer state and, under stage 3, parameters; with and without offload).
+CASES = [("python", 1, None), ("python", 1, "stage0")]
+CASES += [("deepspeed", 2, config) for config in ("stage1", "stage2", "stage2_offload", "stage3", "stage3_offload")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("kind", "nproc", "config"), CASES, ids=["python-no-deepspeed", "python-stage0", "deepspeed-2-stage3"]
-)
+@pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c or 'no-deepspeed'}" for k, n, c in CASES])
 def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     kind, nproc, config, tiny_model_dir, sum_data, tmp_path
 ):
@@ -51,8 +51,12 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     verify_adapter(resumed, base_model=tiny_model_dir)
     expected, got = adapter_weights(reference), adapter_weights(resumed)
     assert expected.keys() == got.keys()
+    # Bit-exact without offload (measured). With offload, DeepSpeed's CPU Adam keeps beta^t in float: multiplied step
+    # by step in one run, recomputed with std::pow after a resume, which moves the last bits of the bias correction
+    # (measured: 6.2e-6 at most on weights up to 0.26, losses equal to 5 digits).
+    tolerance = {"rtol": 1e-4, "atol": 1e-5} if config and "offload" in config else {"rtol": 1e-5, "atol": 1e-6}
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(got[name], expected[name], **tolerance, msg=name)
     # The same training run, not only the same end: identical losses at every step after the resume point.
     logged = [[entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > 2]
               for out in (reference, resumed)]  # fmt: skip
