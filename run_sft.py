@@ -31,7 +31,7 @@ from hf_lora_ds.callbacks import (
 from hf_lora_ds.distributed import describe_world
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.records import load_records
-from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
+from hf_lora_ds.resume import resolve_resume_checkpoint
 
 ROOT = Path(__file__).resolve().parent
 DEMO_DEFAULTS = {
@@ -114,8 +114,6 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
                                system_prompt=args.system_prompt).attach(trainer)
     trainer.add_callback(RunReportCallback())  # after the ones above: the report reads what they log
-    # Last: a checkpoint counts as complete (for --resume_from_checkpoint auto) only after every other on_save ran.
-    trainer.add_callback(CheckpointCompletionCallback())
 
     def answer_accuracy(phase: str):
         result = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,

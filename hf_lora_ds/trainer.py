@@ -1,5 +1,5 @@
-"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, and every saved adapter
-checked (the final one is always saved).
+"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, every saved adapter
+checked (the final one is always saved), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
 
 Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
 """
@@ -18,6 +18,7 @@ from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -39,14 +40,23 @@ class LoraSFTTrainer(Trainer):
         if "swanlab" in self.args.report_to:
             # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
             use_swanlab(self)
+        # Marks each checkpoint once every rank has written it, for resume_from_checkpoint="auto" (hf_lora_ds.resume).
+        self.add_callback(CheckpointCompletionCallback())
         self._print_main(trainable_parameters_line(self.model))
 
-    def train(self, *args: Any, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
-        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``."""
+        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``.
+
+        ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
+        finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
+        complete or not. A path is used as given."""
+        if resume_from_checkpoint is True or resume_from_checkpoint == "auto":
+            resume_from_checkpoint, note = resolve_resume_checkpoint("auto", self.args.output_dir, self.args.world_size)
+            self._print_main(note)
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
-        result = super().train(*args, **kwargs)
+        result = super().train(resume_from_checkpoint, *args, **kwargs)
         self.save_model()
         return result
 

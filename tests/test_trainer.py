@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import torch
 from peft import PeftModel
+from transformers import TrainerCallback
 
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.collator import build_collator
@@ -90,3 +91,27 @@ def test_save_refuses_an_empty_adapter(tiny_model, qwen_style_tokenizer, tmp_pat
     monkeypatch.setattr(Trainer, "save_model", zero3_without_gather)
     with pytest.raises(AdapterIntegrityError, match="empty"):
         trainer.save_model(str(tmp_path / "broken"))
+
+
+def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, tmp_path, capsys):
+    from hf_lora_ds.resume import COMPLETE_MARKER
+    from hf_lora_ds.tiny import build_tiny_qwen2
+
+    def trainer(max_steps):
+        model = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=2)
+        return make_trainer(model, qwen_style_tokenizer, tmp_path, max_steps=max_steps, save_strategy="steps",
+                            save_steps=2)  # fmt: skip
+
+    out = tmp_path / "out"
+    trainer(4).train(resume_from_checkpoint="auto")  # nothing to resume from: a fresh start, said so
+    assert "resume: no complete checkpoint" in capsys.readouterr().out
+    assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file() and (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+
+    (out / "checkpoint-4" / COMPLETE_MARKER).unlink()  # as if a kill had landed inside the step-4 save
+    resumed, steps_run = trainer(6), []
+    resumed.add_callback(type("StepRecorder", (TrainerCallback,), {
+        "on_step_end": lambda self, args, state, control, **kw: steps_run.append(state.global_step)})())  # fmt: skip
+    resumed.train(resume_from_checkpoint=True)  # Trainer's own True would take checkpoint-4
+    printed = capsys.readouterr().out
+    assert f"resume: from {out / 'checkpoint-2'}" in printed and "skipped incomplete checkpoint-4" in printed
+    assert steps_run == [3, 4, 5, 6] and resumed.state.global_step == 6
