@@ -16,7 +16,7 @@ from transformers import TrainingArguments
 
 from hf_lora_ds.distributed import ensure_world_agreement, prepare_distributed
 
-__all__ = ["SFTTrainingArguments"]
+__all__ = ["SFTTrainingArguments", "pinned_memory_helps"]
 
 
 @dataclass
@@ -101,6 +101,8 @@ class SFTTrainingArguments(TrainingArguments):
         # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
         prepare_distributed(self)
         self._resolve_precision()
+        if not pinned_memory_helps(self.use_cpu):
+            self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
         super().__post_init__()
         ensure_world_agreement(self)
 
@@ -150,3 +152,8 @@ class SFTTrainingArguments(TrainingArguments):
             self.bf16 = True
         elif self.dtype == "float16":
             self.fp16 = True
+
+
+def pinned_memory_helps(use_cpu: bool) -> bool:
+    """Pinned host memory only speeds copies to an accelerator: with none (or ``--use_cpu``) it does nothing."""
+    return not use_cpu and torch.accelerator.current_accelerator() is not None

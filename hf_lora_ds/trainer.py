@@ -6,6 +6,7 @@ Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``repo
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from transformers import Trainer
 from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
-from hf_lora_ds.callbacks import use_swanlab
+from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
@@ -57,7 +58,12 @@ class LoraSFTTrainer(Trainer):
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
         result = super().train(resume_from_checkpoint, *args, **kwargs)
-        self.save_model()
+        with ExitStack() as traced:
+            # Trainer's events end with training, so memory tracers see this save only if it is wrapped for them.
+            for tracer in self.callback_handler.callbacks:
+                if isinstance(tracer, MemoryTraceCallback):
+                    traced.enter_context(tracer.phase("save"))
+            self.save_model()
         return result
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

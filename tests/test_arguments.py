@@ -3,10 +3,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 from transformers import HfArgumentParser
 
-from hf_lora_ds.arguments import SFTTrainingArguments
+from hf_lora_ds.arguments import SFTTrainingArguments, pinned_memory_helps
 
 
 @pytest.fixture
@@ -74,3 +75,11 @@ def test_bfloat16_weights_turn_on_bf16_training(train_file, tmp_path):
     args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
                   "--dtype", "bfloat16", "--use_cpu", "True"])
     assert args.bf16 and str(args.torch_dtype) == "torch.bfloat16"
+
+
+def test_no_pinned_memory_without_an_accelerator(train_file, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: None)
+    args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)])
+    assert args.dataloader_pin_memory is False
+    monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: torch.device("cuda"))
+    assert pinned_memory_helps(use_cpu=False) and not pinned_memory_helps(use_cpu=True)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import torch
 from peft import PeftModel
 from transformers import TrainerCallback
@@ -115,3 +117,13 @@ def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, 
     printed = capsys.readouterr().out
     assert f"resume: from {out / 'checkpoint-2'}" in printed and "skipped incomplete checkpoint-4" in printed
     assert steps_run == [3, 4, 5, 6] and resumed.state.global_step == 6
+
+
+def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, tmp_path):
+    from hf_lora_ds.callbacks import MemoryTraceCallback
+
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)  # save_strategy "no"
+    tracer = MemoryTraceCallback().attach(trainer)
+    trainer.train()
+    assert [record["phase"] for record in tracer.records] == ["train", "save"]
+    assert json.loads((tmp_path / "out" / "memory_trace.json").read_text())[-1]["phase"] == "save"
