@@ -85,7 +85,7 @@ class SFTTrainingArguments(TrainingArguments):
         default="sum_to_x", metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."}
     )
 
-    # Redeclared only for its help text: run_sft resolves "auto" (hf_lora_ds.resume) before calling Trainer.train.
+    # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (hf_lora_ds.resume).
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata={
