@@ -28,6 +28,7 @@ machine, or for a single process without DeepSpeed, they change nothing. What th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "share_process_group_with_deepspeed",
     "check_world_size",
     "ensure_world_agreement",
+    "unlink_deepspeed_shm_buffers",
     "effective_global_batch",
     "describe_world",
     "rank_and_world",
@@ -164,6 +166,37 @@ def ensure_world_agreement(args: TrainingArguments) -> None:
     """Call right after TrainingArguments is built (end of ``__post_init__``) and before the model is loaded."""
     share_process_group_with_deepspeed(args)
     check_world_size(args)
+    unlink_deepspeed_shm_buffers()
+
+
+def unlink_deepspeed_shm_buffers(shm_dir: str = "/dev/shm") -> None:
+    """Remove the names of DeepSpeed's CPU shared-memory allreduce buffers once every rank has mapped them.
+
+    DeepSpeed's CPU communication (``shm_comm``, used when all ranks are on one host) gives each rank a ~69 MB
+    ``shm_open`` buffer named ``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`` and never unlinks it, so
+    every CPU launch leaves them in ``/dev/shm``, which is RAM: on this project's machine they piled up to 21 GB and
+    got the compiler OOM-killed. Each rank maps every other rank's buffer before its communication init returns, so
+    after a barrier the names can go: the mappings stay valid until the processes exit, and then the memory is freed.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_{os.environ.get('MASTER_PORT')}"
+    own = os.path.join(shm_dir, f"{prefix}_{torch.distributed.get_rank()}")
+    # Mapped by this very process, not left by an older job on the same port. Every rank has the same answer:
+    # DeepSpeed creates the buffers on all ranks of a one-host job, or on none.
+    if not _mapped_by_this_process(own):
+        return
+    torch.distributed.barrier()  # every rank is past its shm init, so every buffer is mapped everywhere
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(own)
+
+
+def _mapped_by_this_process(path: str) -> bool:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return any(line.rstrip("\n").endswith(" " + path) for line in maps)
+    except OSError:  # not Linux: no /dev/shm either
+        return False
 
 
 def effective_global_batch(args: TrainingArguments) -> int:

@@ -105,3 +105,27 @@ def test_disagreement_is_reported_with_the_fix(tmp_path, no_launcher):
     no_launcher.setenv("WORLD_SIZE", "2")  # as if a launcher had started 2 ranks but Trainer saw 1
     with pytest.raises(RuntimeError, match="launcher started 2 processes.*use_cpu"):
         distributed.check_world_size(args)
+
+
+def test_deepspeed_shm_buffer_unlinked_once_mapped(tmp_path, monkeypatch):
+    """DeepSpeed never unlinks its CPU allreduce buffers; we unlink this rank's after a barrier, and only a buffer
+    this process has mapped (a stale one from an older job on the same port is not ours, and no barrier is held)."""
+    import mmap
+
+    barriers = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: barriers.append(1))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29555")
+    own = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29555_1"
+    own.write_bytes(b"\0" * 4096)
+
+    distributed.unlink_deepspeed_shm_buffers(str(tmp_path))  # exists but not mapped here: left alone
+    assert own.exists() and not barriers
+
+    with open(own, "r+b") as handle, mmap.mmap(handle.fileno(), 4096) as mapped:
+        distributed.unlink_deepspeed_shm_buffers(str(tmp_path))
+        assert not own.exists() and barriers == [1]
+        mapped[0] = 7  # the mapping outlives the name
+        assert mapped[0] == 7

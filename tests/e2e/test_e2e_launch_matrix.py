@@ -10,6 +10,7 @@ The sample check reads ``e2e_samples_rank{R}.json``, written by the test-only ``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from launching import (
@@ -55,6 +56,12 @@ def check_run(out, log: str, model_dir, world_size: int, evaluated: bool = True)
                    for phase in report)  # fmt: skip
 
 
+def deepspeed_shm_buffers() -> set[str]:
+    """Names of DeepSpeed's CPU allreduce buffers in /dev/shm (~69 MB of RAM each while they exist)."""
+    shm = Path("/dev/shm")
+    return {path.name for path in shm.glob("deepspeed_allreduce_buffer_*")} if shm.is_dir() else set()
+
+
 def check_own_samples(out, world_size: int, num_records: int) -> None:
     """Every rank's training loader holds a disjoint share of the data, and together they hold all of it."""
     per_rank = rank_samples(out, world_size)
@@ -68,9 +75,11 @@ def check_own_samples(out, world_size: int, num_records: int) -> None:
 def test_launch(kind, nproc, config, tiny_model_dir, sum_data, tmp_path):
     out = tmp_path / "out"
     extra = ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")] if config else []
+    shm_before = deepspeed_shm_buffers()
     launch = run(launcher(kind, nproc) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out, *extra),
                  tmp_path / "launch.log")  # fmt: skip
     check_ok(launch)
+    assert deepspeed_shm_buffers() <= shm_before, "DeepSpeed's shm allreduce buffers were left in /dev/shm"
     print(f"{kind} x{nproc} {config or 'ddp'}: {launch.seconds:.1f} s")
     check_run(out, launch.log, tiny_model_dir, nproc)
     check_own_samples(out, nproc, num_records=len(json.loads(sum_data["train"].read_text())))
