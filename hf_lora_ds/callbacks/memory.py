@@ -208,6 +208,7 @@ class MemoryTraceCallback(LoggingCallback):
             return
         self._fold_device_peaks()
         now = self._read()
+        self._raise_open_peaks(now)
         phase = _OpenPhase(name, begin=now, peak=dict(now))
         self._open[name] = phase
         self._sampler.track(phase)
@@ -221,8 +222,14 @@ class MemoryTraceCallback(LoggingCallback):
         self._sampler.untrack(phase)
         end = self._read()
         phase.raise_peak(end)
+        self._raise_open_peaks(end)
         self._pending.append({"phase": record_as or name, "stats": _phase_stats(phase, end)})
         return True
+
+    def _raise_open_peaks(self, sample: dict[str, int]) -> None:
+        """A boundary reading counts for every enclosing phase too: the sampler thread may never see that value."""
+        for phase in self._open.values():
+            phase.raise_peak(sample)
 
     # ---- publishing across ranks ----
 

@@ -87,3 +87,20 @@ def test_block_has_peft_lines_and_rank_ranges():
     assert block[0] == "CPU Memory before entering the train : 10.0"
     assert block[2] == "CPU Peak Memory consumed during the train (max-begin): 5.0 .. 7.0 (min .. max over 2 ranks)"
     assert len(block) == 4  # no GPU lines on a CPU-only record
+
+
+def test_enclosing_phase_keeps_a_host_peak_read_at_an_inner_boundary(tmp_path):
+    """RSS read when an inner phase ends (700 MiB) counts for the train phase around it, even though it fell again
+    before the sampler thread looked (its interval here is an hour, so it never does)."""
+    callback = MemoryTraceCallback(print_blocks=False, sample_interval_s=3600)
+    readings = iter([100, 150, 700, 120])  # train begins, eval begins, eval ends, train ends
+    callback._sampler.rss = lambda: next(readings) * MIB
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control, model=None)
+    with callback.phase("eval"):
+        pass
+    callback.on_train_end(args, state, control)
+    eval_record, train_record = callback.records
+    assert eval_record["ranks"][0]["cpu"]["total_peak"] == 700
+    assert train_record["ranks"][0]["cpu"] == {"before": 100, "consumed": 20, "peak": 600, "total_peak": 700}
