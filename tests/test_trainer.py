@@ -110,13 +110,22 @@ def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, 
     assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file() and (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
 
     (out / "checkpoint-4" / COMPLETE_MARKER).unlink()  # as if a kill had landed inside the step-4 save
-    resumed, steps_run = trainer(6), []
-    resumed.add_callback(type("StepRecorder", (TrainerCallback,), {
-        "on_step_end": lambda self, args, state, control, **kw: steps_run.append(state.global_step)})())  # fmt: skip
+    resumed, recorder = trainer(6), StepRecorder()
+    resumed.add_callback(recorder)
     resumed.train(resume_from_checkpoint=True)  # Trainer's own True would take checkpoint-4
     printed = capsys.readouterr().out
     assert f"resume: from {out / 'checkpoint-2'}" in printed and "skipped incomplete checkpoint-4" in printed
-    assert steps_run == [3, 4, 5, 6] and resumed.state.global_step == 6
+    assert recorder.steps == [3, 4, 5, 6] and resumed.state.global_step == 6
+
+
+class StepRecorder(TrainerCallback):
+    """The global step after each optimizer step this run actually took."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.steps.append(state.global_step)
 
 
 def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, tmp_path):
