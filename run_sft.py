@@ -28,7 +28,7 @@ from hf_lora_ds.callbacks import (
     ThroughputCallback,
     write_run_report,
 )
-from hf_lora_ds.distributed import describe_world
+from hf_lora_ds.distributed import describe_world, release_process_group
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import resolve_resume_checkpoint
@@ -124,18 +124,19 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_state()  # trainer_state.json in output_dir: the step count and the whole log history
 
+    results = {}
     if eval_records:
         # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.
         # "before" is the same model with the adapter switched off: the base, even for a resumed run.
         with trainer.model.disable_adapter():
-            results = {"before": answer_accuracy("before")}
+            results["before"] = answer_accuracy("before")
         results["after"] = answer_accuracy("after")
         report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))
         trainer.log({f"eval_accuracy_{phase}": result.accuracy for phase, result in results.items()})
         write_run_report(trainer, report_path)
         print_comparison(results)
-        return {phase: result.summary() for phase, result in results.items()}
-    return {}
+    release_process_group()
+    return {phase: result.summary() for phase, result in results.items()}
 
 
 if __name__ == "__main__":

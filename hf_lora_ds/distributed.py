@@ -47,6 +47,7 @@ __all__ = [
     "check_world_size",
     "ensure_world_agreement",
     "unlink_deepspeed_shm_buffers",
+    "release_process_group",
     "effective_global_batch",
     "describe_world",
     "rank_and_world",
@@ -189,6 +190,19 @@ def unlink_deepspeed_shm_buffers(shm_dir: str = "/dev/shm") -> None:
     torch.distributed.barrier()  # every rank is past its shm init, so every buffer is mapped everywhere
     with contextlib.suppress(FileNotFoundError):
         os.unlink(own)
+
+
+def release_process_group() -> None:
+    """Wait for every rank, then destroy the default process group; call it last, once the job's work is done.
+
+    A process that exits with its gloo group alive can abort in interpreter teardown ("terminate called without an
+    active exception", SIGABRT: gloo's worker threads outlive the interpreter, pytorch#190489), so the launcher
+    reports a finished job as failed (CI caught it on a 2-rank ZeRO-3 run). The barrier keeps a rank from tearing its
+    group down while another still talks to it (the last save). No-op without a process group.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _mapped_by_this_process(path: str) -> bool:

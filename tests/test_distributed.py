@@ -129,3 +129,16 @@ def test_deepspeed_shm_buffer_unlinked_once_mapped(tmp_path, monkeypatch):
         assert not own.exists() and barriers == [1]
         mapped[0] = 7  # the mapping outlives the name
         assert mapped[0] == 7
+
+
+def test_process_group_released_at_the_end(tmp_path):
+    """A gloo group alive at interpreter exit can abort a finished rank (SIGABRT, "terminate called without an
+    active exception"): run_sft and the eval CLI end with release_process_group, which must leave none behind."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        distributed.release_process_group()
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    distributed.release_process_group()  # and without a group: nothing to do, no error

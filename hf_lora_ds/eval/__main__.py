@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hf_lora_ds.distributed import release_process_group
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, score_predictions
 from hf_lora_ds.eval.report import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
@@ -144,6 +145,7 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
         write_eval_report(results, args.output_dir / "eval_report.json")
         if state.is_main_process:
             print(f"predictions and eval_report.json written to {args.output_dir}")
+    release_process_group()
     return 0
 
 

@@ -14,6 +14,7 @@ from callback_helpers import LENGTHS, TokenDataset, add_lora, pad_collate
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, use_swanlab
+from hf_lora_ds.distributed import release_process_group
 
 HOLD_MIB = 64
 
@@ -55,6 +56,7 @@ def main(model_dir: str, output_dir: str) -> None:
     trainer.train()
     if trainer.is_world_process_zero():
         (Path(output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+    release_process_group()  # as run_sft does: a gloo group alive at exit can abort a finished rank
 
 
 if __name__ == "__main__":

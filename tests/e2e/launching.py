@@ -143,6 +143,14 @@ def rank_samples(out: Path, world_size: int) -> list[list[tuple[int, ...]]]:
             for rank in range(world_size)]  # fmt: skip
 
 
+def check_process_groups_released(out: Path, world_size: int) -> None:
+    """Every rank of an ``sft_entry.py`` run left main with its process group destroyed (a gloo group alive at exit
+    can abort the rank in interpreter teardown and fail a finished job)."""
+    for rank in range(world_size):
+        exit_state = json.loads((out / f"e2e_exit_rank{rank}.json").read_text())
+        assert exit_state == {"process_group_alive": False}, f"rank {rank}: {exit_state}"
+
+
 def eval_report(out: Path) -> dict:
     return json.loads((out / "eval_report.json").read_text())
 

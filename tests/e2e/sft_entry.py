@@ -9,6 +9,9 @@
 - ``KillRank``: SIGKILLs rank R at step N, at the end of the step (before any checkpoint of that step) or inside
   the save (after Trainer wrote ``checkpoint-N``, before run_sft's completion marker, whose callback comes later).
   It first writes ``OUTPUT_DIR/e2e_killed.json`` with the wall-clock time of the kill.
+
+After ``main`` returns, each rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
+alive (it must not be: see ``release_process_group``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import run_sft  # noqa: E402  (needs the repository root on sys.path)
@@ -66,6 +70,10 @@ def main() -> None:
     if ours.kill_rank is not None:
         callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
     run_sft.main(run_sft_args, callbacks=callbacks)
+    # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
+    output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
+    left = {"process_group_alive": torch.distributed.is_initialized()}
+    Path(output_dir, f"e2e_exit_rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(left))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from launching import (
     REPO,
     RUN_SFT,
     check_ok,
+    check_process_groups_released,
     eval_report,
     launcher,
     losses,
@@ -82,6 +83,7 @@ def test_launch(kind, nproc, config, tiny_model_dir, sum_data, tmp_path):
     assert deepspeed_shm_buffers() <= shm_before, "DeepSpeed's shm allreduce buffers were left in /dev/shm"
     print(f"{kind} x{nproc} {config or 'ddp'}: {launch.seconds:.1f} s")
     check_run(out, launch.log, tiny_model_dir, nproc)
+    check_process_groups_released(out, nproc)
     check_own_samples(out, nproc, num_records=len(json.loads(sum_data["train"].read_text())))
 
 
@@ -110,3 +112,4 @@ def test_zero3_with_activation_checkpointing_and_every_parameter_partitioned(tin
     launch = run(launcher("deepspeed", 2) + [str(ENTRY)] + args, tmp_path / "launch.log")
     check_ok(launch)
     check_run(out, launch.log, tiny_model_dir, world_size=2, evaluated=False)
+    check_process_groups_released(out, 2)

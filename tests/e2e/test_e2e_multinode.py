@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from launching import ENTRY, REPO, check_ok, run_two_nodes, sft_args
+from launching import ENTRY, REPO, check_ok, check_process_groups_released, run_two_nodes, sft_args
 from test_e2e_launch_matrix import check_own_samples, check_run
 
 
@@ -24,4 +24,5 @@ def test_two_nodes_on_loopback(kind, tiny_model_dir, sum_data, tmp_path):
     print(f"{kind}, 2 nodes x 1 rank: {nodes[0].seconds:.1f} s")
     check_run(out, nodes[0].log, tiny_model_dir, world_size=2, evaluated=evaluated)
     assert "world size" not in nodes[1].log, "only global rank 0 prints"
+    check_process_groups_released(out, 2)
     check_own_samples(out, 2, num_records=len(json.loads(sum_data["train"].read_text())))
