@@ -20,9 +20,8 @@ logger = logging.getLogger(__name__)
 def device_memory_api() -> Any:
     """``torch.accelerator`` (torch >= 2.9), else ``torch.cuda`` when CUDA is up, else ``None``. The module returned
     has ``synchronize``, ``memory_allocated``, ``max_memory_allocated`` and ``reset_peak_memory_stats``."""
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None and hasattr(accel, "max_memory_allocated") and accel.is_available():
-        api = accel
+    if hasattr(torch.accelerator, "max_memory_allocated") and torch.accelerator.is_available():
+        api = torch.accelerator
     elif torch.cuda.is_available():
         api = torch.cuda
     else:

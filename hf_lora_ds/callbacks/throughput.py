@@ -117,12 +117,8 @@ def flops_per_token(model: nn.Module, seq_len: float) -> float:
 
 
 def _synchronize(device: torch.device) -> None:
-    if device.type == "cpu":
-        return
-    if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "synchronize"):
-        torch.accelerator.synchronize()
-    else:
-        torch.cuda.synchronize(device)
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
 
 
 def _measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
