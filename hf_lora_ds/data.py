@@ -23,6 +23,7 @@ import torch
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
+from hf_lora_ds.distributed import process_group_exists
 from hf_lora_ds.records import DataError, load_records, to_messages
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "supervised_char_spans", "tokenize_conversation"]
@@ -205,7 +206,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
 @contextmanager
 def _main_process_first() -> Iterator[None]:
     """Rank 0 tokenizes and writes the cache first; the other ranks then read it instead of redoing the work."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    distributed = process_group_exists()
     is_main = not distributed or torch.distributed.get_rank() == 0
     if distributed and not is_main:
         torch.distributed.barrier()

@@ -50,6 +50,7 @@ __all__ = [
     "release_process_group",
     "effective_global_batch",
     "describe_world",
+    "process_group_exists",
     "rank_and_world",
     "gather_from_ranks",
 ]
@@ -136,7 +137,7 @@ def share_process_group_with_deepspeed(args: TrainingArguments) -> None:
     accelerator path; on the ``use_cpu`` path it creates a plain torch.distributed group. Wrapping that same group
     is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else.
     """
-    if not args.deepspeed or not torch.distributed.is_initialized():
+    if not args.deepspeed or not process_group_exists():
         return
     import deepspeed.comm
 
@@ -153,8 +154,8 @@ def check_world_size(args: TrainingArguments) -> None:
     train every rank on the full data.
     """
     launched = launcher_world_size()
-    dist_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    if args.world_size != launched or (torch.distributed.is_initialized() and dist_size != launched):
+    dist_size = torch.distributed.get_world_size() if process_group_exists() else 1
+    if args.world_size != launched or (process_group_exists() and dist_size != launched):
         raise RuntimeError(
             f"World size disagreement: the launcher started {launched} processes, torch.distributed has "
             f"{dist_size}, TrainingArguments sees {args.world_size}. Set use_cpu before TrainingArguments is "
@@ -179,7 +180,7 @@ def unlink_deepspeed_shm_buffers(shm_dir: str = "/dev/shm") -> None:
     got the compiler OOM-killed. Each rank maps every other rank's buffer before its communication init returns, so
     after a barrier the names can go: the mappings stay valid until the processes exit, and then the memory is freed.
     """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not process_group_exists():
         return
     prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_{os.environ.get('MASTER_PORT')}"
     own = os.path.join(shm_dir, f"{prefix}_{torch.distributed.get_rank()}")
@@ -200,7 +201,7 @@ def release_process_group() -> None:
     reports a finished job as failed (CI caught it on a 2-rank ZeRO-3 run). The barrier keeps a rank from tearing its
     group down while another still talks to it (the last save). No-op without a process group.
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if process_group_exists():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
@@ -230,10 +231,15 @@ def describe_world(args: TrainingArguments) -> str:
     )
 
 
+def process_group_exists() -> bool:
+    """Whether a torch.distributed default group is up (torch builds without distributed support have none)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def rank_and_world() -> tuple[int, int]:
     """This process's global rank and the world size; before the process group exists, the launcher's ``RANK`` and 1
     (so rank-0-only printing is right from the first line)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if process_group_exists():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), 1
 
