@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     ThroughputCallback().attach(trainer)
     if evaluating_during_training:
         AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
-                               system_prompt=args.system_prompt).attach(trainer)
+                               system_prompt=args.system_prompt, predictions_dir=args.output_dir).attach(trainer)
     trainer.add_callback(RunReportCallback())  # after the ones above: the report reads what they log
 
     def answer_accuracy(phase: str):

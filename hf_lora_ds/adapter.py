@@ -18,7 +18,7 @@ from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, get_peft_mod
 from peft.utils import load_peft_weights
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig
 
-__all__ = ["AdapterIntegrityError", "verify_adapter"]
+__all__ = ["AdapterIntegrityError", "UntrainedAdapterError", "check_adapter_trained", "verify_adapter"]
 
 _EMPTY_HINT = (
     "Under DeepSpeed ZeRO-3 the adapter must be saved with the partitioned weights gathered: set "
@@ -33,6 +33,33 @@ _LORA_KEY = re.compile(r"^(.*)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B
 
 class AdapterIntegrityError(ValueError):
     """A saved adapter is unusable: empty tensors, wrong shapes, or it does not load on its base model."""
+
+
+class UntrainedAdapterError(AdapterIntegrityError):
+    """Optimizer steps ran at a non-zero learning rate, yet every ``lora_B`` is still exactly zero."""
+
+
+def check_adapter_trained(adapter_dir: str | os.PathLike, steps: int, max_learning_rate: float) -> None:
+    """Raise ``UntrainedAdapterError`` when a saved adapter never moved from LoRA's initial state.
+
+    LoRA starts every B matrix at zero, so the adapter adds nothing until an optimizer step changes B. After steps
+    at a learning rate above zero, a B still exactly zero everywhere means no gradient reached the LoRA weights (a
+    frozen adapter, a detached loss, parameters missing from the optimizer): the file is valid and loads, and the
+    run would look fine until someone notices the model did not change. Steps taken only at a learning rate of zero
+    (the first step of a warmup, say) cannot move B, so they prove nothing and pass. Initialisations that do not
+    start B at zero (``init_lora_weights=False``, PiSSA) cannot be judged this way and pass too.
+    """
+    if steps == 0 or max_learning_rate <= 0:
+        return
+    weights = _load_weights(Path(adapter_dir))
+    b_factors = [t for name, t in weights.items() if (m := _LORA_KEY.match(name)) and m.group(2).endswith("B")]
+    if b_factors and not any(tensor.any() for tensor in b_factors):
+        raise UntrainedAdapterError(
+            f"The adapter saved in {adapter_dir} never trained: all {len(b_factors)} lora_B tensors are still exactly "
+            f"zero (LoRA's initial value) after {steps} optimizer steps at a learning rate up to {max_learning_rate:g}, "
+            "so it changes nothing. No gradient reached the LoRA weights: check that they require grad and are in "
+            "the optimizer, and that the loss is computed from the model's output."
+        )
 
 
 def verify_adapter(

@@ -29,8 +29,10 @@ DEFAULT_PROMPTS = (
     "What is the capital of France?",
     "王大丫丫的回答是--->3 + 4 =",
 )
-# Merging reorders the arithmetic (x(W + sBA) vs xW + s(xA)B): exact up to rounding of the stored dtype.
-_DEFAULT_ATOL = {torch.float32: 1e-4, torch.bfloat16: 1e-1, torch.float16: 5e-2}
+# Merging reorders the arithmetic (x(W + sBA) vs xW + s(xA)B): exact up to rounding of the stored dtype, and rounding
+# grows with the values rounded, so the default tolerance is this fraction of the largest |logit| (at least 1).
+# A trained model's logits reach ~20 (the bundled one's) to ~40: 1e-4 absolute failed fp32 merges that were right.
+_DEFAULT_RTOL = {torch.float32: 1e-4, torch.bfloat16: 1e-1, torch.float16: 5e-2}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -50,7 +52,8 @@ def merge_adapter(
     """Write the merged model to ``out`` and return the max abs logit difference against base + adapter.
 
     ``dtype`` is the precision of the load, the merge and the saved weights ("auto": the base's stored dtype).
-    Raises ``MergeMismatchError`` when the difference exceeds ``atol`` (default by dtype, see ``_DEFAULT_ATOL``).
+    Raises ``MergeMismatchError`` when the difference exceeds ``atol`` (default by dtype, relative to the largest
+    logit: see ``_DEFAULT_RTOL``).
     Only one model is held in memory at a time.
     """
     verify_adapter(adapter, base_model=base)
@@ -71,12 +74,14 @@ def merge_adapter(
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=saved_dtype).to(device).eval()
     exported = _logits(reloaded, tokenizer, prompts, device)
     diff = max((ref - got).abs().max().item() for ref, got in zip(reference, exported))
-    tolerance = _DEFAULT_ATOL.get(saved_dtype, 1e-1) if atol is None else atol
+    if atol is None:
+        scale = max(1.0, max(ref.abs().max().item() for ref in reference))
+        atol = _DEFAULT_RTOL.get(saved_dtype, 1e-1) * scale
     if not list(Path(out).glob("*.safetensors")):
         raise MergeMismatchError(f"No safetensors weights were written to {out}.")
-    if not diff <= tolerance:
+    if not diff <= atol:
         raise MergeMismatchError(
-            f"Merged model in {out} differs from base + adapter by {diff:.3g} (> {tolerance:g}) in logits on "
+            f"Merged model in {out} differs from base + adapter by {diff:.3g} (> {atol:.3g}) in logits on "
             f"{len(prompts)} prompts. Merge in higher precision (--dtype float32) or check the adapter."
         )
     return diff
@@ -113,7 +118,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="Output directory for the merged model and tokenizer.")
     parser.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES], help="Load/merge/save precision.")
     parser.add_argument("--prompt", action="append", help="Prompt for the logit check (repeatable).")
-    parser.add_argument("--atol", type=float, default=None, help="Max abs logit difference allowed.")
+    parser.add_argument("--atol", type=float, default=None, help="Max abs logit difference allowed (default: 1e-4 of the largest |logit| in float32, 5e-2 "
+                        "in float16, 1e-1 in bfloat16, at least those values).")
     parser.add_argument("--device", default="cpu", help="Device for merge and check, e.g. cpu, cuda, cuda:1.")
     return parser.parse_args(argv)
 

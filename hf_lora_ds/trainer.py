@@ -1,5 +1,6 @@
 """``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, every saved adapter
-checked (the final one is always saved), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
+checked (the final one is always saved, and must have trained), and ``resume_from_checkpoint="auto"`` that skips
+checkpoints a kill cut short.
 
 Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
 """
@@ -11,17 +12,30 @@ from typing import Any
 
 import torch
 from peft import LoraConfig
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 
-from hf_lora_ds.adapter import verify_adapter
+from hf_lora_ds.adapter import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
+from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
 __all__ = ["LoraSFTTrainer"]
+
+
+class LearningRateWatch(TrainerCallback):
+    """The highest learning rate any optimizer step of this run used, read as each step begins."""
+
+    def __init__(self) -> None:
+        self.max_learning_rate = 0.0
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs) -> None:
+        if optimizer is not None:
+            rates = [group["lr"] for group in optimizer.param_groups]
+            self.max_learning_rate = max(self.max_learning_rate, *rates)
 
 
 class LoraSFTTrainer(Trainer):
@@ -43,11 +57,14 @@ class LoraSFTTrainer(Trainer):
             use_swanlab(self)
         # Marks each checkpoint once every rank has written it, for resume_from_checkpoint="auto" (hf_lora_ds.resume).
         self.add_callback(CheckpointCompletionCallback())
+        self._learning_rates = LearningRateWatch()
+        self.add_callback(self._learning_rates)
         self._print_main(trainable_parameters_line(self.model))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
-        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``.
+        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``, and raise
+        ``UntrainedAdapterError`` (on every rank) if that adapter never moved from its initial state.
 
         ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
         finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
@@ -64,7 +81,21 @@ class LoraSFTTrainer(Trainer):
                 if isinstance(tracer, MemoryTraceCallback):
                     traced.enter_context(tracer.phase("save"))
             self.save_model()
+        self._check_final_adapter_trained()
         return result
+
+    def _check_final_adapter_trained(self) -> None:
+        """Rank 0 reads the saved adapter; every rank raises the same error, so no rank is left in a collective."""
+        problem = None
+        if self.args.should_save:
+            try:
+                check_adapter_trained(self.args.output_dir, self.state.global_step,
+                                      self._learning_rates.max_learning_rate)  # fmt: skip
+            except UntrainedAdapterError as error:
+                problem = str(error)
+        problem = gather_from_ranks(problem)[0]
+        if problem:
+            raise UntrainedAdapterError(problem)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves

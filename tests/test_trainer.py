@@ -136,3 +136,31 @@ def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, 
     trainer.train()
     assert [record["phase"] for record in tracer.records] == ["train", "save"]
     assert json.loads((tmp_path / "out" / "memory_trace.json").read_text())[-1]["phase"] == "save"
+
+
+def _freeze_lora_b(trainer) -> None:
+    """A frozen adapter: B stays at its initial zero, and A gets zero gradients through it."""
+    for name, param in trainer.model.named_parameters():
+        if "lora_B" in name:
+            param.requires_grad_(False)
+
+
+def test_an_adapter_that_never_trained_fails_the_run(tiny_model, qwen_style_tokenizer, tmp_path):
+    import pytest
+
+    from hf_lora_ds.adapter import UntrainedAdapterError
+
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2)
+    _freeze_lora_b(trainer)
+    with pytest.raises(UntrainedAdapterError, match=r"never trained: all 14 lora_B tensors .* after 2 optimizer steps "
+                                                    r"at a learning rate up to 0\.01"):  # fmt: skip
+        trainer.train()
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()  # saved all the same, for a look
+
+
+def test_steps_at_learning_rate_zero_prove_nothing(tiny_model, qwen_style_tokenizer, tmp_path):
+    """The only step of a one-step warmup runs at a learning rate of 0: B cannot move, and that is no error."""
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, warmup_steps=1)
+    _freeze_lora_b(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 1

@@ -6,16 +6,21 @@ across ranks and gathered, and under ZeRO-3 generation runs with ``synced_gpus``
 layer's weights are gathered on the fly and no rank ever holds the whole model. Cost: one generation pass over the
 eval set per evaluation; under ZeRO-3, every generated token also re-gathers every layer (a forward's worth of
 all-gathers per token), which is why small eval sets and ``max_new_tokens`` set by the task matter there.
+
+With ``predictions_dir``, each evaluation's predictions (prompt, output, parsed answer, verdict) are written to
+``predictions_step{N}.jsonl`` there, the same format as the final eval's, so a run shows what the model answered as it
+learned, not only how often it was right.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase, TrainerControl, TrainerState, TrainingArguments
 
-from hf_lora_ds.eval import Task, evaluate
+from hf_lora_ds.eval import Task, evaluate, write_predictions
 from hf_lora_ds.records import Record
 
 from ._common import LoggingCallback
@@ -35,6 +40,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         batch_size: int = 32,
         system_prompt: str | None = None,
         metric_key_prefix: str = "eval",
+        predictions_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -43,6 +49,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         self.batch_size = batch_size
         self.system_prompt = system_prompt
         self.metric_key_prefix = metric_key_prefix
+        self.predictions_dir = predictions_dir
         self.history: list[dict[str, Any]] = []
 
     def on_evaluate(
@@ -51,5 +58,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         result = evaluate(model, self.tokenizer, self.records, self.task, batch_size=self.batch_size,
                           system_prompt=self.system_prompt)
         metrics = {f"{self.metric_key_prefix}_accuracy": result.accuracy}
+        if self.predictions_dir is not None:
+            write_predictions(result, Path(self.predictions_dir, f"predictions_step{state.global_step}.jsonl"))
         self.history.append({"step": state.global_step, **result.summary()})
         self._emit(state, metrics)

@@ -14,6 +14,8 @@ from peft import LoraConfig, get_peft_model
 
 from hf_lora_ds.tiny import build_tiny_qwen2
 
+MIB = 2**20
+
 # all different, so every batch of two is padded
 LENGTHS = [5, 12, 7, 9, 11, 6, 8, 10]
 
@@ -61,6 +63,60 @@ def flat_collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor
         "labels": torch.cat([r["labels"] for r in batch])[None],
         "position_ids": torch.cat([torch.arange(len(r["input_ids"])) for r in batch])[None],
     }
+
+
+class FakeAllocator:
+    """The allocator statistics torch.cuda / torch.accelerator expose, driven by hand (values in MiB)."""
+
+    def __init__(self) -> None:
+        self.allocated = self.peak = 0
+
+    def set(self, mib: int) -> None:
+        self.allocated = mib * MIB
+        self.peak = max(self.peak, self.allocated)
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self) -> int:
+        return self.peak
+
+    def memory_reserved(self) -> int:
+        return 2 * self.allocated
+
+    def max_memory_reserved(self) -> int:
+        return 2 * self.peak
+
+    def reset_peak_memory_stats(self) -> None:
+        self.peak = self.allocated
+
+
+class FakeClock:
+    """A stand-in for ``time.perf_counter`` in hf_lora_ds.callbacks.throughput: every training forward takes exactly
+    ``train_s`` and every evaluation forward ``eval_s``, so rates are known numbers. ``attach(model)`` hooks the
+    model; ``advance`` adds time by hand (a checkpoint save, say)."""
+
+    def __init__(self, train_s: float = 1.0, eval_s: float = 100.0) -> None:
+        self.now, self.train_s, self.eval_s = 1000.0, train_s, eval_s
+        self.forwards: list[dict[str, int]] = []  # per training forward: real and padded tokens, rows
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def attach(self, model) -> None:
+        model.register_forward_pre_hook(self._forward, with_kwargs=True)
+
+    def _forward(self, module, args, kwargs) -> None:
+        if not module.training:
+            self.advance(self.eval_s)
+            return
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        real = int(mask.sum()) if mask is not None else ids.numel()
+        self.forwards.append({"real": real, "padded": ids.numel(), "rows": ids.shape[0]})
+        self.advance(self.train_s)
 
 
 def add_lora(model):

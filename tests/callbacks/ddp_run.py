@@ -1,28 +1,49 @@
 """Two-rank CPU run for test_callbacks_ddp.py: ``torchrun --nproc_per_node 2 ddp_run.py MODEL_DIR OUTPUT_DIR``.
 
 Rank 1 holds an extra HOLD_MIB of host RAM from its first step on, so the min and max across ranks must differ.
-Rank 0 writes the log history to OUTPUT_DIR/log_history.json.
+The accelerator statistics come from a fake allocator that each rank drives with its own numbers (``device_mib``),
+and throughput runs on a fake clock (1 s a training forward, 100 s an evaluation one) with a given peak, so the
+gathered memory figures and the MFU have exact expected values. Rank 0 writes the log history to
+OUTPUT_DIR/log_history.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from callback_helpers import LENGTHS, TokenDataset, add_lora, pad_collate
+from callback_helpers import LENGTHS, FakeAllocator, FakeClock, TokenDataset, add_lora, pad_collate
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, use_swanlab
+from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, memory, throughput, use_swanlab
 from hf_lora_ds.distributed import release_process_group
 
 HOLD_MIB = 64
+PEAK_FLOPS = 1e9
+
+
+def device_mib(rank: int) -> dict[str, int]:
+    """Rank r's fake accelerator: ``base`` MiB allocated throughout, a ``spike`` just before its first step."""
+    return {"base": 100 * (rank + 1), "spike": 1000 * (rank + 1)}
 
 
 class HoldOnRankOne(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if args.process_index == 1 and not hasattr(self, "held"):
             self.held = b"x" * (HOLD_MIB << 20)
+
+
+class SpikeBeforeFirstStep(TrainerCallback):
+    def __init__(self, allocator: FakeAllocator, rank: int) -> None:
+        self.allocator, self.mib = allocator, device_mib(rank)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0:
+            self.allocator.set(self.mib["spike"])
+            self.allocator.set(self.mib["base"])
 
 
 def main(model_dir: str, output_dir: str) -> None:
@@ -38,9 +59,15 @@ def main(model_dir: str, output_dir: str) -> None:
         report_to="swanlab",
         disable_tqdm=True,
     )
-    memory = MemoryTraceCallback()
-    with memory.phase("load"):
+    rank = int(os.environ["RANK"])
+    allocator, clock = FakeAllocator(), FakeClock(train_s=1.0, eval_s=100.0)
+    allocator.set(device_mib(rank)["base"])
+    memory.device_memory_api = lambda: allocator
+    throughput.time = SimpleNamespace(perf_counter=clock)
+    memory_trace = MemoryTraceCallback()
+    with memory_trace.phase("load"):
         model = add_lora(AutoModelForCausalLM.from_pretrained(model_dir))
+    clock.attach(model)
     vocab = model.config.vocab_size
     trainer = Trainer(
         model=model,
@@ -49,10 +76,11 @@ def main(model_dir: str, output_dir: str) -> None:
         eval_dataset=TokenDataset(LENGTHS[:4], vocab, seed=1),
         data_collator=pad_collate,
     )
-    memory.attach(trainer)
-    ThroughputCallback().attach(trainer)
+    memory_trace.attach(trainer)
+    ThroughputCallback(peak_flops=PEAK_FLOPS).attach(trainer)
     use_swanlab(trainer, project="hf-lora-ds-test", log_dir=str(Path(output_dir) / "swanlog"))
     trainer.add_callback(HoldOnRankOne())
+    trainer.add_callback(SpikeBeforeFirstStep(allocator, rank))
     trainer.train()
     if trainer.is_world_process_zero():
         (Path(output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history))

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 from callback_helpers import LENGTHS, read_local_runs
-from ddp_run import HOLD_MIB
+from callback_helpers import add_lora
+from ddp_run import HOLD_MIB, PEAK_FLOPS, device_mib
+from transformers import AutoModelForCausalLM
+
+from hf_lora_ds.callbacks.throughput import flops_per_token
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
 
@@ -42,15 +46,27 @@ def _logged(history, key):
     return [entry[key] for entry in history if key in entry]
 
 
+def _expected_device_mib(phase: str, rank: int) -> dict[str, float]:
+    """What rank r's fake allocator makes of each phase: only training sees the spike before the first step."""
+    base, spike = device_mib(rank)["base"], device_mib(rank)["spike"]
+    if phase == "train":
+        return {"before": base, "consumed": 0, "peak": spike - base, "total_peak": spike}
+    return {"before": base, "consumed": 0, "peak": 0, "total_peak": base}
+
+
 @pytest.mark.slow
-def test_each_phase_is_logged_once_with_min_and_max(two_rank_run):
-    _, history, _ = two_rank_run
+def test_each_phase_is_logged_once_with_the_min_and_max_over_ranks(two_rank_run):
+    """Rank 1's fake accelerator holds twice rank 0's numbers, so min is rank 0's and max rank 1's, exactly."""
+    output_dir, history, _ = two_rank_run
     for phase, times in (("load", 1), ("train", 1), ("eval", 2)):
+        low, high = _expected_device_mib(phase, rank=0), _expected_device_mib(phase, rank=1)
         for stat in ("before", "consumed", "peak", "total_peak"):
-            low = _logged(history, f"memory/{phase}/cpu_{stat}_mib_min")
-            high = _logged(history, f"memory/{phase}/cpu_{stat}_mib_max")
-            assert len(low) == len(high) == times, (phase, stat)
-            assert all(lo <= hi for lo, hi in zip(low, high))
+            assert _logged(history, f"memory/{phase}/gpu_{stat}_mib_min") == [low[stat]] * times, (phase, stat)
+            assert _logged(history, f"memory/{phase}/gpu_{stat}_mib_max") == [high[stat]] * times, (phase, stat)
+            for kind in ("cpu", "gpu_reserved"):
+                assert len(_logged(history, f"memory/{phase}/{kind}_{stat}_mib_min")) == times, (phase, kind, stat)
+    train = json.loads((output_dir / "memory_trace.json").read_text())[-1]
+    assert [rank["gpu"] for rank in train["ranks"]] == [_expected_device_mib("train", r) for r in (0, 1)]
 
 
 @pytest.mark.slow
@@ -65,10 +81,19 @@ def test_max_is_the_rank_holding_more(two_rank_run):
 
 
 @pytest.mark.slow
-def test_tokens_are_summed_over_ranks(two_rank_run):
+def test_tokens_are_summed_over_ranks_and_mfu_is_per_device(two_rank_run, tiny_model_dir):
+    """Each rank runs 2 training forwards of 1 s on the fake clock (evaluations paused): the run lasts 2 s, its
+    tokens are both ranks', and MFU divides their FLOP/s by 2 devices' peak."""
     _, history, _ = two_rank_run
-    assert _logged(history, "throughput/run_tokens") == [sum(LENGTHS)]
+    tokens = sum(LENGTHS)
+    assert _logged(history, "throughput/run_tokens") == [tokens]
     assert len(_logged(history, "throughput/tokens_per_second")) == 2  # 8 rows / (2 ranks x 2) = 2 steps
+    assert _logged(history, "throughput/run_tokens_per_second") == [pytest.approx(tokens / 2.0)]
+    (efficiency,) = _logged(history, "throughput/run_padding_efficiency")
+    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    seq_len = tokens / efficiency / len(LENGTHS)
+    expected_mfu = tokens / 2.0 * flops_per_token(model, seq_len) / (2 * PEAK_FLOPS)
+    assert _logged(history, "throughput/run_mfu") == [pytest.approx(expected_mfu)]
 
 
 @pytest.mark.slow

@@ -3,39 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from callback_helpers import MIB, FakeAllocator
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from hf_lora_ds.callbacks import MemoryTraceCallback, memory
 from hf_lora_ds.callbacks.memory import format_memory_block
-
-MIB = 2**20
-
-
-class FakeAllocator:
-    """The allocator statistics torch.cuda / torch.accelerator expose, driven by hand (values in MiB)."""
-
-    def __init__(self) -> None:
-        self.allocated = self.peak = 0
-
-    def set(self, mib: int) -> None:
-        self.allocated = mib * MIB
-        self.peak = max(self.peak, self.allocated)
-
-    def memory_allocated(self) -> int:
-        return self.allocated
-
-    def max_memory_allocated(self) -> int:
-        return self.peak
-
-    def memory_reserved(self) -> int:
-        return 2 * self.allocated
-
-    def max_memory_reserved(self) -> int:
-        return 2 * self.peak
-
-    def reset_peak_memory_stats(self) -> None:
-        self.peak = self.allocated
-
 
 @pytest.fixture
 def traced(monkeypatch, tmp_path):

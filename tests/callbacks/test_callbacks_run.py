@@ -1,4 +1,7 @@
-"""Memory, throughput and report callbacks together on one plain-Trainer run (CPU, 4 steps, evals and a save)."""
+"""Memory, throughput and report callbacks together on one plain-Trainer run (CPU, 4 steps, evals and a save).
+
+Exact rates and MFU are checked on a fake clock in test_callbacks_throughput.py; exact memory figures on a fake
+allocator in test_callbacks_memory.py and, across 2 ranks, in test_callbacks_ddp.py."""
 
 from __future__ import annotations
 
@@ -48,16 +51,6 @@ def test_every_phase_is_traced_once_in_order(run):
     assert len(_logged(trainer, "memory/eval/cpu_total_peak_mib_min")) == 2
 
 
-def test_memory_numbers_are_consistent(run):
-    _, memory, _ = run
-    for record in memory.records:
-        (rank,) = record["ranks"]
-        stats = rank["cpu"]
-        assert stats["before"] > 0
-        assert stats["peak"] >= max(stats["consumed"], 0), record
-        assert stats["total_peak"] == pytest.approx(stats["before"] + stats["peak"], abs=0.02)
-
-
 def test_load_phase_sees_the_spike_it_freed(run):
     _, memory, _ = run
     load = memory.records[0]["ranks"][0]["cpu"]
@@ -94,19 +87,6 @@ def test_run_token_counts_are_exact(run):
     dataset = trainer.train_dataset
     assert _logged(trainer, "throughput/run_tokens") == [dataset.real_tokens()]
     assert _logged(trainer, "throughput/run_supervised_tokens") == [dataset.supervised_tokens()]
-
-
-def test_rates_are_positive_and_fractions_in_range(run):
-    trainer, _, _ = run
-    windows = _logged(trainer, "throughput/tokens_per_second")
-    assert len(windows) == 2  # logging_steps=2 over 4 steps
-    assert all(rate > 0 for rate in windows)
-    supervised = _logged(trainer, "throughput/supervised_tokens_per_second")
-    assert all(0 < s < a for s, a in zip(supervised, windows))
-    efficiency = _logged(trainer, "throughput/padding_efficiency")
-    efficiency += _logged(trainer, "throughput/run_padding_efficiency")
-    assert all(0 < e < 1 for e in efficiency)  # every batch pairs two different lengths
-    assert all(0 < m < 1 for m in _logged(trainer, "throughput/mfu") + _logged(trainer, "throughput/run_mfu"))
 
 
 def test_report_is_written_at_train_end(run):

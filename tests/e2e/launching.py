@@ -143,6 +143,11 @@ def rank_samples(out: Path, world_size: int) -> list[list[tuple[int, ...]]]:
             for rank in range(world_size)]  # fmt: skip
 
 
+def recorded_steps(out: Path, world_size: int) -> list[dict]:
+    """Per rank, what ``StepRecorder`` saw in the latest launch: ``{"start": step, "completed": [steps]}``."""
+    return [json.loads((out / f"e2e_steps_rank{rank}.json").read_text()) for rank in range(world_size)]
+
+
 def check_process_groups_released(out: Path, world_size: int) -> None:
     """Every rank of an ``sft_entry.py`` run left main with its process group destroyed (a gloo group alive at exit
     can abort the rank in interpreter teardown and fail a finished job)."""

@@ -6,6 +6,9 @@
   to ``OUTPUT_DIR/e2e_samples_rank{R}.json``. run_sft.py shows the world size and the global batch, not which rank
   got which sample; this is the one observation it lacks. The loader is read after training, so it cannot change
   the run: each epoch's order comes from the seed and the epoch number alone.
+- ``StepRecorder``: each rank rewrites ``OUTPUT_DIR/e2e_steps_rank{R}.json`` when training begins (the global step
+  it starts from: 0, or the checkpoint's step after a resume) and adds every optimizer step it then completes, so a
+  test can tell a resumed launch (steps 3, 4, ...) from one that trained again from scratch (steps 1, 2, ...).
 - ``KillRank``: SIGKILLs rank R at step N, at the end of the step (before any checkpoint of that step) or inside
   the save (after Trainer wrote ``checkpoint-N``, before run_sft's completion marker, whose callback comes later).
   It first writes ``OUTPUT_DIR/e2e_killed.json`` with the wall-clock time of the kill.
@@ -43,6 +46,19 @@ class SampleRecorder(TrainerCallback):
         Path(args.output_dir, f"e2e_samples_rank{args.process_index}.json").write_text(json.dumps(samples))
 
 
+class StepRecorder(TrainerCallback):
+    def _write(self, args, steps: dict) -> None:
+        Path(args.output_dir, f"e2e_steps_rank{args.process_index}.json").write_text(json.dumps(steps))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.steps = {"start": state.global_step, "completed": []}
+        self._write(args, self.steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps["completed"].append(state.global_step)
+        self._write(args, self.steps)
+
+
 class KillRank(TrainerCallback):
     def __init__(self, rank: int, step: int, on: str):
         self.rank, self.step, self.on = rank, step, on
@@ -66,7 +82,7 @@ def main() -> None:
     parser.add_argument("--kill_step", type=int, default=None)
     parser.add_argument("--kill_on", choices=("step_end", "save"), default="step_end")
     ours, run_sft_args = parser.parse_known_args()
-    callbacks = [SampleRecorder()]
+    callbacks = [SampleRecorder(), StepRecorder()]
     if ours.kill_rank is not None:
         callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
     run_sft.main(run_sft_args, callbacks=callbacks)

@@ -1,11 +1,19 @@
 """Kill a run with SIGKILL while it writes a checkpoint, resume with ``--resume_from_checkpoint auto``: it must pick
-the last *complete* checkpoint and end exactly where an uninterrupted run with the same seed ends."""
+the last *complete* checkpoint, run only the steps after it, and end exactly where an uninterrupted run with the same
+seed ends.
+
+A run with a fixed seed that trained again from scratch would end with the same adapter too, so the adapter alone
+proves nothing: the resumed launch must start at the checkpoint's step and complete exactly the remaining ones
+(``StepRecorder`` in sft_entry.py), and its losses after the resume point must be the uninterrupted run's, which
+needs the optimizer state restored as well as the weights."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from launching import ENTRY, REPO, adapter_weights, check_ok, launcher, run, sft_args, trainer_state
+from launching import ENTRY, REPO, adapter_weights, check_ok, launcher, recorded_steps, run, sft_args, trainer_state
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_lora_ds.adapter import verify_adapter
@@ -37,6 +45,7 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     resumed = tmp_path / "resumed"
     killed = launch(resumed, "killed", "--kill_rank", str(nproc - 1), "--kill_step", "4", "--kill_on", "save")
     assert killed.returncode != 0, killed.log[-3000:]
+    assert recorded_steps(resumed, nproc)[0] == {"start": 0, "completed": [1, 2, 3, 4]}
     assert is_complete_checkpoint(resumed / "checkpoint-2")
     assert not (resumed / "checkpoint-4" / COMPLETE_MARKER).exists()
     # transformers alone would resume from that unconfirmed one:
@@ -46,6 +55,9 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     check_ok(again)
     note = f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint; skipped incomplete checkpoint-4)"
     assert again.log.count(note) == 1, again.log[-3000:]
+    # Every rank starts at the checkpoint's step and runs only the steps after it.
+    assert recorded_steps(resumed, nproc) == [{"start": 2, "completed": [3, 4, 5, 6]}] * nproc
+    assert len(losses_logged_by(again.log)) == STEPS - 2, again.log[-3000:]
 
     assert trainer_state(resumed)["global_step"] == trainer_state(reference)["global_step"] == STEPS
     verify_adapter(resumed, base_model=tiny_model_dir)
@@ -60,4 +72,10 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     # The same training run, not only the same end: identical losses at every step after the resume point.
     logged = [[entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > 2]
               for out in (reference, resumed)]  # fmt: skip
+    assert len(logged[0]) == STEPS - 2
     assert logged[0] == pytest.approx(logged[1], rel=1e-5)
+
+
+def losses_logged_by(log: str) -> list[str]:
+    """The per-step training loss lines one launch printed (logging_steps 1): Trainer's ``{'loss': ...}`` dicts."""
+    return re.findall(r"^\{'loss': .*$", log, flags=re.MULTILINE)
