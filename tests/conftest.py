@@ -22,6 +22,16 @@ _CORPUS = [
 ]
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests run where CUDA is present and are skipped, saying so, everywhere else (CI)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def _tokenizer(template: str):
     return train_chat_tokenizer(_CORPUS * 20, vocab_size=320, chat_template=template)
 

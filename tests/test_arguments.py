@@ -83,3 +83,13 @@ def test_no_pinned_memory_without_an_accelerator(train_file, tmp_path, monkeypat
     assert args.dataloader_pin_memory is False
     monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: torch.device("cuda"))
     assert pinned_memory_helps(use_cpu=False) and not pinned_memory_helps(use_cpu=True)
+
+
+@pytest.mark.gpu
+def test_auto_dtype_on_a_cuda_device(train_file, tmp_path):
+    """On a real GPU: bf16 weights and bf16 training where the device supports it, float32 with --use_cpu."""
+    common = ["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)]
+    args = parse(common)
+    expected = "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    assert args.dtype == expected and args.bf16 == (expected == "bfloat16")
+    assert parse([*common, "--use_cpu", "True"]).dtype == "float32"

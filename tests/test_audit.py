@@ -25,13 +25,23 @@ def test_audit_counts_and_marks_supervision(chatml_tokenizer, tmp_path):
 
 
 def test_audit_reports_truncation_and_dropped_samples(chatml_tokenizer, tmp_path):
-    full = ChatSFTDataset(RECORDS[:1], chatml_tokenizer, cache_dir=tmp_path)[0]
-    limit = len(full["input_ids"]) - 3  # cuts the answer before its end-of-turn token
-    report = audit_dataset(ChatSFTDataset(RECORDS, chatml_tokenizer, max_length=limit, cache_dir=tmp_path))
-    assert report.truncated >= 1
-    assert report.spans_cut_by_truncation >= 1
-    assert report.spans_ending_in_eot + report.spans_cut_by_truncation == report.spans
-    assert "cut by truncation" in report.line()
+    """At a limit 3 tokens short of sample 0: sample 0 loses the end of its answer (a cut span), the short sample 1
+    is untouched, multi-turn sample 2 keeps its first answer whole and loses the second, and sample 3, whose long
+    prompt pushes its whole answer past the limit, is left with no supervised token and dropped."""
+    records = [*RECORDS, {"instruction": "12=" * 20, "output": "3 + 9"}]
+    full = ChatSFTDataset(records, chatml_tokenizer, cache_dir=tmp_path)
+    limit = len(full[0]["input_ids"]) - 3  # cuts the answer before its end-of-turn token
+    first_supervised = [next(i for i, label in enumerate(s["labels"]) if label != -100) for s in full]
+    assert len(full[1]["input_ids"]) <= limit < first_supervised[3]  # the cases described above, as built
+
+    truncated = ChatSFTDataset(records, chatml_tokenizer, max_length=limit, cache_dir=tmp_path)
+    report = audit_dataset(truncated)
+    assert (report.samples, report.truncated, report.dropped_empty) == (3, 3, 1)
+    assert (report.spans, report.spans_ending_in_eot, report.spans_cut_by_truncation) == (3, 2, 1)
+    sample_one = sum(label != -100 for label in full[1]["labels"])
+    assert report.supervised_max == limit - first_supervised[0] and report.supervised_min == sample_one
+    assert "3 truncated, 1 dropped with no supervised token" in report.line()
+    assert "(1 cut by truncation)" in report.line()
 
 
 def test_audit_cli(tiny_model_dir, tmp_path, capsys):

@@ -35,9 +35,12 @@ def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, 
     report = json.loads((out / "eval_report.json").read_text())
     assert set(report) == {"before", "after"}
     assert report == json.loads(json.dumps(summary))
-    for phase in ("before", "after"):
-        assert 0.0 <= report[phase]["accuracy"] <= 1.0 and report[phase]["num_samples"] == 6
-        assert len((out / f"predictions_{phase}.jsonl").read_text().splitlines()) == 6
+    for phase in ("before", "after"):  # the report's accuracy is the share of predictions judged correct
+        predictions = [json.loads(line) for line in (out / f"predictions_{phase}.jsonl").read_text().splitlines()]
+        correct = sum(prediction["correct"] for prediction in predictions)
+        assert len(predictions) == report[phase]["num_samples"] == 6
+        assert (report[phase]["num_correct"], report[phase]["accuracy"]) == (correct, correct / 6)
+        assert all(p["correct"] == (p["reason"] is None) for p in predictions)  # a wrong answer says why
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "report.html"} <= {
         p.name for p in out.iterdir()}
     printed = capsys.readouterr().out

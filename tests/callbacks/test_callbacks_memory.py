@@ -76,3 +76,21 @@ def test_enclosing_phase_keeps_a_host_peak_read_at_an_inner_boundary(tmp_path):
     eval_record, train_record = callback.records
     assert eval_record["ranks"][0]["cpu"]["total_peak"] == 700
     assert train_record["ranks"][0]["cpu"] == {"before": 100, "consumed": 20, "peak": 600, "total_peak": 700}
+
+
+@pytest.mark.gpu
+def test_cuda_allocator_peaks_are_traced(tmp_path):
+    """The real allocator: a 64 MiB tensor allocated and freed inside a phase shows as its peak, not its end."""
+    import torch
+
+    callback = MemoryTraceCallback(print_blocks=False)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control, model=None)
+    with callback.phase("eval"):
+        spike = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+        del spike
+    callback.on_train_end(args, state, control)
+    eval_gpu = callback.records[0]["ranks"][0]["gpu"]
+    assert eval_gpu["peak"] >= 64 and abs(eval_gpu["consumed"]) < 1
+    assert callback.records[1]["ranks"][0]["gpu"]["peak"] >= 64  # the enclosing train phase keeps it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from peft import LoraConfig, get_peft_model
@@ -57,8 +58,14 @@ def test_compare_prints_before_and_after_and_writes_files(
 def test_single_eval_without_adapter(capsys, tmp_path, varied_model_dir, sum_records_file):
     assert main(["--model", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "3",
                  "--output_dir", str(tmp_path)]) == 0
-    assert "eval" in capsys.readouterr().out
-    assert len(read_jsonl(tmp_path / "predictions_eval.jsonl")) == 3
+    predictions = read_jsonl(tmp_path / "predictions_eval.jsonl")
+    assert [p["index"] for p in predictions] == [0, 1, 2]  # --max_samples keeps the first 3
+    report = json.loads((tmp_path / "eval_report.json").read_text())["eval"]
+    correct = sum(p["correct"] for p in predictions)
+    assert (report["num_samples"], report["num_correct"]) == (3, correct)
+    printed = capsys.readouterr().out
+    assert re.search(rf"^accuracy +{correct / 3:.3f}$", printed, flags=re.MULTILINE), printed
+    assert re.search(rf"^correct / samples +{correct} / 3$", printed, flags=re.MULTILINE), printed
 
 
 def test_score_mode(capsys, tmp_path):
