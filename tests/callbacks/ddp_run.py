@@ -26,8 +26,9 @@ PEAK_FLOPS = 1e9
 
 
 def device_mib(rank: int) -> dict[str, int]:
-    """Rank r's fake accelerator: ``base`` MiB allocated throughout, a ``spike`` just before its first step."""
-    return {"base": 100 * (rank + 1), "spike": 1000 * (rank + 1)}
+    """Rank r's fake accelerator: ``base`` MiB allocated throughout, a ``spike`` just before its first step. Rank 1
+    has the larger base, rank 0 the larger spike, so neither rank holds every minimum (or every maximum)."""
+    return {"base": 100 * (rank + 1), "spike": 2000 - 1000 * rank}
 
 
 class HoldOnRankOne(TrainerCallback):
