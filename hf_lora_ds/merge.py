@@ -118,8 +118,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="Output directory for the merged model and tokenizer.")
     parser.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES], help="Load/merge/save precision.")
     parser.add_argument("--prompt", action="append", help="Prompt for the logit check (repeatable).")
-    parser.add_argument("--atol", type=float, default=None, help="Max abs logit difference allowed (default: 1e-4 of the largest |logit| in float32, 5e-2 "
-                        "in float16, 1e-1 in bfloat16, at least those values).")
+    parser.add_argument("--atol", type=float, default=None,
+                        help="Max abs logit difference allowed (default: 1e-4 of the largest |logit| in float32, "
+                        "5e-2 in float16, 1e-1 in bfloat16, and at least those values).")
     parser.add_argument("--device", default="cpu", help="Device for merge and check, e.g. cpu, cuda, cuda:1.")
     return parser.parse_args(argv)
 

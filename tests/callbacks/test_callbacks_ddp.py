@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from callback_helpers import LENGTHS, read_local_runs
-from callback_helpers import add_lora
+from callback_helpers import LENGTHS, add_lora, read_local_runs
 from ddp_run import HOLD_MIB, PEAK_FLOPS, device_mib
 from transformers import AutoModelForCausalLM
 

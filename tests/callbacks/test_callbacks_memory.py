@@ -9,6 +9,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from hf_lora_ds.callbacks import MemoryTraceCallback, memory
 from hf_lora_ds.callbacks.memory import format_memory_block
 
+
 @pytest.fixture
 def traced(monkeypatch, tmp_path):
     """A callback on the fake allocator: train begins at 100 MiB, an eval inside it spikes to 500 MiB."""

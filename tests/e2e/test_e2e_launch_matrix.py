@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from launching import (
     CONFIGS,
-    adapter_weights,
     ENTRY,
     REPO,
     RUN_SFT,
+    adapter_weights,
     check_ok,
     check_process_groups_released,
     eval_report,
