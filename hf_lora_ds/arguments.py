@@ -67,6 +67,16 @@ class SFTTrainingArguments(TrainingArguments):
     pad_to_multiple_of: int | None = field(
         default=None, metadata={"help": "Round padded batch lengths up to a multiple of this (e.g. 8 for tensor cores)."}
     )
+    supervised_logits_only: bool = field(
+        default=True,
+        metadata={
+            "help": "Apply the LM head and the fp32 cross-entropy only at positions whose label is trained (not -100): "
+            "the same loss and gradients as full logits, without the vocabulary-sized logits of every prompt, padding "
+            "and user token. False: full logits, as transformers computes them. Needs a model whose forward takes a "
+            "boolean logits_to_keep mask (others, --use_liger_kernel, label smoothing and compute_loss_func use the "
+            "full path, said once at start). Evaluations whose metrics read logits always get full logits."
+        },
+    )
     dataset_cache_dir: str | None = field(
         default=None, metadata={"help": "Where tokenized datasets are cached. None: the datasets library's cache."}
     )

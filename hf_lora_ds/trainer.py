@@ -1,5 +1,6 @@
-"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, every saved adapter
-checked (the final one is always saved), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
+"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, the loss from logits at the
+supervised positions only (hf_lora_ds.supervised_logits), every saved adapter checked (the final one is always saved),
+and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
 
 Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
 """
@@ -17,9 +18,10 @@ from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
-from hf_lora_ds.data import ChatSFTDataset
+from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
+from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -44,6 +46,11 @@ class LoraSFTTrainer(Trainer):
         # Marks each checkpoint once every rank has written it, for resume_from_checkpoint="auto" (hf_lora_ds.resume).
         self.add_callback(CheckpointCompletionCallback())
         self._print_main(trainable_parameters_line(self.model))
+        full_logits_reason = self._full_logits_reason()
+        self.supervised_logits_only = full_logits_reason is None
+        if self.args.supervised_logits_only and full_logits_reason:
+            self._print_main(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
+        self._logits_for_metrics = False
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
@@ -65,6 +72,61 @@ class LoraSFTTrainer(Trainer):
                     traced.enter_context(tracer.phase("save"))
             self.save_model()
         return result
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ):
+        """The causal-LM loss with the LM head applied only where the shifted label is not -100.
+
+        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.supervised_logits). The returned
+        ``outputs.logits`` are ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
+        """
+        if not self.supervised_logits_only or self._logits_for_metrics or inputs.get("labels") is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        targets = shifted_labels(inputs)
+        keep = targets != IGNORE_INDEX
+        forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
+        outputs = model(**forward_inputs, logits_to_keep=keep)
+        loss = supervised_cross_entropy(outputs.logits, targets[keep], num_items_in_batch)
+        if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # Trainer's own scaling: num_items_in_batch counts every rank's tokens, and DDP/DeepSpeed average gradients.
+            replicas = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
+            loss = loss * replicas
+        outputs.loss = loss
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ):
+        """Metrics read the logits of every position, so only loss-only evaluations take the supervised path."""
+        self._logits_for_metrics = not prediction_loss_only
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        finally:
+            self._logits_for_metrics = False
+
+    def _full_logits_reason(self) -> str | None:
+        """Why the loss must come from full logits here, or None when the supervised-position loss applies."""
+        if not self.args.supervised_logits_only:
+            return "--supervised_logits_only False"
+        if self.args.use_liger_kernel:
+            return "--use_liger_kernel's fused linear cross-entropy already skips full logits"
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        if parallelism is not None and parallelism.sp_enabled:
+            return "sequence parallelism computes its own loss"
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            return "label smoothing or compute_loss_func computes its own loss from the logits"
+        if not accepts_position_mask(self.model):
+            return f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask"
+        return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves
