@@ -18,6 +18,7 @@ from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
+from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
@@ -112,6 +113,16 @@ class LoraSFTTrainer(Trainer):
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         finally:
             self._logits_for_metrics = False
+
+    def _get_train_sampler(self, train_dataset: torch.utils.data.Dataset | None = None):
+        """``group_by_length`` (the default here) with the lengths the dataset already has and an order every rank
+        and every resume draws alike (see LengthGroupedEpochSampler)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(dataset, ChatSFTDataset):
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return LengthGroupedEpochSampler(batch_size, dataset.lengths, seed)
 
     def _full_logits_reason(self) -> str | None:
         """Why the loss must come from full logits here, or None when the supervised-position loss applies."""
