@@ -177,3 +177,15 @@ def test_chunked_cross_entropy_equals_one_chunk():
         torch.testing.assert_close(whole, expected)
         torch.testing.assert_close(chunked, expected)
         torch.testing.assert_close(chunked_grad, whole_grad)
+
+
+def test_throughput_still_counts_supervised_tokens(tiny64, qwen_style_tokenizer, dataset, tmp_path):
+    """The model gets logits_to_keep instead of labels: ThroughputCallback must count the same supervised tokens."""
+    from hf_lora_ds.callbacks import ThroughputCallback
+
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, max_steps=-1, num_train_epochs=1)
+    ThroughputCallback().attach(trainer)
+    trainer.train()
+    logged = [entry["throughput/run_supervised_tokens"] for entry in trainer.state.log_history
+              if "throughput/run_supervised_tokens" in entry]  # fmt: skip
+    assert logged == [sum(sum(label != IGNORE_INDEX for label in sample["labels"]) for sample in dataset)]
