@@ -128,8 +128,10 @@ class LoraSFTTrainer(Trainer):
         """Why the loss must come from full logits here, or None when the supervised-position loss applies."""
         if not self.args.supervised_logits_only:
             return "--supervised_logits_only False"
-        if self.args.use_liger_kernel:
-            return "--use_liger_kernel's fused linear cross-entropy already skips full logits"
+        liger = self.args.liger_kernel_config or {}
+        if self.args.use_liger_kernel and liger.get("fused_linear_cross_entropy", True):
+            # Liger replaces the forward with one that fuses head and loss in chunks: no full logits either way.
+            return "--use_liger_kernel's fused linear cross-entropy computes the loss without full logits"
         parallelism = getattr(self.accelerator, "parallelism_config", None)
         if parallelism is not None and parallelism.sp_enabled:
             return "sequence parallelism computes its own loss"

@@ -4,6 +4,7 @@ padding-free multi-turn batches, under gradient accumulation, and in evaluation.
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -59,30 +60,33 @@ def loss_and_lora_grads(trainer, batches):
     model = trainer.model
     model.train()
     model.zero_grad()
-    num_items = trainer._get_num_items_in_batch(batches, torch.device("cpu")) if len(batches) > 1 else None
+    batches = [trainer._prepare_inputs(dict(batch)) for batch in batches]  # onto the model's device
+    num_items = trainer._get_num_items_in_batch(batches, trainer.args.device) if len(batches) > 1 else None
     total = 0.0
     for batch in batches:
-        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=num_items)
+        loss = trainer.compute_loss(model, batch, num_items_in_batch=num_items)
         loss.backward()
         total += loss.detach()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
     return total, grads
 
 
-def assert_same_loss_and_grads(tiny64, tokenizer, dataset, tmp_path, batching, micro_batches):
+def assert_same_loss_and_grads(tiny64, tokenizer, dataset, tmp_path, batching, micro_batches, tolerance=(1e-5, 1e-7),
+                               **overrides):  # fmt: skip
     collate = build_collator(batching, tokenizer)
     samples = list(dataset)
     batches = [collate(samples[i : i + 4]) for i in range(0, 4 * micro_batches, 4)]
-    supervised = make_trainer(tiny64, tokenizer, dataset, tmp_path, True, batching)
-    full = make_trainer(tiny64, tokenizer, dataset, tmp_path, False, batching)
+    supervised = make_trainer(tiny64, tokenizer, dataset, tmp_path, True, batching, **overrides)
+    full = make_trainer(tiny64, tokenizer, dataset, tmp_path, False, batching, **overrides)
     assert supervised.supervised_logits_only and not full.supervised_logits_only
     loss, grads = loss_and_lora_grads(supervised, batches)
     expected_loss, expected_grads = loss_and_lora_grads(full, batches)
-    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, expected_loss, rtol=tolerance[0] / 10, atol=1e-6)
     assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    rtol, atol = tolerance
     for name, grad in grads.items():
         assert grad.abs().sum() > 0, name
-        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(grad, expected_grads[name], rtol=rtol, atol=atol, msg=name)
 
 
 @pytest.fixture
@@ -189,3 +193,41 @@ def test_throughput_still_counts_supervised_tokens(tiny64, qwen_style_tokenizer,
     logged = [entry["throughput/run_supervised_tokens"] for entry in trainer.state.log_history
               if "throughput/run_supervised_tokens" in entry]  # fmt: skip
     assert logged == [sum(sum(label != IGNORE_INDEX for label in sample["labels"]) for sample in dataset)]
+
+
+def test_liger_fused_cross_entropy_takes_precedence(tiny64, qwen_style_tokenizer, dataset, tmp_path):
+    """Liger's fused linear cross-entropy (its default) never builds full logits either, and it replaces the forward:
+    the trainer leaves the loss to it. With that kernel switched off, the supervised path applies again."""
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True)
+    trainer.args.use_liger_kernel = True  # set after init: liger-kernel itself is not installed on CPU test machines
+    assert "fused linear cross-entropy" in trainer._full_logits_reason()
+    trainer.args.liger_kernel_config = {"fused_linear_cross_entropy": False, "rms_norm": True}
+    assert trainer._full_logits_reason() is None
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("attention", ["sdpa", "flash_attention_2"])
+def test_gpu_padding_free_bf16_matches_full_logits(tiny64, qwen_style_tokenizer, dataset, tmp_path, attention):
+    """The GPU default: padding-free batches with flash attention, bf16 weights; bf16 tolerances."""
+    if attention == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn is not installed")
+    tiny64.set_attn_implementation(attention)
+    assert_same_loss_and_grads(tiny64.to(torch.bfloat16), qwen_style_tokenizer, dataset, tmp_path, "padding_free",
+                               micro_batches=2, tolerance=(2e-2, 1e-4), bf16=True, dtype="bfloat16")  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_liger_kernel_trains_with_one_line(tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys):
+    if importlib.util.find_spec("liger_kernel") is None:
+        pytest.skip("liger-kernel is not installed")
+    trainer = make_trainer(tiny64.to(torch.bfloat16), qwen_style_tokenizer, dataset, tmp_path, True, max_steps=2,
+                           use_liger_kernel=True, bf16=True, dtype="bfloat16")  # fmt: skip
+    assert not trainer.supervised_logits_only
+    assert "supervised-position logits: off, --use_liger_kernel's fused linear cross-entropy" in capsys.readouterr().out
+    trainer.train()
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in trainer.state.log_history if "loss" in e)
