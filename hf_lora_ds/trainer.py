@@ -1,6 +1,6 @@
-"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, every saved adapter
-checked (the final one is always saved, and must have trained), and ``resume_from_checkpoint="auto"`` that skips
-checkpoints a kill cut short.
+"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, the loss from logits at the
+supervised positions only (hf_lora_ds.supervised_logits), every saved adapter checked (the final one is always saved,
+and must have trained), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
 
 Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
 """
@@ -18,10 +18,12 @@ from hf_lora_ds.adapter import UntrainedAdapterError, check_adapter_trained, ver
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
-from hf_lora_ds.data import ChatSFTDataset
+from hf_lora_ds.collator import LengthGroupedEpochSampler
+from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
+from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -60,6 +62,11 @@ class LoraSFTTrainer(Trainer):
         self._learning_rates = LearningRateWatch()
         self.add_callback(self._learning_rates)
         self._print_main(trainable_parameters_line(self.model))
+        full_logits_reason = self._full_logits_reason()
+        self.supervised_logits_only = full_logits_reason is None
+        if self.args.supervised_logits_only and full_logits_reason:
+            self._print_main(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
+        self._logits_for_metrics = False
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
@@ -96,6 +103,73 @@ class LoraSFTTrainer(Trainer):
         problem = gather_from_ranks(problem)[0]
         if problem:
             raise UntrainedAdapterError(problem)
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ):
+        """The causal-LM loss with the LM head applied only where the shifted label is not -100.
+
+        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.supervised_logits). The returned
+        ``outputs.logits`` are ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
+        """
+        if not self.supervised_logits_only or self._logits_for_metrics or inputs.get("labels") is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        targets = shifted_labels(inputs)
+        keep = targets != IGNORE_INDEX
+        forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
+        outputs = model(**forward_inputs, logits_to_keep=keep)
+        loss = supervised_cross_entropy(outputs.logits, targets[keep], num_items_in_batch)
+        if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # Trainer's own scaling: num_items_in_batch counts every rank's tokens, and DDP/DeepSpeed average gradients.
+            replicas = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
+            loss = loss * replicas
+        outputs.loss = loss
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ):
+        """Metrics read the logits of every position, so only loss-only evaluations take the supervised path."""
+        self._logits_for_metrics = not prediction_loss_only
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        finally:
+            self._logits_for_metrics = False
+
+    def _get_train_sampler(self, train_dataset: torch.utils.data.Dataset | None = None):
+        """``group_by_length`` (the default here) with the lengths the dataset already has and an order every rank
+        and every resume draws alike (see LengthGroupedEpochSampler)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(dataset, ChatSFTDataset):
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return LengthGroupedEpochSampler(batch_size, dataset.lengths, seed)
+
+    def _full_logits_reason(self) -> str | None:
+        """Why the loss must come from full logits here, or None when the supervised-position loss applies."""
+        if not self.args.supervised_logits_only:
+            return "--supervised_logits_only False"
+        liger = self.args.liger_kernel_config or {}
+        if self.args.use_liger_kernel and liger.get("fused_linear_cross_entropy", True):
+            # Liger replaces the forward with one that fuses head and loss in chunks: no full logits either way.
+            return "--use_liger_kernel's fused linear cross-entropy computes the loss without full logits"
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        if parallelism is not None and parallelism.sp_enabled:
+            return "sequence parallelism computes its own loss"
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            return "label smoothing or compute_loss_func computes its own loss from the logits"
+        if not accepts_position_mask(self.model):
+            return f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask"
+        return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves

@@ -80,3 +80,38 @@ def test_padding_free_refused_where_attention_cannot_separate_sequences(tiny_mod
 def test_auto_batching_is_padded_without_flash_attention(tiny_model):
     assert tiny_model.config._attn_implementation != "flash_attention_2"
     assert resolve_batching("auto", tiny_model) == "padded"
+
+
+def test_default_batching_and_sampling_resolve_as_documented(tiny_model, tmp_path, monkeypatch):
+    """On the CPU (sdpa): padded batches in length-grouped order; padding-free once the attention is flash."""
+    from hf_lora_ds.arguments import SFTTrainingArguments
+
+    (tmp_path / "train.json").write_text("[]")
+    args = SFTTrainingArguments(output_dir=str(tmp_path), model_name_or_path="m", train_file=str(tmp_path / "train.json"))
+    assert args.batching == "auto" and args.train_sampling_strategy == "group_by_length"
+    assert resolve_batching(args.batching, tiny_model) == "padded"
+    monkeypatch.setattr(tiny_model.config, "_attn_implementation", "flash_attention_2")
+    assert resolve_batching(args.batching, tiny_model) == "padding_free"
+
+
+def test_length_grouped_order_depends_on_seed_and_epoch_only():
+    """Every rank (and a resumed run) must draw the same order whatever the global RNG has done meanwhile."""
+    from hf_lora_ds.collator import LengthGroupedEpochSampler
+
+    lengths = [(7 * i) % 31 + 1 for i in range(64)]
+    sampler = LengthGroupedEpochSampler(4, lengths, seed=3)
+    first = list(sampler)
+    torch.rand(1000)  # what dropout does to the global RNG between epochs
+    assert list(sampler) == first and sorted(first) == list(range(64))
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert second != first and list(LengthGroupedEpochSampler(4, lengths, seed=3)) == first
+    sampler.set_epoch(1)
+    assert list(sampler) == second
+
+
+    def spread(order):  # mean longest - shortest length within a batch of 4
+        return sum(max(lengths[j] for j in order[i : i + 4]) - min(lengths[j] for j in order[i : i + 4])
+                   for i in range(0, 64, 4)) / 16  # fmt: skip
+
+    assert spread(first) < spread(torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()) / 2

@@ -181,10 +181,14 @@ class _TokenCounter:
         self._add("padded", input_ids.numel())
         self._add("real", mask.sum() if mask is not None and mask.dim() == 2 else input_ids.numel())
         self._add("sequences", (positions == 0).sum() if padding_free else input_ids.shape[0])
-        if labels is None:
-            self.labels_missing = True
-        else:
+        kept = kwargs.get("logits_to_keep")
+        if labels is not None:
             self._add("supervised", (labels != IGNORE_INDEX).sum())
+        elif isinstance(kept, torch.Tensor) and kept.dtype == torch.bool:
+            # LoraSFTTrainer's supervised-position loss passes the positions instead of the labels (one per label).
+            self._add("supervised", kept.sum())
+        else:
+            self.labels_missing = True
 
     def take(self, device: torch.device) -> dict[str, int]:
         """Counts since the last call, summed over ranks (a collective under torch.distributed)."""

@@ -1,0 +1,199 @@
+"""Throughput benchmark: this package with its defaults against what users run instead, side by side.
+
+(a) ``plain``: a hand-written ``transformers.Trainer`` + PEFT script with dynamic padding (the model's own loss);
+(b) ``trl``: TRL's ``SFTTrainer``, fp32, no gradient checkpointing (skipped with a message when trl is missing:
+    ``pip install -e ".[bench]"``);
+(c) ``hf_lora_ds``: ``LoraSFTTrainer`` with this package's defaults (length-grouped batches, supervised-position loss).
+
+Same tokenized samples (variable-length multi-turn chats, labels -100 off the assistant turns), the same randomly
+initialised Qwen2-shaped model, LoRA r=8 on every linear layer, batch, one epoch, fp32. Two model shapes: a small
+vocabulary, where the transformer body dominates, and Qwen2.5's 151,936-row vocabulary, where the LM head does.
+Each variant runs in its own process, so its peak RSS is its own. Printed: supervised tokens per second of wall time
+and per second of the process's CPU time (all threads), padding efficiency (real / padded tokens), peak RSS, and the
+ratios to (a) and (b). The speed ratios use CPU time: on a machine shared with other jobs, wall time measures the
+neighbours as much as the trainer; on a quiet machine the two agree.
+
+    python bench/throughput.py [--samples N] [--batch_size 8] [--shapes small,qwen_vocab] [--variants plain,trl,hf_lora_ds]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's hf_lora_ds, also when not installed
+
+from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator  # noqa: E402
+from hf_lora_ds.tiny import train_chat_tokenizer  # noqa: E402
+
+# name: (vocab_size, or None for the tokenizer's 300, hidden_size, num_hidden_layers, default number of chats).
+# Sized for ~10 minutes on 2 CPU cores; the Qwen-vocabulary shape gets fewer chats because TRL runs at ~10 tokens/s
+# there. With fewer than 4 x 8 batches, length grouping sorts only within each batch (transformers' mega-batches).
+SHAPES = {
+    "small": (None, 128, 2, 128),
+    "qwen_vocab": (151_936, 64, 2, 32),
+}
+VARIANTS = ("plain", "trl", "hf_lora_ds")
+WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
+
+
+def make_conversations(n: int, seed: int) -> list[dict]:
+    """1-4 turn chats whose turn lengths vary 20x (as in bench/padding.py), with a system prompt every other one."""
+    import random
+
+    rng = random.Random(seed)
+
+    def sentence() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 4, 8, 16, 40])))
+
+    conversations = []
+    for i in range(n):
+        messages = [{"role": "system", "content": sentence()}] if i % 2 else []
+        for _ in range(rng.randint(1, 4)):
+            messages += [{"role": "user", "content": sentence()}, {"role": "assistant", "content": sentence()}]
+        conversations.append({"messages": messages})
+    return conversations
+
+
+def build_model(tokenizer, shape: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    vocab_size, hidden, layers, _ = SHAPES[shape]
+    config = Qwen2Config(
+        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def common_args(output_dir: str, batch_size: int) -> dict:
+    return dict(output_dir=output_dir, num_train_epochs=1, per_device_train_batch_size=batch_size, learning_rate=1e-4,
+                report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0, use_cpu=True,
+                bf16=False, gradient_checkpointing=False)  # fmt: skip
+
+
+def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdir: str, batch_size: int):
+    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    if variant == "plain":
+        from peft import get_peft_model
+
+        collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=IGNORE_INDEX)
+        return Trainer(get_peft_model(model, lora_config()), TrainingArguments(**common_args(workdir, batch_size)),
+                       train_dataset=dataset.samples, data_collator=collator)  # fmt: skip
+    if variant == "trl":
+        from trl import SFTConfig, SFTTrainer
+
+        config = SFTConfig(**common_args(workdir, batch_size), max_length=None, dataset_kwargs={"skip_prepare_dataset": True})
+        return SFTTrainer(model, args=config, train_dataset=dataset.samples, processing_class=tokenizer,
+                          peft_config=lora_config())  # fmt: skip
+    args = SFTTrainingArguments(**common_args(workdir, batch_size), model_name_or_path="bench", train_file=__file__)
+    return LoraSFTTrainer(model, args, train_dataset=dataset, data_collator=build_collator("padded", tokenizer),
+                          processing_class=tokenizer)  # fmt: skip
+
+
+def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
+    """One variant in this process: one epoch, timed; token counts from the batches its dataloader yields."""
+    tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50, vocab_size=300)
+    with tempfile.TemporaryDirectory() as workdir:
+        samples = args.samples or SHAPES[shape][3]
+        dataset = ChatSFTDataset(make_conversations(samples, args.seed), tokenizer, max_length=512,
+                                 cache_dir=workdir)  # fmt: skip
+        trainer = make_trainer(variant, build_model(tokenizer, shape), tokenizer, dataset, workdir, args.batch_size)
+        real = padded = supervised = 0
+        for batch in trainer.get_train_dataloader():
+            padded += batch["input_ids"].numel()
+            real += int(batch["attention_mask"].sum())
+            supervised += int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        clock = TrainClock()
+        trainer.add_callback(clock)
+        trainer.train()
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return {"supervised_tok_s": supervised / clock.seconds, "supervised_tok_cpu_s": supervised / clock.cpu_seconds,
+            "efficiency": real / padded, "peak_rss_gib": peak_gib, "samples": len(dataset)}  # fmt: skip
+
+
+class TrainClock(TrainerCallback):
+    """Seconds from the first to the last training step: what each trainer adds around the loop (this package's
+    mask audit and checked adapter save, TRL's setup) is left out of the comparison."""
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
+
+    def on_train_end(self, args, state, control, **kwargs) -> None:
+        self.seconds = time.perf_counter() - self.start
+        self.cpu_seconds = time.process_time() - self.cpu_start
+
+
+def run_variant(variant: str, shape: str, args: argparse.Namespace) -> dict | None:
+    command = [sys.executable, __file__, "--worker", f"{variant}:{shape}", "--samples", str(args.samples or 0),
+               "--batch_size", str(args.batch_size), "--seed", str(args.seed)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"{variant} on {shape} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_table(shape: str, results: dict[str, dict]) -> None:
+    vocab, hidden, layers, _ = SHAPES[shape]
+    chats = next(iter(results.values()))["samples"] if results else 0
+    print(f"\n{shape}: vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers, {chats} chats")
+    print(f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'real/padded':>12}{'peak RSS GiB':>13}"
+          f"{'CPU-s ratio vs plain':>21}{'vs trl':>8}{'RSS vs trl':>11}")  # fmt: skip
+    for variant, r in results.items():
+        ratios = ""
+        for base in ("plain", "trl"):
+            if base in results:
+                width = 20 if base == "plain" else 7
+                ratios += f"{r['supervised_tok_cpu_s'] / results[base]['supervised_tok_cpu_s']:>{width}.2f}x"
+        rss = f"{r['peak_rss_gib'] / results['trl']['peak_rss_gib']:>10.2f}x" if "trl" in results else ""
+        print(f"{variant:<12}{r['supervised_tok_s']:>11.0f}{r['supervised_tok_cpu_s']:>10.0f}{r['efficiency']:>12.3f}"
+              f"{r['peak_rss_gib']:>13.2f}{ratios}{rss}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=0,
+                        help="Conversations to generate and train on (one epoch); 0: each shape's own count.")  # fmt: skip
+    parser.add_argument("--batch_size", type=int, default=8, help="Per-device train batch size.")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated, from {list(SHAPES)}.")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Comma-separated, from {list(VARIANTS)}.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed for the generated conversations.")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # VARIANT:SHAPE, run in a subprocess
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(*args.worker.split(":"), args)))
+        return
+
+    variants = args.variants.split(",")
+    if "trl" in variants and importlib.util.find_spec("trl") is None:
+        print("trl is not installed: skipping the TRL SFTTrainer variant (pip install -e '.[bench]')")
+        variants.remove("trl")
+    print(f"batch {args.batch_size}, one epoch, fp32, LoRA r=8 all-linear, "
+          f"{torch.get_num_threads()} threads, one process per variant")  # fmt: skip
+    for shape in args.shapes.split(","):
+        results = {variant: run_variant(variant, shape, args) for variant in variants}
+        print_table(shape, {variant: r for variant, r in results.items() if r is not None})
+
+
+if __name__ == "__main__":
+    main()
