@@ -33,6 +33,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedTokenizerBase
 
 from hf_lora_ds.data import IGNORE_INDEX
+from hf_lora_ds.errors import UserError
 
 __all__ = ["Batching", "build_collator", "padded_collator", "resolve_batching", "supports_padding_free"]
 
@@ -67,7 +68,7 @@ def resolve_batching(batching: Batching, model: torch.nn.Module) -> Literal["pad
         implementation = getattr(model.config, "_attn_implementation", None) or ""
         return "padding_free" if "flash" in implementation and supports_padding_free(model) else "padded"
     if batching == "padding_free" and not supports_padding_free(model):
-        raise ValueError(
+        raise UserError(
             f"{type(model).__name__} with attn_implementation={model.config._attn_implementation!r} cannot keep packed "
             "sequences apart; use --batching padded, or --attn_implementation flash_attention_2 on a GPU"
         )

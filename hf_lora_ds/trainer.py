@@ -19,6 +19,7 @@ from hf_lora_ds.audit import audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.nonfinite import stop_on_nonfinite_loss
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
 __all__ = ["LoraSFTTrainer"]
@@ -64,6 +65,22 @@ class LoraSFTTrainer(Trainer):
                 if isinstance(tracer, MemoryTraceCallback):
                     traced.enter_context(tracer.phase("save"))
             self.save_model()
+        return result
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """Trainer's loss, checked before its backward pass: a NaN or infinite training loss stops the run with the
+        step, the samples and the last complete checkpoint (hf_lora_ds.nonfinite), before any NaN gradient lands."""
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training:
+            loss = result[0] if return_outputs else result
+            dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
+            stop_on_nonfinite_loss(loss, inputs, dataset, self.state.global_step + 1, self.args.output_dir)
         return result
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
