@@ -8,6 +8,9 @@
     deepspeed run_sft.py --deepspeed ds_configs/stage3.json ...
     python run_sft.py --save_strategy steps --save_steps 50 --resume_from_checkpoint auto   # resumes after a crash
 
+SIGTERM or SIGUSR1 (preemption) saves a complete checkpoint after the current step and exits with code 75; rerun
+with ``--resume_from_checkpoint auto`` to continue. A user error exits with code 2 and one ``error:`` line.
+
 Every argument defaults to the bundled demo, so any flag changes only its own part of the job.
 """
 
@@ -32,6 +35,7 @@ from hf_lora_ds.distributed import describe_world, release_process_group
 from hf_lora_ds.errors import MissingPathError, UserError, one_line, run_cli
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import resolve_resume_checkpoint
 
@@ -146,6 +150,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         return result
 
     trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
+        release_process_group()
+        raise SystemExit(PREEMPTED_EXIT_CODE)
     trainer.save_state()  # trainer_state.json in output_dir: the step count and the whole log history
 
     results = {}

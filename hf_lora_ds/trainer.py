@@ -20,6 +20,7 @@ from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.nonfinite import stop_on_nonfinite_loss
+from hf_lora_ds.preemption import PreemptionCallback
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
 __all__ = ["LoraSFTTrainer"]
@@ -44,6 +45,9 @@ class LoraSFTTrainer(Trainer):
             use_swanlab(self)
         # Marks each checkpoint once every rank has written it, for resume_from_checkpoint="auto" (hf_lora_ds.resume).
         self.add_callback(CheckpointCompletionCallback())
+        # SIGTERM/SIGUSR1: finish the step, save a complete checkpoint, stop (hf_lora_ds.preemption).
+        self.preemption = PreemptionCallback()
+        self.add_callback(self.preemption)
         self._print_main(trainable_parameters_line(self.model))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
@@ -59,6 +63,12 @@ class LoraSFTTrainer(Trainer):
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
         result = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
+            self._print_main(
+                f"preempted (signal {self.preemption.signal_received or 'on another rank'}): saved "
+                f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
+            )
+            return result
         with ExitStack() as traced:
             # Trainer's events end with training, so memory tracers see this save only if it is wrapped for them.
             for tracer in self.callback_handler.callbacks:
