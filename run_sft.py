@@ -8,6 +8,9 @@
     deepspeed run_sft.py --deepspeed ds_configs/stage3.json ...
     python run_sft.py --save_strategy steps --save_steps 50 --resume_from_checkpoint auto   # resumes after a crash
 
+SIGTERM or SIGUSR1 (preemption) saves a complete checkpoint after the current step and exits with code 75; rerun
+with ``--resume_from_checkpoint auto`` to continue. A user error exits with code 2 and one ``error:`` line.
+
 Every argument defaults to the bundled demo, so any flag changes only its own part of the job.
 """
 
@@ -29,7 +32,10 @@ from hf_lora_ds.callbacks import (
     write_run_report,
 )
 from hf_lora_ds.distributed import describe_world, release_process_group
+from hf_lora_ds.errors import MissingPathError, UserError, one_line, run_cli
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
+from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import resolve_resume_checkpoint
 
@@ -53,15 +59,35 @@ DEMO_DEFAULTS = {
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
-    """CLI flags, or a single YAML/JSON file; in both cases unset arguments fall back to the demo defaults."""
+    """CLI flags, or a single YAML/JSON file; in both cases unset arguments fall back to the demo defaults.
+
+    A ``ValueError`` raised while the arguments are built is a bad flag or combination (ours or TrainingArguments'),
+    so it becomes a ``UserError``: one line, exit code 2.
+    """
     parser = HfArgumentParser(SFTTrainingArguments)
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-        config = yaml.safe_load(Path(argv[0]).read_text(encoding="utf-8")) or {}
-        (args,) = parser.parse_dict({**DEMO_DEFAULTS, **config})
-        return args
-    parser.set_defaults(**DEMO_DEFAULTS)
-    (args,) = parser.parse_args_into_dataclasses(argv)
+    try:
+        if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
+            (args,) = parser.parse_dict({**DEMO_DEFAULTS, **_read_config_file(Path(argv[0]))})
+            return args
+        parser.set_defaults(**DEMO_DEFAULTS)
+        (args,) = parser.parse_args_into_dataclasses(argv)
+    except UserError:
+        raise
+    except ValueError as err:
+        raise UserError(str(err)) from err
     return args
+
+
+def _read_config_file(path: Path) -> dict:
+    if not path.is_file():
+        raise MissingPathError(f"{path}: no such config file; pass a YAML/JSON file of arguments, or flags")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not a readable YAML/JSON file ({one_line(str(err))})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: expected a mapping of argument names to values, got {type(config).__name__}")
+    return config
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:
@@ -77,7 +103,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
             print(resume_note, flush=True)
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    check_model_source(args.model_name_or_path)
+    with hub_load_errors(args.model_name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     def sft_dataset(path: str) -> ChatSFTDataset:
         return ChatSFTDataset(path, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
                               assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
@@ -92,7 +120,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     evaluating_during_training = eval_records is not None and args.eval_strategy != "no"
 
     memory = MemoryTraceCallback()
-    with memory.phase("load"):
+    with memory.phase("load"), hub_load_errors(args.model_name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
             args.model_name_or_path,
             dtype=args.torch_dtype,
@@ -122,6 +150,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         return result
 
     trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
+        release_process_group()
+        raise SystemExit(PREEMPTED_EXIT_CODE)
     trainer.save_state()  # trainer_state.json in output_dir: the step count and the whole log history
 
     results = {}
@@ -140,4 +171,4 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # a UserError is one line on stderr and exit code 2 (hf_lora_ds.errors)

@@ -18,6 +18,8 @@ from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, get_peft_mod
 from peft.utils import load_peft_weights
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig
 
+from hf_lora_ds.errors import UserError
+
 __all__ = ["AdapterIntegrityError", "UntrainedAdapterError", "check_adapter_trained", "verify_adapter"]
 
 _EMPTY_HINT = (
@@ -31,7 +33,7 @@ _EMPTY_HINT = (
 _LORA_KEY = re.compile(r"^(.*)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.|$)")
 
 
-class AdapterIntegrityError(ValueError):
+class AdapterIntegrityError(UserError):
     """A saved adapter is unusable: empty tensors, wrong shapes, or it does not load on its base model."""
 
 

@@ -14,7 +14,9 @@ from typing import Literal
 import torch
 from transformers import TrainingArguments
 
-from hf_lora_ds.distributed import ensure_world_agreement, prepare_distributed
+from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
+from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
+from hf_lora_ds.errors import MissingPathError, UserError
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps"]
 
@@ -122,6 +124,7 @@ class SFTTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         self._check_model_and_data()
         self._check_lora()
+        self._check_deepspeed_config()
         # Before TrainingArguments builds the process state: on CPU-only multi-rank launches Trainer, the data
         # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
         prepare_distributed(self)
@@ -137,32 +140,45 @@ class SFTTrainingArguments(TrainingArguments):
 
     def _check_model_and_data(self) -> None:
         if not self.model_name_or_path:
-            raise ValueError("--model_name_or_path is required: a local model directory or a hub id")
+            raise UserError("--model_name_or_path is required: a local model directory or a hub id")
         if not self.train_file:
-            raise ValueError("--train_file is required: a .json, .jsonl or .parquet file of training records")
+            raise UserError("--train_file is required: a .json, .jsonl or .parquet file of training records")
         for flag in ("train_file", "eval_file"):
             path = getattr(self, flag)
             if path and not os.path.isfile(path):
-                raise FileNotFoundError(f"--{flag} {path}: no such file")
+                raise MissingPathError(f"--{flag} {path}: no such file")
         if self.max_length < 2:
-            raise ValueError(f"--max_length must be at least 2 tokens, got {self.max_length}")
+            raise UserError(f"--max_length must be at least 2 tokens, got {self.max_length}")
         if self.batching == "padding_free" and self.pad_to_multiple_of:
-            raise ValueError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
+            raise UserError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
         if self.batching == "padding_free" and self.use_cache:
             # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
-            raise ValueError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
+            raise UserError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise ValueError(f"--pad_to_multiple_of must be a positive integer, got {self.pad_to_multiple_of}")
+            raise UserError(f"--pad_to_multiple_of must be a positive integer, got {self.pad_to_multiple_of}")
 
     def _check_lora(self) -> None:
         if self.lora_rank < 1:
-            raise ValueError(f"--lora_rank must be a positive integer, got {self.lora_rank}")
+            raise UserError(f"--lora_rank must be a positive integer, got {self.lora_rank}")
         if self.lora_alpha <= 0:
-            raise ValueError(f"--lora_alpha must be positive, got {self.lora_alpha}")
+            raise UserError(f"--lora_alpha must be positive, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+            raise UserError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_target_modules.strip(" ,"):
-            raise ValueError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+            raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+
+    def _check_deepspeed_config(self) -> None:
+        """Before transformers parses it: its errors come later and name neither the key nor the flag to change."""
+        if not self.deepspeed:
+            return
+        config, source = load_deepspeed_config(self.deepspeed)
+        check_deepspeed_config(
+            config,
+            source,
+            micro_batch=self.per_device_train_batch_size,
+            accumulation=self.gradient_accumulation_steps,
+            world_size=launcher_world_size(),
+        )
 
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
@@ -170,9 +186,9 @@ class SFTTrainingArguments(TrainingArguments):
             on_bf16_gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not self.use_cpu
             self.dtype = "bfloat16" if on_bf16_gpu and not self.fp16 else "float32"
         if self.dtype == "bfloat16" and self.fp16:
-            raise ValueError("--dtype bfloat16 with --fp16: use --bf16 (or --dtype float16 with --fp16)")
+            raise UserError("--dtype bfloat16 with --fp16: use --bf16 (or --dtype float16 with --fp16)")
         if self.dtype == "float16" and self.bf16:
-            raise ValueError("--dtype float16 with --bf16: use --fp16 (or --dtype bfloat16 with --bf16)")
+            raise UserError("--dtype float16 with --bf16: use --fp16 (or --dtype bfloat16 with --bf16)")
         if self.dtype == "bfloat16":
             self.bf16 = True
         elif self.dtype == "float16":

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.errors import run_cli
+from hf_lora_ds.model_source import check_model_source, hub_load_errors
 
 __all__ = ["MaskAudit", "audit_dataset", "render_supervision", "main"]
 
@@ -124,7 +126,9 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
     parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
     args = parser.parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=args.trust_remote_code)
+    check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
+    with hub_load_errors(args.tokenizer, "--tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=args.trust_remote_code)
     dataset = ChatSFTDataset(
         args.data,
         tokenizer,
@@ -138,4 +142,4 @@ def main(argv: list[str] | None = None) -> MaskAudit:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -37,6 +37,7 @@ from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, Pre
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from hf_lora_ds.data import IGNORE_INDEX
+from hf_lora_ds.errors import UserError
 
 __all__ = [
     "Batching",
@@ -79,7 +80,7 @@ def resolve_batching(batching: Batching, model: torch.nn.Module) -> Literal["pad
         implementation = getattr(model.config, "_attn_implementation", None) or ""
         return "padding_free" if "flash" in implementation and supports_padding_free(model) else "padded"
     if batching == "padding_free" and not supports_padding_free(model):
-        raise ValueError(
+        raise UserError(
             f"{type(model).__name__} with attn_implementation={model.config._attn_implementation!r} cannot keep packed "
             "sequences apart; use --batching padded, or --attn_implementation flash_attention_2 on a GPU"
         )

@@ -24,6 +24,7 @@ from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.distributed import process_group_exists
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.records import DataError, load_records, to_messages
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "supervised_char_spans", "tokenize_conversation"]
@@ -33,7 +34,7 @@ AssistantTurns = Literal["all", "last"]
 EmptyLabelsPolicy = Literal["drop", "error"]
 
 
-class TemplateError(ValueError):
+class TemplateError(UserError):
     """The chat template renders conversations in a way that no exact assistant mask can be derived from."""
 
 

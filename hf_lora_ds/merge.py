@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +20,8 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_lora_ds.adapter import verify_adapter
+from hf_lora_ds.errors import UserError, run_cli
+from hf_lora_ds.model_source import check_model_source
 
 __all__ = ["DEFAULT_PROMPTS", "MergeMismatchError", "merge_adapter", "main"]
 
@@ -36,7 +37,7 @@ _DEFAULT_RTOL = {torch.float32: 1e-4, torch.bfloat16: 1e-1, torch.float16: 5e-2}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class MergeMismatchError(RuntimeError):
+class MergeMismatchError(UserError):
     """The merged export does not reproduce base + adapter within tolerance."""
 
 
@@ -127,16 +128,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    check_model_source(args.base, "--base", need_tokenizer=False)  # the adapter may carry the tokenizer
     prompts = tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS
-    try:
-        diff = merge_adapter(args.base, args.adapter, args.out, args.dtype, prompts, args.atol, args.device)
-    except Exception as error:  # the CLI reports every failure as one line and a non-zero exit
-        print(f"merge failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+    diff = merge_adapter(args.base, args.adapter, args.out, args.dtype, prompts, args.atol, args.device)
     print(f"merged {args.adapter} into {args.base} -> {args.out}")
     print(f"max abs logit diff vs base + adapter: {diff:.3g} over {len(prompts)} prompts")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

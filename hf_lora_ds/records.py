@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_lora_ds.errors import MissingPathError, UserError, one_line
+
 __all__ = ["DataError", "Record", "load_records", "to_messages", "ROLES"]
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A record that cannot be trained on; the message names where it is and what to change."""
 
 
@@ -40,20 +42,45 @@ def load_records(data: str | Path | list[dict]) -> list[Record]:
         return [Record(item, f"record {i}") for i, item in enumerate(data)]
     path = Path(data)
     if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path} (check --train_file / --eval_file)")
+        raise MissingPathError(f"data file not found: {path} (check --train_file / --eval_file)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        import datasets
-
-        rows = datasets.Dataset.from_parquet(str(path)).to_list()
-        return [Record(row, f"{path}, row {i}") for i, row in enumerate(rows)]
+        return [Record(row, f"{path}, row {i}") for i, row in enumerate(_read_parquet(path))]
     if suffix not in (".json", ".jsonl"):
         raise DataError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
-    text = path.read_text(encoding="utf-8")
+    text = _read_utf8(path)
     records = _read_json_array(text, path) if text.lstrip().startswith("[") else _read_json_lines(text, path)
     if not records:
         raise DataError(f"{path}: no records found")
     return records
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    """Rows of a parquet file; a file pyarrow cannot read (truncated, not parquet) is named rather than left to
+    ``ArrowInvalid: Parquet magic bytes not found``, which does not say which file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(
+            f"{path}: not a readable parquet file ({one_line(str(err))}); re-export it, or use .json / .jsonl"
+        ) from None
+
+
+def _read_utf8(path: Path) -> str:
+    """The file's text; bytes that are not UTF-8 are reported with their offset and line, which Python's
+    ``UnicodeDecodeError`` leaves out together with the file name."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")  # a byte-order mark is not part of the JSON
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path}, line {line} (byte offset {err.start}): not UTF-8 text (byte 0x{raw[err.start]:02x}); "
+            "re-save the file as UTF-8 (e.g. iconv -f <its encoding> -t utf-8)"
+        ) from None
 
 
 def _read_json_lines(text: str, path: Path) -> list[Record]:

@@ -26,6 +26,8 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from hf_lora_ds.errors import MissingPathError, UserError
+
 __all__ = [
     "COMPLETE_MARKER",
     "CheckpointCompletionCallback",
@@ -108,7 +110,7 @@ def check_resume_world_size(checkpoint: str | os.PathLike, world_size: int) -> N
         if (match := _ZERO_OPTIMIZER_SHARD.match(path.name))
     }
     if ranks and len(ranks) != world_size:
-        raise ValueError(
+        raise UserError(
             f"{checkpoint} holds DeepSpeed ZeRO optimizer state partitioned over {len(ranks)} ranks, and this run has "
             f"{world_size}. DeepSpeed cannot re-partition it: resume with {len(ranks)} ranks (the same launcher "
             "flags as the run that wrote it), or convert it to a DeepSpeed universal checkpoint."
@@ -136,7 +138,7 @@ def resolve_resume_checkpoint(
         return str(latest), f"resume: from {latest} (latest complete checkpoint{skipped_note})"
     checkpoint = Path(value)
     if not (checkpoint / "trainer_state.json").is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"--resume_from_checkpoint {value}: not a Trainer checkpoint (no trainer_state.json). Pass a "
             f"{PREFIX_CHECKPOINT_DIR}-N directory, or 'auto' for the latest complete one in --output_dir."
         )

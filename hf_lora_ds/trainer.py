@@ -22,6 +22,8 @@ from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.nonfinite import stop_on_nonfinite_loss
+from hf_lora_ds.preemption import PreemptionCallback
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
 
@@ -61,6 +63,9 @@ class LoraSFTTrainer(Trainer):
         self.add_callback(CheckpointCompletionCallback())
         self._learning_rates = LearningRateWatch()
         self.add_callback(self._learning_rates)
+        # SIGTERM/SIGUSR1: finish the step, save a complete checkpoint, stop (hf_lora_ds.preemption).
+        self.preemption = PreemptionCallback()
+        self.add_callback(self.preemption)
         self._print_main(trainable_parameters_line(self.model))
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
@@ -82,6 +87,12 @@ class LoraSFTTrainer(Trainer):
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
         result = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
+            self._print_main(
+                f"preempted (signal {self.preemption.signal_received or 'on another rank'}): saved "
+                f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
+            )
+            return result
         with ExitStack() as traced:
             # Trainer's events end with training, so memory tracers see this save only if it is wrapped for them.
             for tracer in self.callback_handler.callbacks:
@@ -110,14 +121,32 @@ class LoraSFTTrainer(Trainer):
         inputs: dict[str, Any],
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked
+        before its backward pass: a NaN or infinite training loss stops the run with the step, the samples and the
+        last complete checkpoint (hf_lora_ds.nonfinite), before any NaN gradient lands."""
+        if self.supervised_logits_only and not self._logits_for_metrics and inputs.get("labels") is not None:
+            result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
+        else:
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training:
+            loss = result[0] if return_outputs else result
+            dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
+            stop_on_nonfinite_loss(loss, inputs, dataset, self.state.global_step + 1, self.args.output_dir)
+        return result
+
+    def _supervised_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool,
+        num_items_in_batch: torch.Tensor | int | None,
     ):
         """The causal-LM loss with the LM head applied only where the shifted label is not -100.
 
         Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.supervised_logits). The returned
         ``outputs.logits`` are ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
         """
-        if not self.supervised_logits_only or self._logits_for_metrics or inputs.get("labels") is None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         targets = shifted_labels(inputs)
         keep = targets != IGNORE_INDEX
         forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}

@@ -10,6 +10,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_lora_ds.errors import run_cli
 from hf_lora_ds.merge import MergeMismatchError, main, merge_adapter
 
 PROMPTS = ["What is the capital of France?", "Tell me a joke about cats."]
@@ -60,8 +61,11 @@ def test_empty_adapter_fails_with_the_cause(tiny_model_dir, trained_adapter, tmp
     shutil.copytree(trained_adapter, broken)
     weights = {name: torch.empty(0) for name in load_file(broken / "adapter_model.safetensors")}
     save_file(weights, broken / "adapter_model.safetensors")
-    assert main(["--base", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]) == 1
-    assert "empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        run_cli(lambda: main(["--base", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "empty" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
 
 

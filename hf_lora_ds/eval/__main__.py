@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hf_lora_ds.distributed import release_process_group
-from hf_lora_ds.eval.evaluator import EvalResult, evaluate, score_predictions
+from hf_lora_ds.errors import run_cli
+from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.report import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
-from hf_lora_ds.records import DataError, load_records
+from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.records import load_records
 
 __all__ = ["main", "build_parser", "build_score_parser"]
 
@@ -98,11 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--task {args.task} --task_kwargs {json.dumps(args.task_kwargs)}: {err}")
     if not score_mode and args.compare and not args.adapter:
         parser.error("--compare evaluates the base model and base + adapter: pass --adapter DIR")
-    try:
-        return _score(args, task) if score_mode else _evaluate(args, task)
-    except (DataError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return _score(args, task) if score_mode else _evaluate(args, task)
 
 
 def _score(args: argparse.Namespace, task: Task) -> int:
@@ -122,8 +120,15 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
 
     state = PartialState()  # joins the process group when launched by torchrun; picks this rank's device
     records = load_records(args.data)[: args.max_samples]
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype).to(state.device)
+    load_samples(records, task, args.system_prompt)  # every record checked before a model is loaded
+    tokenizer_source, tokenizer_flag = (args.tokenizer, "--tokenizer") if args.tokenizer else (args.model, "--model")
+    check_model_source(args.model, "--model", need_tokenizer=not args.tokenizer)
+    if args.tokenizer:
+        check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
+    with hub_load_errors(tokenizer_source, tokenizer_flag):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    with hub_load_errors(args.model, "--model"):
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype).to(state.device)
     options = dict(batch_size=args.batch_size, system_prompt=args.system_prompt, max_new_tokens=args.max_new_tokens)
     results: dict[str, EvalResult] = {}
     if args.adapter:
@@ -150,4 +155,4 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.records import DataError, to_messages
 
 __all__ = [
@@ -250,7 +251,7 @@ def get_task(task: str | Task, **kwargs: Any) -> Task:
             raise TypeError(f"options {sorted(kwargs)} only apply to a task looked up by name")
         return task
     if task not in _REGISTRY:
-        raise ValueError(
+        raise UserError(
             f"unknown eval task {task!r}; registered tasks: {available_tasks()} (add yours with register_task)"
         )
     return _REGISTRY[task](**kwargs)

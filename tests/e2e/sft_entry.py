@@ -1,6 +1,7 @@
 """run_sft.py's ``main`` exactly as users launch it, plus two test-only callbacks; the e2e tests launch this file.
 
-    deepspeed --num_gpus 2 tests/e2e/sft_entry.py [--kill_rank R --kill_step N --kill_on step_end|save] RUN_SFT_ARGS
+    deepspeed --num_gpus 2 tests/e2e/sft_entry.py [--kill_rank R --kill_step N --kill_on step_end|save]
+        [--sigterm_step N] RUN_SFT_ARGS
 
 - ``SampleRecorder``: when training ends, each rank writes the samples its own (sharded) training dataloader yields
   to ``OUTPUT_DIR/e2e_samples_rank{R}.json``. run_sft.py shows the world size and the global batch, not which rank
@@ -12,6 +13,7 @@
 - ``KillRank``: SIGKILLs rank R at step N, at the end of the step (before any checkpoint of that step) or inside
   the save (after Trainer wrote ``checkpoint-N``, before run_sft's completion marker, whose callback comes later).
   It first writes ``OUTPUT_DIR/e2e_killed.json`` with the wall-clock time of the kill.
+- ``SigtermAtStep``: every rank sends itself SIGTERM as step N begins, as a scheduler preempting the job does.
 
 After ``main`` returns, each rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
 alive (it must not be: see ``release_process_group``).
@@ -59,6 +61,15 @@ class StepRecorder(TrainerCallback):
         self._write(args, self.steps)
 
 
+class SigtermAtStep(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class KillRank(TrainerCallback):
     def __init__(self, rank: int, step: int, on: str):
         self.rank, self.step, self.on = rank, step, on
@@ -81,10 +92,13 @@ def main() -> None:
     parser.add_argument("--kill_rank", type=int, default=None)
     parser.add_argument("--kill_step", type=int, default=None)
     parser.add_argument("--kill_on", choices=("step_end", "save"), default="step_end")
+    parser.add_argument("--sigterm_step", type=int, default=None)
     ours, run_sft_args = parser.parse_known_args()
     callbacks = [SampleRecorder(), StepRecorder()]
     if ours.kill_rank is not None:
         callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
+    if ours.sigterm_step is not None:
+        callbacks.append(SigtermAtStep(ours.sigterm_step))
     run_sft.main(run_sft_args, callbacks=callbacks)
     # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
     output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])

@@ -9,6 +9,7 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval import evaluate
 from hf_lora_ds.eval.__main__ import main
 
@@ -83,16 +84,22 @@ def test_score_mode(capsys, tmp_path):
     assert [(v["correct"], v["reason"]) for v in verdicts] == [(True, None), (True, None), (False, "extra text")]
 
 
+def _cli_error(capsys, argv: list[str]) -> str:
+    """What the command line prints for a user error, which must be exit code 2 (hf_lora_ds.errors.run_cli)."""
+    with pytest.raises(SystemExit) as exited:
+        run_cli(lambda: main(argv))
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
 def test_bad_records_name_file_line_and_field(capsys, tmp_path, varied_model_dir):
     data = tmp_path / "eval.jsonl"
     data.write_text('{"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}\n{"instruction": "6="}\n')
-    assert main(["--model", str(varied_model_dir), "--data", str(data)]) == 2
-    assert f"{data}, line 2: missing field 'output'" in capsys.readouterr().err
-    assert main(["score", "--data", str(data)]) == 2
-    assert f"{data}, line 2: missing field 'output'" in capsys.readouterr().err
+    err = _cli_error(capsys, ["--model", str(varied_model_dir), "--data", str(data)])
+    assert err == f"error: {data}, line 2: missing field 'output'\n"
+    assert f"{data}, line 2: missing field 'output'" in _cli_error(capsys, ["score", "--data", str(data)])
     data.write_text('{"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}\n')
-    assert main(["score", "--data", str(data)]) == 2
-    assert f"{data}, line 1: field 'prediction' is missing" in capsys.readouterr().err
+    assert f"{data}, line 1: field 'prediction' is missing" in _cli_error(capsys, ["score", "--data", str(data)])
 
 
 def test_argument_errors(capsys, tmp_path, varied_model_dir):

@@ -1,0 +1,74 @@
+"""One error boundary for every command line of the package: a user's mistake is one line, a bug keeps its traceback.
+
+A wrong path, a bad record or a contradictory flag used to end in a Python traceback whose last line often named
+neither the file nor the fix. Code that detects such a mistake raises ``UserError`` (or a subclass) with a message
+that says what is wrong, where, and what to do; ``run_cli`` turns it into
+
+    error: <message>
+
+on stderr, from rank 0 only under ``torchrun``/``deepspeed`` (the other ranks exit with the same code, silently),
+and exit code ``USER_ERROR_EXIT_CODE`` (2, argparse's code for bad usage). Every other exception is a bug in this
+package or a library and keeps its traceback. ``HF_LORA_DS_DEBUG=1`` shows the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import torch
+
+__all__ = ["USER_ERROR_EXIT_CODE", "DEBUG_VARIABLE", "UserError", "MissingPathError", "one_line", "run_cli"]
+
+USER_ERROR_EXIT_CODE = 2
+DEBUG_VARIABLE = "HF_LORA_DS_DEBUG"
+
+
+class UserError(ValueError):
+    """A mistake in the user's input (flag, file, config) that they can fix; the message says what, where and how.
+
+    A ``ValueError`` so that code catching the ValueErrors this package raised before keeps working.
+    """
+
+
+class MissingPathError(UserError, FileNotFoundError):
+    """A file or directory the user named does not exist (still a ``FileNotFoundError`` for existing callers)."""
+
+
+def one_line(message: str) -> str:
+    """The message with its lines joined, so a launcher's per-rank prefixing cannot split it."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def run_cli(main: Callable[[], Any]) -> NoReturn:
+    """Run a command line's ``main`` and exit: its int return value (0 for anything else), or 2 on a ``UserError``.
+
+    Use as ``if __name__ == "__main__": run_cli(main)``.
+    """
+    try:
+        result = main()
+    except UserError as err:
+        if _debugging():
+            raise
+        _exit_on_user_error(err)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+def _debugging() -> bool:
+    return os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _exit_on_user_error(err: UserError) -> NoReturn:
+    """Print the one line from the first rank only (every rank usually hits the same error), then leave.
+
+    The process group is torn down first: a gloo group alive at interpreter exit can abort the process
+    (``terminate called without an active exception``) and turn exit code 2 into a SIGABRT. No barrier: another
+    rank may not have reached the error, and waiting for it would hang.
+    """
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"error: {one_line(str(err))}", file=sys.stderr, flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    sys.exit(USER_ERROR_EXIT_CODE)

@@ -1,0 +1,57 @@
+"""The CLI error boundary: a UserError is one line and exit code 2, a bug keeps its traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_lora_ds.errors import USER_ERROR_EXIT_CODE, MissingPathError, UserError, run_cli
+
+
+def _fail(error: BaseException):
+    def main():
+        raise error
+
+    return main
+
+
+def test_user_error_is_one_line_and_exit_code_2(capsys, monkeypatch):
+    monkeypatch.delenv("HF_LORA_DS_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        run_cli(_fail(UserError("data.jsonl, line 3: bad\n  fix it")))
+    assert exited.value.code == USER_ERROR_EXIT_CODE == 2
+    captured = capsys.readouterr()
+    assert captured.err == "error: data.jsonl, line 3: bad fix it\n"
+    assert captured.out == ""
+
+
+def test_missing_path_is_a_user_error_and_still_a_file_not_found_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        run_cli(_fail(MissingPathError("--train_file x.json: no such file")))
+    assert exited.value.code == 2
+    assert issubclass(MissingPathError, FileNotFoundError)
+
+
+def test_only_rank_zero_prints(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exited:
+        run_cli(_fail(UserError("same on every rank")))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_debug_variable_keeps_the_traceback(monkeypatch):
+    monkeypatch.setenv("HF_LORA_DS_DEBUG", "1")
+    with pytest.raises(UserError, match="shown in full"):
+        run_cli(_fail(UserError("shown in full")))
+
+
+def test_a_bug_keeps_its_traceback():
+    with pytest.raises(KeyError):
+        run_cli(_fail(KeyError("not a user error")))
+
+
+@pytest.mark.parametrize(("result", "code"), [(0, 0), (3, 3), ({"after": 1.0}, 0), (None, 0)])
+def test_exit_code_is_mains_int_result(result, code):
+    with pytest.raises(SystemExit) as exited:
+        run_cli(lambda: result)
+    assert exited.value.code == code

@@ -1,0 +1,83 @@
+"""A NaN training loss stops the run at its step, before its update, naming the samples and the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_trainer import RECORDS, make_trainer
+from transformers import TrainerCallback
+
+from hf_lora_ds.errors import run_cli
+from hf_lora_ds.nonfinite import NonFiniteLossError, batch_sequences
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import run_sft  # noqa: E402
+
+
+class NaNEmbeddingsAtStep(TrainerCallback):
+    """From step ``step`` on, the input embeddings output NaN: the loss is NaN while every weight stays finite, so
+    the test can tell whether the bad step's update was applied."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs) -> None:
+        if state.global_step + 1 == self.step:
+            model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: output * float("nan"))
+
+
+def lora_weights(model) -> dict[str, torch.Tensor]:
+    return {name: param.detach().clone() for name, param in model.named_parameters() if param.requires_grad}
+
+
+def test_batch_sequences_padded_and_padding_free():
+    padded = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    assert batch_sequences(padded) == [(5, 6, 7), (8, 9)]
+    flat = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]])}
+    assert batch_sequences(flat) == [(5, 6, 7), (8, 9)]
+
+
+def test_nan_loss_stops_before_its_update(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=5, save_strategy="steps",
+                           save_steps=1, train_sampling_strategy="sequential")  # fmt: skip
+    trainer.add_callback(NaNEmbeddingsAtStep(3))
+    with pytest.raises(NonFiniteLossError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    # Sequential batches of 8: step 3 holds samples 16..23; record i of the list is "record i".
+    assert "non-finite training loss (nan) at step 3" in message
+    assert f"indices) {list(range(16, 24))}" in message and "(record 16; record 17;" in message
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert f"last complete checkpoint: {checkpoint}" in message
+    assert not (tmp_path / "out" / "checkpoint-3").exists()
+    # No NaN gradient was applied: the LoRA weights are still those saved after step 2.
+    saved = load_file(checkpoint / "adapter_model.safetensors")
+    current = {name.replace(".default", ""): value for name, value in lora_weights(trainer.model).items()}
+    assert len(saved) == len(current) > 0
+    for name, value in saved.items():
+        torch.testing.assert_close(current[f"base_model.model.{name.removeprefix('base_model.model.')}"], value)
+
+
+def test_run_sft_reports_it_as_one_line(tiny_model_dir, tmp_path, capsys):
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps(RECORDS, ensure_ascii=False), encoding="utf-8")
+    argv = ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--eval_file", "",
+            "--output_dir", str(tmp_path / "out"), "--dataset_cache_dir", str(tmp_path / "cache"), "--max_steps", "4",
+            "--per_device_train_batch_size", "8", "--train_sampling_strategy", "sequential", "--save_strategy", "no",
+            "--disable_tqdm", "true",
+            "--report_to", "none"]  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        run_cli(lambda: run_sft.main(argv, callbacks=[NaNEmbeddingsAtStep(2)]))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err[-3000:]
+    assert re.search(r"at step 2, .*indices\) \[8, 9, 10, 11, 12, 13, 14, 15\] \(.*train.json, line 1 \(record 8\)",
+                     errors[0]), errors[0]  # fmt: skip
+    assert "no complete checkpoint in" in errors[0]
