@@ -29,6 +29,7 @@ from hf_lora_ds.callbacks import (
     write_run_report,
 )
 from hf_lora_ds.distributed import describe_world, release_process_group
+from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import resolve_resume_checkpoint
@@ -98,7 +99,11 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
             dtype=args.torch_dtype,
             attn_implementation=args.attn_implementation,
             trust_remote_code=args.trust_remote_code,
+            **quantized_load_kwargs(args),
         )
+        model = prepare_quantized_model(model, args)
+    if args.process_index == 0 and (quantized := quantized_layers_line(model)):
+        print(quantized, flush=True)
     trainer = LoraSFTTrainer(
         model,
         args,

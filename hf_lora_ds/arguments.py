@@ -38,6 +38,20 @@ class SFTTrainingArguments(TrainingArguments):
     attn_implementation: str | None = field(
         default=None, metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."}
     )
+    # ---- quantized base (QLoRA) ----
+    load_in_4bit: bool = field(
+        default=False,
+        metadata={"help": "QLoRA: load the base in 4 bits with bitsandbytes (~1/4 of bf16 memory); LoRA trains on top."},
+    )
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = field(
+        default="nf4", metadata={"help": "4-bit data type: 'nf4' (NormalFloat, the QLoRA paper's) or 'fp4'."}
+    )
+    bnb_4bit_use_double_quant: bool = field(
+        default=True, metadata={"help": "Quantize the 4-bit scales too (~0.4 bits/weight less, same accuracy)."}
+    )
+    load_in_8bit: bool = field(
+        default=False, metadata={"help": "Load the base in 8 bits (LLM.int8) with bitsandbytes: ~1/2 of bf16 memory."}
+    )
     # ---- data ----
     train_file: str | None = field(
         default=None, metadata={"help": "Training data: .json, .jsonl or .parquet of alpaca or messages records."}
@@ -97,6 +111,7 @@ class SFTTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         self._check_model_and_data()
         self._check_lora()
+        self._check_quantization()
         # Before TrainingArguments builds the process state: on CPU-only multi-rank launches Trainer, the data
         # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
         prepare_distributed(self)
@@ -138,6 +153,13 @@ class SFTTrainingArguments(TrainingArguments):
             raise ValueError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_target_modules.strip(" ,"):
             raise ValueError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+
+    def _check_quantization(self) -> None:
+        """Combinations that fail (or silently do nothing) with a bitsandbytes base, refused before loading."""
+        if not (self.load_in_4bit or self.load_in_8bit):
+            return
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ValueError("--load_in_4bit and --load_in_8bit: choose one")
 
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
