@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import yaml
@@ -54,15 +55,26 @@ DEMO_DEFAULTS = {
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
-    """CLI flags, or a single YAML/JSON file; in both cases unset arguments fall back to the demo defaults."""
+    """CLI flags, or a YAML/JSON file optionally followed by flags that override it (a recipe with the ZeRO stage
+    chosen at launch: ``run_sft.py examples/x.yaml --deepspeed ds_configs/stage3.json``). Arguments set nowhere
+    fall back to the demo defaults."""
     parser = HfArgumentParser(SFTTrainingArguments)
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-        config = yaml.safe_load(Path(argv[0]).read_text(encoding="utf-8")) or {}
-        (args,) = parser.parse_dict({**DEMO_DEFAULTS, **config})
-        return args
-    parser.set_defaults(**DEMO_DEFAULTS)
+    defaults = dict(DEMO_DEFAULTS)
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        defaults.update(read_config(argv[0]))
+        argv = argv[1:]
+    parser.set_defaults(**defaults)
     (args,) = parser.parse_args_into_dataclasses(argv)
     return args
+
+
+def read_config(path: str) -> dict:
+    """The file's keys, refused by name when one is not an argument (a typo would otherwise be ignored)."""
+    config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    unknown = sorted(set(config) - {field.name for field in fields(SFTTrainingArguments)})
+    if unknown:
+        raise ValueError(f"{path}: unknown argument(s) {unknown}; see python run_sft.py --help")
+    return config
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:

@@ -7,8 +7,10 @@ is loaded, with a message that says which flag to change.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -160,6 +162,12 @@ class SFTTrainingArguments(TrainingArguments):
             return
         if self.load_in_4bit and self.load_in_8bit:
             raise ValueError("--load_in_4bit and --load_in_8bit: choose one")
+        flag = "--load_in_4bit" if self.load_in_4bit else "--load_in_8bit"
+        if offloads_parameters(self.deepspeed):
+            # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
+            # base quantized to fit the GPU gains nothing from being moved to CPU memory.
+            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters ({self.deepspeed}): use "
+                             "ds_configs/stage3.json (or stage2_offload.json to offload the optimizer state only)")
 
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
@@ -174,6 +182,15 @@ class SFTTrainingArguments(TrainingArguments):
             self.bf16 = True
         elif self.dtype == "float16":
             self.fp16 = True
+
+
+def offloads_parameters(deepspeed: str | dict | None) -> bool:
+    """Whether a DeepSpeed config (a path or a dict, as ``--deepspeed`` takes it) offloads ZeRO-3 parameters."""
+    if not deepspeed:
+        return False
+    config = deepspeed if isinstance(deepspeed, dict) else json.loads(Path(deepspeed).read_text(encoding="utf-8"))
+    device = config.get("zero_optimization", {}).get("offload_param", {}).get("device", "none")
+    return device not in (None, "none")
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

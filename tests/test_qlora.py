@@ -127,8 +127,17 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch):
     ("flags", "message"),
     [
         (("--load_in_4bit", "--load_in_8bit"), "--load_in_4bit and --load_in_8bit"),
+        (("--load_in_4bit", "--deepspeed", "ds_configs/stage3_offload.json"), "--load_in_4bit with a DeepSpeed config"),
+        (("--load_in_8bit", "--deepspeed", "ds_configs/stage3_offload.json"), "--load_in_8bit with a DeepSpeed config"),
     ],
 )
-def test_refused_before_loading(flags, message):
+def test_refused_before_loading(flags, message, monkeypatch):
+    monkeypatch.chdir(run_sft.ROOT)
     with pytest.raises(ValueError, match=message):
         args_for(*flags)
+
+
+@pytest.mark.parametrize("config", ["stage3.json", "stage2_offload.json"])
+def test_deepspeed_configs_that_work_with_a_quantized_base_are_accepted(config, monkeypatch):
+    monkeypatch.chdir(run_sft.ROOT)
+    assert args_for("--load_in_4bit", "--deepspeed", f"ds_configs/{config}").load_in_4bit
