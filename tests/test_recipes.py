@@ -53,6 +53,17 @@ def test_recipe_parses_as_launched(recipe, monkeypatch):
     assert args.max_steps == -1 and args.num_train_epochs >= 1  # the demo's 150 steps do not leak into a recipe
 
 
+def test_flags_after_a_recipe_override_it_and_unknown_keys_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(run_sft.ROOT)
+    recipe = EXAMPLES / "qwen2.5-14b-instruct_2x32gb.yaml"
+    args = run_sft.parse_args([str(recipe), "--lora_rank", "4", "--use_cpu", "true"])
+    assert (args.lora_rank, args.lora_alpha) == (4, 32)  # the flag wins; the rest of the recipe stays
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model_name_or_path: x\nlora_rnak: 4\n")
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['lora_rnak'\]"):
+        run_sft.parse_args([str(typo)])
+
+
 def adapted_flags(recipe: Path, data: dict[str, Path], out: Path) -> list[str]:
     """The swaps listed in the module docstring, as flags after the recipe's own launch flags."""
     flags = ["--model_name_or_path", str(BUNDLED / "tiny-qwen2-sum"), "--train_file", str(data["train"]),
