@@ -118,7 +118,10 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a))
+    def find_spec(name, *args):
+        return None if name == "bitsandbytes" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(ImportError, match=r'\.\[qlora\]'):
         quantization_config_from_args(args_for("--load_in_4bit"))
 
