@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import yaml
@@ -36,6 +37,7 @@ from hf_lora_ds.errors import MissingPathError, UserError, one_line, run_cli
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
 from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
+from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import resolve_resume_checkpoint
 
@@ -59,17 +61,20 @@ DEMO_DEFAULTS = {
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
-    """CLI flags, or a single YAML/JSON file; in both cases unset arguments fall back to the demo defaults.
+    """CLI flags, or a YAML/JSON file optionally followed by flags that override it (a recipe with the ZeRO stage
+    chosen at launch: ``run_sft.py examples/x.yaml --deepspeed ds_configs/stage3.json``). Arguments set nowhere
+    fall back to the demo defaults.
 
     A ``ValueError`` raised while the arguments are built is a bad flag or combination (ours or TrainingArguments'),
     so it becomes a ``UserError``: one line, exit code 2.
     """
     parser = HfArgumentParser(SFTTrainingArguments)
+    defaults = dict(DEMO_DEFAULTS)
     try:
-        if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-            (args,) = parser.parse_dict({**DEMO_DEFAULTS, **_read_config_file(Path(argv[0]))})
-            return args
-        parser.set_defaults(**DEMO_DEFAULTS)
+        if argv and argv[0].endswith((".yaml", ".yml", ".json")):
+            defaults.update(_read_config_file(Path(argv[0])))
+            argv = argv[1:]
+        parser.set_defaults(**defaults)
         (args,) = parser.parse_args_into_dataclasses(argv)
     except UserError:
         raise
@@ -79,6 +84,7 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
 
 
 def _read_config_file(path: Path) -> dict:
+    """The file's keys, refused by name when one is not an argument (a typo would otherwise be ignored)."""
     if not path.is_file():
         raise MissingPathError(f"{path}: no such config file; pass a YAML/JSON file of arguments, or flags")
     try:
@@ -87,6 +93,9 @@ def _read_config_file(path: Path) -> dict:
         raise UserError(f"{path}: not a readable YAML/JSON file ({one_line(str(err))})") from None
     if not isinstance(config, dict):
         raise UserError(f"{path}: expected a mapping of argument names to values, got {type(config).__name__}")
+    unknown = sorted(set(config) - {field.name for field in fields(SFTTrainingArguments)})
+    if unknown:
+        raise UserError(f"{path}: unknown argument(s) {unknown}; see python run_sft.py --help")
     return config
 
 
@@ -126,7 +135,11 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
             dtype=args.torch_dtype,
             attn_implementation=args.attn_implementation,
             trust_remote_code=args.trust_remote_code,
+            **quantized_load_kwargs(args),
         )
+        model = prepare_quantized_model(model, args)
+    if args.process_index == 0 and (quantized := quantized_layers_line(model)):
+        print(quantized, flush=True)
     trainer = LoraSFTTrainer(
         model,
         args,

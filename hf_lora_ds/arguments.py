@@ -7,8 +7,10 @@ is loaded, with a message that says which flag to change.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -39,6 +41,20 @@ class SFTTrainingArguments(TrainingArguments):
     )
     attn_implementation: str | None = field(
         default=None, metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."}
+    )
+    # ---- quantized base (QLoRA) ----
+    load_in_4bit: bool = field(
+        default=False,
+        metadata={"help": "QLoRA: load the base in 4 bits with bitsandbytes (~1/4 of bf16 memory); LoRA trains on top."},
+    )
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = field(
+        default="nf4", metadata={"help": "4-bit data type: 'nf4' (NormalFloat, the QLoRA paper's) or 'fp4'."}
+    )
+    bnb_4bit_use_double_quant: bool = field(
+        default=True, metadata={"help": "Quantize the 4-bit scales too (~0.4 bits/weight less, same accuracy)."}
+    )
+    load_in_8bit: bool = field(
+        default=False, metadata={"help": "Load the base in 8 bits (LLM.int8) with bitsandbytes: ~1/2 of bf16 memory."}
     )
     # ---- data ----
     train_file: str | None = field(
@@ -125,6 +141,7 @@ class SFTTrainingArguments(TrainingArguments):
         self._check_model_and_data()
         self._check_lora()
         self._check_deepspeed_config()
+        self._check_quantization()
         # Before TrainingArguments builds the process state: on CPU-only multi-rank launches Trainer, the data
         # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
         prepare_distributed(self)
@@ -180,6 +197,19 @@ class SFTTrainingArguments(TrainingArguments):
             world_size=launcher_world_size(),
         )
 
+    def _check_quantization(self) -> None:
+        """Combinations that fail (or silently do nothing) with a bitsandbytes base, refused before loading."""
+        if not (self.load_in_4bit or self.load_in_8bit):
+            return
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ValueError("--load_in_4bit and --load_in_8bit: choose one")
+        flag = "--load_in_4bit" if self.load_in_4bit else "--load_in_8bit"
+        if offloads_parameters(self.deepspeed):
+            # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
+            # base quantized to fit the GPU gains nothing from being moved to CPU memory.
+            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters ({self.deepspeed}): use "
+                             "ds_configs/stage3.json (or stage2_offload.json to offload the optimizer state only)")
+
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
         if self.dtype == "auto":
@@ -193,6 +223,15 @@ class SFTTrainingArguments(TrainingArguments):
             self.bf16 = True
         elif self.dtype == "float16":
             self.fp16 = True
+
+
+def offloads_parameters(deepspeed: str | dict | None) -> bool:
+    """Whether a DeepSpeed config (a path or a dict, as ``--deepspeed`` takes it) offloads ZeRO-3 parameters."""
+    if not deepspeed:
+        return False
+    config = deepspeed if isinstance(deepspeed, dict) else json.loads(Path(deepspeed).read_text(encoding="utf-8"))
+    device = config.get("zero_optimization", {}).get("offload_param", {}).get("device", "none")
+    return device not in (None, "none")
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:
