@@ -15,6 +15,8 @@ import torch
 from transformers import TrainingArguments
 
 from hf_lora_ds.distributed import ensure_world_agreement, prepare_distributed
+from hf_lora_ds.formats import FormatOptions
+from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps"]
 
@@ -40,10 +42,30 @@ class SFTTrainingArguments(TrainingArguments):
     )
     # ---- data ----
     train_file: str | None = field(
-        default=None, metadata={"help": "Training data: .json, .jsonl or .parquet of alpaca or messages records."}
+        default=None,
+        metadata={
+            "help": "Training data: a .json/.jsonl/.parquet file, a datasets.save_to_disk directory, a folder of such "
+            "files, or a Hub dataset id (name, name:config, name@split); several mixed by weight as "
+            "'a.jsonl:0.7,b_dir:0.3' (or a list in the YAML file). Records: alpaca, messages (with tool calls), "
+            "ShareGPT."
+        },
     )
     eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out data in the same formats, scored by --eval_task before and after."}
+        default=None, metadata={"help": "Held-out data from the same kinds of source, scored by --eval_task before and after."}
+    )
+    columns: str | None = field(
+        default=None,
+        metadata={
+            "help": "Read other column names as the known fields, e.g. 'prompt=question,response=answer' (prompt/query: "
+            "instruction, response: output; also system, input, messages, conversations, tools)."
+        },
+    )
+    sharegpt_roles: str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra or changed ShareGPT 'from' names, e.g. 'bot=assistant,person=user' (roles: user, assistant, "
+            "system, tool, function_call). Defaults: human/user, gpt/assistant, system, function_call, observation/tool."
+        },
     )
     system_prompt: str | None = field(
         default=None,
@@ -107,6 +129,10 @@ class SFTTrainingArguments(TrainingArguments):
         ensure_world_agreement(self)
 
     @property
+    def format_options(self) -> FormatOptions:
+        return FormatOptions.from_flags(self.columns, self.sharegpt_roles)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
@@ -114,11 +140,16 @@ class SFTTrainingArguments(TrainingArguments):
         if not self.model_name_or_path:
             raise ValueError("--model_name_or_path is required: a local model directory or a hub id")
         if not self.train_file:
-            raise ValueError("--train_file is required: a .json, .jsonl or .parquet file of training records")
+            raise ValueError("--train_file is required: a data file, directory or Hub dataset id of training records")
         for flag in ("train_file", "eval_file"):
-            path = getattr(self, flag)
-            if path and not os.path.isfile(path):
-                raise FileNotFoundError(f"--{flag} {path}: no such file")
+            spec = getattr(self, flag)
+            if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
+                setattr(self, flag, spec := ",".join(_source_text(entry) for entry in spec))
+            # Mixture weights and missing local files fail here; directories and Hub ids are checked when read.
+            for source in parse_sources(spec) if spec else []:
+                if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
+                    raise FileNotFoundError(f"--{flag} {source.location}: no such file")
+        FormatOptions.from_flags(self.columns, self.sharegpt_roles)  # a bad mapping fails before the model loads
         if self.max_length < 2:
             raise ValueError(f"--max_length must be at least 2 tokens, got {self.max_length}")
         if self.batching == "padding_free" and self.pad_to_multiple_of:
@@ -152,6 +183,13 @@ class SFTTrainingArguments(TrainingArguments):
             self.bf16 = True
         elif self.dtype == "float16":
             self.fp16 = True
+
+
+def _source_text(entry: str | dict) -> str:
+    """One YAML source entry (``"a.jsonl:0.7"`` or ``{path: a.jsonl, weight: 0.7}``) as flag text."""
+    if isinstance(entry, dict):
+        return f"{entry.get('path', '')}:{entry['weight']}" if "weight" in entry else str(entry.get("path", ""))
+    return str(entry)
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

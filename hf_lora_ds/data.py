@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -197,15 +198,15 @@ class ChatSFTDataset(torch.utils.data.Dataset):
             json.dumps(to_conversation(r.data, r.where, system_prompt, formats), ensure_ascii=False)
             for r in loaded.records
         ]
-        raw = datasets.Dataset.from_dict(
-            {"conversation": conversations, "where": [r.where for r in loaded.records], "source": loaded.sources}
-        )
+        # Locations and sources are part of the cached output, so they key the cache as much as the conversations.
+        columns = {"conversation": conversations, "where": [r.where for r in loaded.records], "source": loaded.sources}
+        raw = datasets.Dataset.from_dict(columns)
         with _main_process_first():
             tokenized = raw.map(
                 self._tokenize_batch,
                 batched=True,
                 remove_columns=["conversation"],
-                cache_file_name=str(_cache_file(cache_dir, conversations, tokenizer, max_length, assistant_turns)),
+                cache_file_name=str(_cache_file(cache_dir, columns, tokenizer, max_length, assistant_turns)),
                 desc="Tokenizing with the chat template",
             )
         empty = [i for i, n in enumerate(tokenized["num_supervised"]) if n == 0]
@@ -215,8 +216,11 @@ class ChatSFTDataset(torch.utils.data.Dataset):
                 f"{where}: sample {empty[0]} has no supervised token left after truncation to max_length={max_length} "
                 f"({len(empty)} such samples); raise max_length or set on_empty_labels='drop'"
             )
+        sources = tokenized["source"]
+        self.dropped_by_source = Counter(sources[i] for i in empty)
+        self.truncated_by_source = Counter(s for s, cut in zip(sources, tokenized["truncated"]) if cut)
         self.num_dropped = len(empty)
-        self.num_truncated = sum(tokenized["truncated"])
+        self.num_truncated = sum(self.truncated_by_source.values())
         self.samples = tokenized.filter(lambda n: n > 0, input_columns="num_supervised") if empty else tokenized
         self.samples = self.samples.with_format(columns=["input_ids", "attention_mask", "labels"])
         if len(self.samples) == 0:
@@ -274,10 +278,10 @@ def _main_process_first() -> Iterator[None]:
 
 
 def _cache_file(
-    cache_dir: str | Path | None, conversations: list, tokenizer: PreTrainedTokenizerBase, *settings: Any
+    cache_dir: str | Path | None, columns: dict[str, list], tokenizer: PreTrainedTokenizerBase, *settings: Any
 ) -> Path:
-    """A cache path keyed on everything that changes the tokens: data, vocabulary, template and settings."""
+    """A cache path keyed on everything in the cached output: data, vocabulary, template and settings."""
     root = Path(cache_dir or os.path.join(datasets.config.HF_DATASETS_CACHE, "hf_lora_ds"))
     root.mkdir(parents=True, exist_ok=True)
-    key = Hasher.hash([conversations, tokenizer.backend_tokenizer.to_str(), tokenizer.chat_template, settings])
+    key = Hasher.hash([columns, tokenizer.backend_tokenizer.to_str(), tokenizer.chat_template, settings])
     return root / f"chat_sft-{key}.arrow"

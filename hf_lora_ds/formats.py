@@ -37,6 +37,7 @@ SHAREGPT_ROLES = {
 # --columns keys that are other names for the alpaca fields.
 COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
 KNOWN_FIELDS = ("instruction", "input", "output", "system", "messages", "conversations", "tools")
+FORMAT_FIELDS = ("instruction", "messages", "conversations")  # a record with one of them has a known format
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,21 @@ def to_conversation(
 
 
 def _map_columns(record: dict, columns: dict[str, str], where: str) -> dict:
-    """Rename the dataset's columns to the known fields (``prompt``/``query`` → instruction, ``response`` → output)."""
-    if not columns:
-        return record
+    """Rename the dataset's columns to the known fields (``prompt``/``query`` → instruction, ``response`` → output).
+
+    A record already in a known format needs none of the mapped columns, so one ``--columns`` serves a mixture of
+    layouts; a record in no known format is told which mapped column it lacks.
+    """
     mapped = dict(record)
+    missing = []
     for key, column in columns.items():
-        if column not in record:
-            raise DataError(
-                f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}"
-            )
-        mapped.pop(column)
-        mapped[COLUMN_ALIASES.get(key, key)] = record[column]
+        if column in record:
+            mapped[COLUMN_ALIASES.get(key, key)] = mapped.pop(column)
+        else:
+            missing.append((key, column))
+    if missing and not any(name in mapped for name in FORMAT_FIELDS):
+        key, column = missing[0]
+        raise DataError(f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}")
     return mapped
 
 

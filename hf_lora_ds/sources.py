@@ -45,11 +45,12 @@ class LoadedData:
 
     records: list[Record]
     sources: list[str]
+    names: list[str]  # the sources in the order they were given
 
     def counts(self) -> dict[str, int]:
         """Samples per source, in the order the sources were given."""
         counter = Counter(self.sources)
-        return {name: counter[name] for name in dict.fromkeys(self.sources)}
+        return {name: counter[name] for name in self.names}
 
     def summary(self) -> str:
         parts = ", ".join(f"{name}: {count}" for name, count in self.counts().items())
@@ -155,12 +156,12 @@ def load_data(
 ) -> LoadedData:
     """Records of ``spec``: one source, several mixed by weight, or a list of record dicts."""
     if isinstance(spec, list) and (not spec or isinstance(spec[0], dict) and "weight" not in spec[0]):
-        return LoadedData(load_records(spec), ["records"] * len(spec))
+        return LoadedData(load_records(spec), ["records"] * len(spec), ["records"])
     sources = parse_sources(str(spec) if isinstance(spec, Path) else spec)
     loaded = [(source, load_source(source.location, trust_remote_code)) for source in sources]
     if len(loaded) == 1:
         source, records = loaded[0]
-        return LoadedData(records, [source.location] * len(records))
+        return LoadedData(records, [source.location] * len(records), [source.location])
     return mix(loaded, seed)
 
 
@@ -175,7 +176,8 @@ def mix(parts: list[tuple[Source, list[Record]]], seed: int) -> LoadedData:
             raise DataError(f"mixture source {source.location!r}: no records")
         picked += [(records[i], source.location) for i in _draw(len(records), count, rng)]
     order = rng.permutation(len(picked))
-    return LoadedData([picked[i][0] for i in order], [picked[i][1] for i in order])
+    names = [source.location for source, _ in parts]
+    return LoadedData([picked[i][0] for i in order], [picked[i][1] for i in order], names)
 
 
 def _shares(total: int, weights: list[float]) -> list[int]:

@@ -16,7 +16,7 @@ from transformers import Trainer, TrainerCallback
 
 from hf_lora_ds.adapter import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
-from hf_lora_ds.audit import audit_dataset
+from hf_lora_ds.audit import audit_by_source, audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.data import ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
@@ -24,6 +24,18 @@ from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wr
 from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
 
 __all__ = ["LoraSFTTrainer"]
+
+
+class SourceCountsLog(TrainerCallback):
+    """Puts the samples per data source into the log history as ``data/samples/<source>``, so trainer_state.json
+    and the run report record what a mixture actually drew."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        entry = {f"data/samples/{name}": count for name, count in self.counts.items()}
+        state.log_history.append({**entry, "step": state.global_step})
 
 
 class LearningRateWatch(TrainerCallback):
@@ -74,6 +86,10 @@ class LoraSFTTrainer(Trainer):
             self._print_main(note)
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
+            if len(self.train_dataset.source_counts) > 1:
+                for name, audit in audit_by_source(self.train_dataset).items():
+                    self._print_main(f"  {name}: {audit.line()}")
+            self.add_callback(SourceCountsLog(self.train_dataset.source_counts))
         result = super().train(resume_from_checkpoint, *args, **kwargs)
         with ExitStack() as traced:
             # Trainer's events end with training, so memory tracers see this save only if it is wrapped for them.
