@@ -1,8 +1,9 @@
 """Dataset-wide mask audit: what the model will actually be trained on, before a GPU-hour is spent.
 
 ``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
-mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with no supervised token, answers cut by
-truncation, spans that do not end in the end-of-turn token (a model that never learns to stop).
+mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
+no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
+learns to stop).
 """
 
 from __future__ import annotations

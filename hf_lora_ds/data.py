@@ -6,8 +6,10 @@ differently in context. Instead, the supervised spans are derived from the templ
 the conversation rendered up to turn i with the generation prompt must be a prefix of the conversation rendered
 through turn i, and what lies between is exactly the assistant content followed by an end-of-turn special token.
 Those character spans are mapped to tokens with the fast tokenizer's offsets, and each decoded span is checked
-against ``content + end_of_turn``. Whatever the template does that breaks this (reformatting history, merging the
-header into the content) raises a ``TemplateError`` instead of training on a wrong mask.
+against ``content + end_of_turn``. An assistant turn with tool calls is trained whole, as the template writes it
+(Qwen2.5: ``<tool_call>`` JSON), through its end-of-turn special token; every call's name must appear in it.
+Whatever the template does that breaks this (reformatting history, merging the header into the content) raises a
+``TemplateError`` instead of training on a wrong mask.
 """
 
 from __future__ import annotations

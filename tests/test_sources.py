@@ -149,3 +149,11 @@ def test_mixture_sources_reach_the_dataset(tmp_path, chatml_tokenizer):
 def test_shares_add_up_exactly():
     assert sources._shares(10, [1, 1, 1]) == [4, 3, 3]
     assert sources._shares(7, [0.5, 0.25, 0.25]) == [3, 2, 2]
+
+
+def test_same_records_from_two_files_keep_their_own_locations_in_one_cache(tmp_path, chatml_tokenizer):
+    a = write_jsonl(tmp_path / "a.jsonl", alpaca(2, "a"))
+    b = write_jsonl(tmp_path / "b.jsonl", alpaca(2, "a"))
+    ChatSFTDataset(a, chatml_tokenizer, cache_dir=tmp_path / "cache")
+    from_b = ChatSFTDataset(b, chatml_tokenizer, cache_dir=tmp_path / "cache")
+    assert from_b.sources == [b, b]
