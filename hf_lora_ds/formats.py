@@ -85,7 +85,8 @@ def to_conversation(
     options = options or FormatOptions()
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    record = _map_columns(record, options.columns, where)
+    # A null field is an absent one: Arrow sources (parquet, save_to_disk, the Hub) give every row every column.
+    record = _map_columns({k: v for k, v in record.items() if v is not None}, options.columns, where)
     tools = _tools(record.get("tools"), where)
     if "conversations" in record:
         messages = _sharegpt_messages(record, where, {**SHAREGPT_ROLES, **options.sharegpt_roles})

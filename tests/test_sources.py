@@ -157,3 +157,11 @@ def test_same_records_from_two_files_keep_their_own_locations_in_one_cache(tmp_p
     ChatSFTDataset(a, chatml_tokenizer, cache_dir=tmp_path / "cache")
     from_b = ChatSFTDataset(b, chatml_tokenizer, cache_dir=tmp_path / "cache")
     assert from_b.sources == [b, b]
+
+
+def test_arrow_rows_of_different_formats_read_nulls_as_absent(tmp_path, chatml_tokenizer):
+    turns = [{"from": "human", "value": "1="}, {"from": "gpt", "value": "0 + 1"}]
+    columns = {"instruction": ["1=", None], "output": ["0 + 1", None], "conversations": [None, turns]}
+    datasets.Dataset.from_dict(columns).save_to_disk(tmp_path / "mixed")
+    ds = ChatSFTDataset(str(tmp_path / "mixed"), chatml_tokenizer, cache_dir=tmp_path / "cache")
+    assert len(ds) == 2 and ds[0] == ds[1]
