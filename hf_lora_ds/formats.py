@@ -144,11 +144,6 @@ def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[
     if not isinstance(turns, list) or not turns:
         raise DataError(f"{where}: field 'conversations' must be a non-empty list of {{from, value}} objects")
     messages: list[dict[str, Any]] = []
-    system = record.get("system")
-    if system:
-        if not isinstance(system, str):
-            raise DataError(f"{where}: field 'system' must be a string, got {type(system).__name__}")
-        messages.append({"role": "system", "content": system})
     for i, turn in enumerate(turns):
         name = f"conversations[{i}]"
         if not isinstance(turn, dict):
@@ -166,7 +161,15 @@ def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[
             messages.append({"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(value, where, name)]})
         else:
             messages.append({"role": role, "content": value})
-    return _tool_messages(messages, where, "conversations", validate_calls=False)
+    messages = _tool_messages(messages, where, "conversations", validate_calls=False, content_field="value")
+    system = record.get("system")
+    if system:  # prepended after validation, so errors index the record's own turns
+        if not isinstance(system, str):
+            raise DataError(f"{where}: field 'system' must be a string, got {type(system).__name__}")
+        if messages[0]["role"] == "system":
+            raise DataError(f"{where}: field 'system': conversations[0] is a system turn already; keep one of them")
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
 
 
 def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
@@ -180,9 +183,12 @@ def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
 
 
 def _tool_messages(
-    messages: Any, where: str, list_name: str, validate_calls: bool = True
+    messages: Any, where: str, list_name: str, validate_calls: bool = True, content_field: str = "content"
 ) -> list[dict[str, Any]]:
-    """Messages that may hold tool calls: roles as in ``records.ROLES``, an assistant turn has content or calls."""
+    """Messages that may hold tool calls: roles as in ``records.ROLES``, an assistant turn has content or calls.
+
+    ``list_name`` and ``content_field`` are the record's own names (``conversations`` / ``value`` for ShareGPT), so
+    errors point at the field the user wrote."""
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{role, content}} objects")
     result = []
@@ -201,9 +207,9 @@ def _tool_messages(
         if content is None and calls:
             content = ""
         if not isinstance(content, str):
-            raise DataError(f"{where}: field '{name}.content' must be a string, got {type(content).__name__}")
+            raise DataError(f"{where}: field '{name}.{content_field}' must be a string, got {type(content).__name__}")
         if not content.strip() and not calls:
-            raise DataError(f"{where}: field '{name}.content' is empty")
+            raise DataError(f"{where}: field '{name}.{content_field}' is empty")
         out: dict[str, Any] = {"role": role, "content": content}
         if calls:
             if not isinstance(calls, list):

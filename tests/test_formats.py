@@ -137,6 +137,10 @@ def test_column_mapping_reads_other_layouts(chatml_tokenizer, tmp_path):
             r"^src, line 3: field 'messages': no assistant turn",
         ),
         (
+            {"system": "Be brief.", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": " "}]},
+            r"^src, line 3: field 'conversations\[1\].value' is empty$",
+        ),
+        (
             {"messages": TOOL_MESSAGES, "tools": "[{"},
             r"^src, line 3: field 'tools' is not valid JSON",
         ),
