@@ -151,13 +151,11 @@ def _rows(dataset: Any, location: str) -> list[Record]:
     return [Record(row, f"{location}, row {i}") for i, row in enumerate(dataset)]
 
 
-def load_data(
-    spec: str | Path | list[Any], seed: int = 0, trust_remote_code: bool = False
-) -> LoadedData:
-    """Records of ``spec``: one source, several mixed by weight, or a list of record dicts."""
-    if isinstance(spec, list) and (not spec or isinstance(spec[0], dict) and "weight" not in spec[0]):
+def load_data(spec: str | Path | list[dict], seed: int = 0, trust_remote_code: bool = False) -> LoadedData:
+    """Records of ``spec``: one source or several mixed by weight (``--train_file`` text), or a list of records."""
+    if isinstance(spec, list):
         return LoadedData(load_records(spec), ["records"] * len(spec), ["records"])
-    sources = parse_sources(str(spec) if isinstance(spec, Path) else spec)
+    sources = parse_sources(str(spec))
     loaded = [(source, load_source(source.location, trust_remote_code)) for source in sources]
     if len(loaded) == 1:
         source, records = loaded[0]
