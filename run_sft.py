@@ -38,8 +38,8 @@ from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, 
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
 from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
-from hf_lora_ds.records import load_records
 from hf_lora_ds.resume import resolve_resume_checkpoint
+from hf_lora_ds.sources import LoadedData, load_data
 
 ROOT = Path(__file__).resolve().parent
 DEMO_DEFAULTS = {
@@ -115,14 +115,21 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     check_model_source(args.model_name_or_path)
     with hub_load_errors(args.model_name_or_path):
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    def sft_dataset(path: str) -> ChatSFTDataset:
-        return ChatSFTDataset(path, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
+    def sft_dataset(data: LoadedData) -> ChatSFTDataset:
+        return ChatSFTDataset(data, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
                               assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
-                              cache_dir=args.dataset_cache_dir)
+                              cache_dir=args.dataset_cache_dir, formats=args.format_options)
 
-    train_dataset = sft_dataset(args.train_file)
+    def load(spec: str) -> LoadedData:
+        return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code)
+
+    train_data = load(args.train_file)
+    if args.process_index == 0:
+        print(train_data.summary(), flush=True)
+    train_dataset = sft_dataset(train_data)
     task = get_task(args.eval_task)
-    eval_records = load_records(args.eval_file) if args.eval_file else None
+    eval_data = load(args.eval_file) if args.eval_file else None
+    eval_records = eval_data.records if eval_data else None
     if eval_records:
         load_samples(eval_records, task, args.system_prompt)
     # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         model,
         args,
         train_dataset=train_dataset,
-        eval_dataset=sft_dataset(args.eval_file) if evaluating_during_training else None,
+        eval_dataset=sft_dataset(eval_data) if evaluating_during_training else None,
         data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
         processing_class=tokenizer,
         callbacks=list(callbacks),

@@ -19,6 +19,8 @@ from transformers import TrainingArguments
 from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.formats import FormatOptions
+from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps"]
 
@@ -58,10 +60,30 @@ class SFTTrainingArguments(TrainingArguments):
     )
     # ---- data ----
     train_file: str | None = field(
-        default=None, metadata={"help": "Training data: .json, .jsonl or .parquet of alpaca or messages records."}
+        default=None,
+        metadata={
+            "help": "Training data: a .json/.jsonl/.parquet file, a datasets.save_to_disk directory, a folder of such "
+            "files, or a Hub dataset id (name, name:config, name@split); several mixed by weight as "
+            "'a.jsonl:0.7,b_dir:0.3' (or a list in the YAML file). Records: alpaca, messages (with tool calls), "
+            "ShareGPT."
+        },
     )
     eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out data in the same formats, scored by --eval_task before and after."}
+        default=None, metadata={"help": "Held-out data from the same kinds of source, scored by --eval_task before and after."}
+    )
+    columns: str | None = field(
+        default=None,
+        metadata={
+            "help": "Read other column names as the known fields, e.g. 'prompt=question,response=answer' (prompt/query: "
+            "instruction, response: output; also system, input, messages, conversations, tools)."
+        },
+    )
+    sharegpt_roles: str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra or changed ShareGPT 'from' names, e.g. 'bot=assistant,person=user' (roles: user, assistant, "
+            "system, tool, function_call). Defaults: human/user, gpt/assistant, system, function_call, observation/tool."
+        },
     )
     system_prompt: str | None = field(
         default=None,
@@ -152,6 +174,10 @@ class SFTTrainingArguments(TrainingArguments):
         ensure_world_agreement(self)
 
     @property
+    def format_options(self) -> FormatOptions:
+        return FormatOptions.from_flags(self.columns, self.sharegpt_roles)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
@@ -159,11 +185,16 @@ class SFTTrainingArguments(TrainingArguments):
         if not self.model_name_or_path:
             raise UserError("--model_name_or_path is required: a local model directory or a hub id")
         if not self.train_file:
-            raise UserError("--train_file is required: a .json, .jsonl or .parquet file of training records")
+            raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
         for flag in ("train_file", "eval_file"):
-            path = getattr(self, flag)
-            if path and not os.path.isfile(path):
-                raise MissingPathError(f"--{flag} {path}: no such file")
+            spec = getattr(self, flag)
+            if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
+                setattr(self, flag, spec := ",".join(_source_text(entry) for entry in spec))
+            # Mixture weights and missing local files fail here; directories and Hub ids are checked when read.
+            for source in parse_sources(spec) if spec else []:
+                if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
+                    raise MissingPathError(f"--{flag} {source.location}: no such file")
+        FormatOptions.from_flags(self.columns, self.sharegpt_roles)  # a bad mapping fails before the model loads
         if self.max_length < 2:
             raise UserError(f"--max_length must be at least 2 tokens, got {self.max_length}")
         if self.batching == "padding_free" and self.pad_to_multiple_of:
@@ -232,6 +263,13 @@ def offloads_parameters(deepspeed: str | dict | None) -> bool:
     config = deepspeed if isinstance(deepspeed, dict) else json.loads(Path(deepspeed).read_text(encoding="utf-8"))
     device = config.get("zero_optimization", {}).get("offload_param", {}).get("device", "none")
     return device not in (None, "none")
+
+
+def _source_text(entry: str | dict) -> str:
+    """One YAML source entry (``"a.jsonl:0.7"`` or ``{path: a.jsonl, weight: 0.7}``) as flag text."""
+    if isinstance(entry, dict):
+        return f"{entry.get('path', '')}:{entry['weight']}" if "weight" in entry else str(entry.get("path", ""))
+    return str(entry)
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

@@ -1,8 +1,9 @@
 """Dataset-wide mask audit: what the model will actually be trained on, before a GPU-hour is spent.
 
-``python -m hf_lora_ds.audit --data FILE --tokenizer DIR`` prints the full report; every training run logs its
-one-line summary first. The numbers catch the silent failures: samples with no supervised token, answers cut by
-truncation, spans that do not end in the end-of-turn token (a model that never learns to stop).
+``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
+mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
+no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
+learns to stop).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.errors import run_cli
+from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.sources import load_data
 
-__all__ = ["MaskAudit", "audit_dataset", "render_supervision", "main"]
+__all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision", "main"]
 
 OPEN, CLOSE = "[[", "]]"
 
@@ -81,11 +84,17 @@ def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int],
     return "".join(pieces)
 
 
-def audit_dataset(dataset: ChatSFTDataset) -> MaskAudit:
+def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAudit:
+    """The audit of every sample, or of those from one ``source`` (an entry of a mixture)."""
     end_of_turn_ids = set(dataset.tokenizer.all_special_ids) | set(dataset.tokenizer.get_added_vocab().values())
+    if source is None:
+        indices, truncated, dropped = range(len(dataset)), dataset.num_truncated, dataset.num_dropped
+    else:
+        indices = [i for i, name in enumerate(dataset.sources) if name == source]
+        truncated, dropped = dataset.truncated_by_source[source], dataset.dropped_by_source[source]
     supervised, spans, ending_in_eot, cut = [], 0, 0, 0
-    for sample in dataset:
-        labels = sample["labels"]
+    for i in indices:
+        labels = dataset[i]["labels"]
         supervised.append(sum(label != IGNORE_INDEX for label in labels))
         for end in _run_ends(labels):
             spans += 1
@@ -93,19 +102,25 @@ def audit_dataset(dataset: ChatSFTDataset) -> MaskAudit:
                 ending_in_eot += 1
             elif end == len(labels) - 1 and len(labels) == dataset.max_length:
                 cut += 1
-    first = dataset[0]
+    first = dataset[indices[0]]
     return MaskAudit(
-        samples=len(dataset),
+        samples=len(indices),
         supervised_min=min(supervised),
         supervised_median=statistics.median(supervised),
         supervised_max=max(supervised),
-        truncated=dataset.num_truncated,
-        dropped_empty=dataset.num_dropped,
+        truncated=truncated,
+        dropped_empty=dropped,
         spans=spans,
         spans_ending_in_eot=ending_in_eot,
         spans_cut_by_truncation=cut,
         example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
     )
+
+
+def audit_by_source(dataset: ChatSFTDataset) -> dict[str, MaskAudit]:
+    """One audit per source of a mixture that kept any sample (a mixture's sources can differ a lot in shape)."""
+    kept = set(dataset.sources)
+    return {name: audit_dataset(dataset, name) for name in dataset.source_counts if name in kept}
 
 
 def _run_ends(labels: list[int]) -> list[int]:
@@ -119,7 +134,14 @@ def _run_ends(labels: list[int]) -> list[int]:
 
 def main(argv: list[str] | None = None) -> MaskAudit:
     parser = argparse.ArgumentParser(prog="python -m hf_lora_ds.audit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="A .json, .jsonl or .parquet file of alpaca or messages records.")
+    parser.add_argument(
+        "--data",
+        required=True,
+        help="As run_sft.py's --train_file: a file, directory or Hub dataset id, or a mixture 'a.jsonl:0.7,b_dir:0.3'.",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="Seed of the mixture draw (run_sft.py's --seed).")
+    parser.add_argument("--columns", default=None, help="Column mapping, e.g. 'prompt=question,response=answer'.")
+    parser.add_argument("--sharegpt_roles", default=None, help="ShareGPT 'from' names, e.g. 'bot=assistant'.")
     parser.add_argument("--tokenizer", required=True, help="Tokenizer (or model) directory with a chat template.")
     parser.add_argument("--max_length", type=int, default=None, help="Truncate samples to this many tokens.")
     parser.add_argument("--system_prompt", default=None, help="System turn for records that have none.")
@@ -129,15 +151,21 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
     with hub_load_errors(args.tokenizer, "--tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=args.trust_remote_code)
+    data = load_data(args.data, seed=args.seed, trust_remote_code=args.trust_remote_code)
     dataset = ChatSFTDataset(
-        args.data,
+        data,
         tokenizer,
         max_length=args.max_length,
         system_prompt=args.system_prompt,
         assistant_turns=args.assistant_turns,
+        formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
     )
     report = audit_dataset(dataset)
+    print(data.summary())
     print(report)
+    if len(dataset.source_counts) > 1:
+        for name, source_report in audit_by_source(dataset).items():
+            print(f"\n--- source {name} ---\n{source_report}")
     return report
 
 

@@ -16,7 +16,7 @@ from transformers import Trainer, TrainerCallback
 
 from hf_lora_ds.adapter import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
-from hf_lora_ds.audit import audit_dataset
+from hf_lora_ds.audit import audit_by_source, audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
@@ -28,6 +28,18 @@ from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_check
 from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
 
 __all__ = ["LoraSFTTrainer"]
+
+
+class SourceCountsLog(TrainerCallback):
+    """Puts the samples per data source into the log history as ``data/samples/<source>``, so trainer_state.json
+    and the run report record what a mixture actually drew."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        entry = {f"data/samples/{name}": count for name, count in self.counts.items()}
+        state.log_history.append({**entry, "step": state.global_step})
 
 
 class LearningRateWatch(TrainerCallback):
@@ -86,6 +98,10 @@ class LoraSFTTrainer(Trainer):
             self._print_main(note)
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
+            if len(self.train_dataset.source_counts) > 1:
+                for name, audit in audit_by_source(self.train_dataset).items():
+                    self._print_main(f"  {name}: {audit.line()}")
+            self.add_callback(SourceCountsLog(self.train_dataset.source_counts))
         result = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
             self._print_main(

@@ -9,6 +9,7 @@ from hf_lora_ds.tiny import (
     CHATML_DEFAULT_SYSTEM_TEMPLATE,
     CHATML_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
+    QWEN_TOOLS_TEMPLATE,
     build_tiny_qwen2,
     train_chat_tokenizer,
 )
@@ -46,6 +47,12 @@ def chatml_tokenizer():
 def qwen_style_tokenizer():
     """ChatML template that injects a default system turn (as Qwen2.5's does)."""
     return _tokenizer(CHATML_DEFAULT_SYSTEM_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def tools_tokenizer():
+    """Qwen2.5-like template that renders ``tools`` and assistant ``tool_calls``."""
+    return _tokenizer(QWEN_TOOLS_TEMPLATE)
 
 
 @pytest.fixture

@@ -51,6 +51,10 @@ def test_config_file(train_file, tmp_path, suffix):
         (["--dtype", "float16", "--bf16"], ValueError, "use --fp16"),
         (["--dtype", "bfloat16", "--fp16"], ValueError, "use --bf16"),
         (["--eval_file", "missing.json"], FileNotFoundError, "--eval_file missing.json: no such file"),
+        (["--eval_file", "e_dir:1,missing.jsonl:1"], FileNotFoundError, "--eval_file missing.jsonl: no such file"),
+        (["--eval_file", "e_dir:1,other:0"], ValueError, "mixture source 'other': weight '0' is not a positive number"),
+        (["--columns", "prompt"], ValueError, "--columns 'prompt': expected comma-separated key=value pairs"),
+        (["--sharegpt_roles", "bot=robot"], ValueError, "--sharegpt_roles bot=robot: unknown role 'robot'"),
     ],
 )
 def test_invalid_combinations_say_what_to_change(train_file, tmp_path, extra, error, pattern):
@@ -93,3 +97,11 @@ def test_auto_dtype_on_a_cuda_device(train_file, tmp_path):
     expected = "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     assert args.dtype == expected and args.bf16 == (expected == "bfloat16")
     assert parse([*common, "--use_cpu", "True"]).dtype == "float32"
+
+
+def test_yaml_list_of_sources_becomes_the_mixture_flag(train_file, tmp_path):
+    config = {"model_name_or_path": "m", "output_dir": str(tmp_path), "columns": "prompt=q",
+              "train_file": [{"path": train_file, "weight": 0.7}, "org/set:zh:0.3"]}
+    (args,) = HfArgumentParser(SFTTrainingArguments).parse_dict(config)
+    assert args.train_file == f"{train_file}:0.7,org/set:zh:0.3"
+    assert args.format_options.columns == {"prompt": "q"}

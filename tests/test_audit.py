@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import json
 
-from hf_lora_ds.audit import audit_dataset, main
+from hf_lora_ds.audit import audit_by_source, audit_dataset, main
 from hf_lora_ds.data import ChatSFTDataset
+from hf_lora_ds.sources import load_data
 
 RECORDS = [
     {"instruction": "12=", "output": "王大丫丫的回答是--->3 + 9"},
@@ -51,3 +52,39 @@ def test_audit_cli(tiny_model_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "samples:                          3" in out and "[[" in out
     assert report.spans == 4
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def test_audit_per_source_of_a_mixture(chatml_tokenizer, tmp_path):
+    """Source b's one ShareGPT sample has a prompt so long that, at a limit a's samples fit in, its answers are cut
+    off entirely: the overall audit counts it dropped, the per-source audits say which source it came from."""
+    a = _write(tmp_path / "a.jsonl", RECORDS[:2])
+    long_prompt = {"conversations": [{"from": "human", "value": "12=" * 20}, {"from": "gpt", "value": "3 + 9"}]}
+    b = _write(tmp_path / "b.jsonl", [long_prompt])
+    data = load_data(f"{a}:2,{b}:1", seed=0)
+    full = ChatSFTDataset(data, chatml_tokenizer, cache_dir=tmp_path)
+    assert {name: audit.spans for name, audit in audit_by_source(full).items()} == {a: 2, b: 1}
+    limit = max(len(full[i]["input_ids"]) for i, name in enumerate(full.sources) if name == a)
+    cut = ChatSFTDataset(data, chatml_tokenizer, max_length=limit, cache_dir=tmp_path)
+    overall, per_source = audit_dataset(cut), audit_by_source(cut)
+    assert (overall.samples, overall.dropped_empty, overall.truncated) == (2, 1, 1)
+    assert list(per_source) == [a]  # b kept no sample, so it has no audit of its own
+    assert (per_source[a].samples, per_source[a].dropped_empty, per_source[a].truncated) == (2, 0, 0)
+    assert (cut.dropped_by_source[b], cut.truncated_by_source[b]) == (1, 1)
+
+
+def test_audit_cli_takes_a_mixture_of_sources(tiny_model_dir, tmp_path, capsys):
+    import datasets
+
+    a = _write(tmp_path / "a.jsonl", RECORDS)
+    datasets.Dataset.from_list([{"question": "1=", "answer": "0 + 1"}] * 2).save_to_disk(tmp_path / "b_dir")
+    main(["--data", f"{a}:3,{tmp_path / 'b_dir'}:2", "--tokenizer", str(tiny_model_dir),
+          "--columns", "prompt=question,response=answer"])
+    out = capsys.readouterr().out
+    assert f"data: 5 samples from 2 source(s) ({a}: 3, {tmp_path / 'b_dir'}: 2)" in out
+    assert f"--- source {a} ---\nsamples:                          3" in out
+    assert f"--- source {tmp_path / 'b_dir'} ---\nsamples:                          2" in out

@@ -78,3 +78,26 @@ def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, 
 def test_defaults_point_at_the_bundled_demo():
     for key in ("model_name_or_path", "train_file", "eval_file"):
         assert run_sft.ROOT.joinpath(run_sft.DEMO_DEFAULTS[key]).exists(), key
+
+
+def test_mixture_of_sharegpt_and_a_saved_dataset_from_yaml(tiny_model_dir, tmp_path, capsys):
+    import datasets
+
+    chat = tmp_path / "chat.jsonl"
+    turns = [[{"from": "human", "value": f"{x}="}, {"from": "gpt", "value": f"{x - 1} + 1"}] for x in range(10, 18)]
+    chat.write_text("".join(json.dumps({"conversations": t}) + "\n" for t in turns))
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list([{"question": f"{x}=", "answer": f"{x} + 0"} for x in range(8)]).save_to_disk(saved)
+    out = tmp_path / "mix"
+    config = {"model_name_or_path": str(tiny_model_dir), "eval_file": None, "output_dir": str(out),
+              "train_file": [{"path": str(chat), "weight": 3}, f"{saved}:1"], "columns": "prompt=question,response=answer",
+              "max_steps": 1, "per_device_train_batch_size": 4, "dataset_cache_dir": str(out / "cache")}
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_sft.main([str(path)])
+    printed = capsys.readouterr().out
+    assert f"data: 16 samples from 2 source(s) ({chat}: 12, {saved}: 4)" in printed
+    assert f"  {chat}: mask audit: 12 samples" in printed and f"  {saved}: mask audit: 4 samples" in printed
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert {f"data/samples/{chat}": 12, f"data/samples/{saved}": 4, "step": 0} in history
+    assert f"data/samples/{saved}" in (out / "report.html").read_text()

@@ -43,11 +43,12 @@ def _load_json(path: Path) -> Any:
 
 
 def _run_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run-level numbers, the latest value of each: Trainer's summary and ``throughput/run_*``."""
+    """Run-level numbers, the latest value of each: Trainer's summary, ``throughput/run_*`` and the samples per
+    data source (``data/samples/*``)."""
     summary: dict[str, Any] = {}
     for entry in log_history:
         for key, value in entry.items():
-            if key in _SUMMARY_KEYS or key.startswith("throughput/run_"):
+            if key in _SUMMARY_KEYS or key.startswith(("throughput/run_", "data/samples/")):
                 summary[key] = value
     return summary
 
