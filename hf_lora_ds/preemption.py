@@ -49,6 +49,11 @@ class PreemptionCallback(TrainerCallback):
             control.should_training_stop = True
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
+        self.restore_handlers()
+
+    def restore_handlers(self) -> None:
+        """Put back the handlers training replaced. Also called when training raises (no ``on_train_end`` then):
+        a handler left behind would make every later SIGTERM to this process a no-op."""
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous = {}

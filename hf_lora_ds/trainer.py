@@ -102,7 +102,10 @@ class LoraSFTTrainer(Trainer):
                 for name, audit in audit_by_source(self.train_dataset).items():
                     self._print_main(f"  {name}: {audit.line()}")
             self.add_callback(SourceCountsLog(self.train_dataset.source_counts))
-        result = super().train(resume_from_checkpoint, *args, **kwargs)
+        try:
+            result = super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.preemption.restore_handlers()
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
             self._print_main(
                 f"preempted (signal {self.preemption.signal_received or 'on another rank'}): saved "

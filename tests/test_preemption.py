@@ -67,3 +67,17 @@ def test_signal_saves_a_complete_checkpoint_and_auto_resumes(sft_argv, tmp_path,
     assert expected.keys() == got.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+class FailAtStep(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        raise RuntimeError("a run that fails mid-training")
+
+
+def test_a_run_that_raises_leaves_no_signal_handler_behind(sft_argv, tmp_path):
+    """Trainer skips on_train_end when training raises; the handlers must still go back, or a later SIGTERM to
+    this process (a notebook, the next test) would be recorded and ignored."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGUSR1)}
+    with pytest.raises(RuntimeError, match="fails mid-training"):
+        run_sft.main(sft_argv(tmp_path / "failed"), callbacks=[FailAtStep()])
+    assert {number: signal.getsignal(number) for number in before} == before
