@@ -29,6 +29,8 @@ BUNDLED = Path(run_sft.ROOT, "data")
 LAUNCH = re.compile(r"^# Launch: (?P<launcher>.+?) run_sft\.py (?P<recipe>\S+\.yaml)(?P<flags>.*)$")
 
 
+_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 def launch_line(recipe: Path) -> re.Match:
     first = recipe.read_text(encoding="utf-8").splitlines()[0]
     match = LAUNCH.match(first)
@@ -98,7 +100,10 @@ def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, str(run_sft.ROOT / "run_sft.py"), f"examples/{recipe.name}",
                *launch_line(recipe)["flags"].split(), *adapted_flags(recipe, small_sum_to_x, out)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
+    # Without this test process's launcher variables: an in-process run_sft earlier in the suite leaves MASTER_PORT
+    # set (and may still listen on it), and the recipe's own process would then fail to bind it (EADDRINUSE).
+    inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
+    env = {**inherited, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(run_sft.ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(command, cwd=run_sft.ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{recipe.name}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
