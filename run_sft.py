@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 
-import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback, set_seed
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
+from hf_lora_ds.arguments import read_arguments_file
 from hf_lora_ds.callbacks import (
     AnswerAccuracyCallback,
     MemoryTraceCallback,
@@ -33,9 +32,10 @@ from hf_lora_ds.callbacks import (
     write_run_report,
 )
 from hf_lora_ds.distributed import describe_world, release_process_group
-from hf_lora_ds.errors import MissingPathError, UserError, one_line, run_cli
+from hf_lora_ds.errors import UserError, run_cli
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.plan import check_memory_plan, profile_from_dataset
 from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.resume import resolve_resume_checkpoint
@@ -72,7 +72,7 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
     defaults = dict(DEMO_DEFAULTS)
     try:
         if argv and argv[0].endswith((".yaml", ".yml", ".json")):
-            defaults.update(_read_config_file(Path(argv[0])))
+            defaults.update(read_arguments_file(Path(argv[0])))
             argv = argv[1:]
         parser.set_defaults(**defaults)
         (args,) = parser.parse_args_into_dataclasses(argv)
@@ -81,22 +81,6 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
     except ValueError as err:
         raise UserError(str(err)) from err
     return args
-
-
-def _read_config_file(path: Path) -> dict:
-    """The file's keys, refused by name when one is not an argument (a typo would otherwise be ignored)."""
-    if not path.is_file():
-        raise MissingPathError(f"{path}: no such config file; pass a YAML/JSON file of arguments, or flags")
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not a readable YAML/JSON file ({one_line(str(err))})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: expected a mapping of argument names to values, got {type(config).__name__}")
-    unknown = sorted(set(config) - {field.name for field in fields(SFTTrainingArguments)})
-    if unknown:
-        raise UserError(f"{path}: unknown argument(s) {unknown}; see python run_sft.py --help")
-    return config
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:
@@ -127,6 +111,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     if args.process_index == 0:
         print(train_data.summary(), flush=True)
     train_dataset = sft_dataset(train_data)
+    check_memory_plan(args, profile_from_dataset(train_dataset))
     task = get_task(args.eval_task)
     eval_data = load(args.eval_file) if args.eval_file else None
     eval_records = eval_data.records if eval_data else None

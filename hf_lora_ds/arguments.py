@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
 import torch
+import yaml
 from transformers import TrainingArguments
 
 from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
-from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
-__all__ = ["SFTTrainingArguments", "pinned_memory_helps"]
+__all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
 
 
 @dataclass
@@ -145,11 +146,34 @@ class SFTTrainingArguments(TrainingArguments):
     )
     use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA: scale by alpha / sqrt(r)."})
     use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
+    # ---- memory plan (hf_lora_ds.plan) ----
+    device_memory: str | None = field(
+        default=None,
+        metadata={
+            "help": "Memory per device for the memory plan, e.g. 24GiB or 80GB. Default: the accelerator's; on a "
+            "CPU-only machine the host memory, shared by the ranks."
+        },
+    )
+    check_memory_plan: bool = field(
+        default=True,
+        metadata={
+            "help": "On an accelerator, stop before loading the model when the memory plan says the run will not fit "
+            "(with the configurations that would). False: print the plan line and try anyway."
+        },
+    )
     # ---- answer-accuracy eval ----
     eval_task: str = field(
         default="sum_to_x", metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."}
     )
 
+    # Redeclared for its help text: "auto" is resolved in __post_init__ by the memory plan (hf_lora_ds.plan).
+    deepspeed: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "A DeepSpeed JSON config (e.g. ds_configs/stage3.json), or 'auto': the first shipped config the "
+            "memory plan says fits (python -m hf_lora_ds.plan shows the whole table)."
+        },
+    )
     # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (hf_lora_ds.resume).
     resume_from_checkpoint: str | None = field(
         default=None,
@@ -216,9 +240,16 @@ class SFTTrainingArguments(TrainingArguments):
             raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
 
     def _check_deepspeed_config(self) -> None:
-        """Before transformers parses it: its errors come later and name neither the key nor the flag to change."""
+        """Before transformers parses it: its errors come later and name neither the key nor the flag to change.
+        ``auto`` becomes the memory plan's recommended shipped config here, before TrainingArguments reads it."""
         if not self.deepspeed:
             return
+        if self.deepspeed == "auto":
+            from hf_lora_ds.plan.from_args import recommended_deepspeed_config
+
+            self.deepspeed = str(recommended_deepspeed_config(self))
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"--deepspeed auto: {self.deepspeed} (the memory plan's pick)", flush=True)
         config, source = load_deepspeed_config(self.deepspeed)
         check_deepspeed_config(
             config,
@@ -275,3 +306,19 @@ def _source_text(entry: str | dict) -> str:
 def pinned_memory_helps(use_cpu: bool) -> bool:
     """Pinned host memory only speeds copies to an accelerator: with none (or ``--use_cpu``) it does nothing."""
     return not use_cpu and torch.accelerator.current_accelerator() is not None
+
+
+def read_arguments_file(path: Path) -> dict:
+    """The file's keys, refused by name when one is not an argument (a typo would otherwise be ignored)."""
+    if not path.is_file():
+        raise MissingPathError(f"{path}: no such config file; pass a YAML/JSON file of arguments, or flags")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not a readable YAML/JSON file ({one_line(str(err))})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: expected a mapping of argument names to values, got {type(config).__name__}")
+    unknown = sorted(set(config) - {known.name for known in fields(SFTTrainingArguments)})
+    if unknown:
+        raise UserError(f"{path}: unknown argument(s) {unknown}; see python run_sft.py --help")
+    return config

@@ -1,0 +1,175 @@
+"""The memory planner against measured peaks: predicted vs measured per-rank memory, per configuration.
+
+Trains a few steps of two Qwen2-shaped models built here (no download) under no DeepSpeed, torchrun DDP, ZeRO-0..3
+and both offload configs with 2 CPU ranks, reads each run's per-rank peak from MemoryTraceCallback
+(``memory/train/cpu_total_peak_mib_max``: the larger rank's peak resident memory during training), and asks
+``python -m hf_lora_ds.plan --json`` for the same run. On a CPU-only machine the planner's "device" is the process's
+host memory, so the two are the same quantity.
+
+    python bench/memory_plan.py                      # both shapes, every configuration (~15 min on 2 cores)
+    python bench/memory_plan.py --shapes logits --configs none stage3
+
+Shapes: ``states`` (~110M parameters, short samples: the weights dominate) and ``logits`` (a 151,936-token
+vocabulary with 2 layers and long answers: logits and activations dominate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_SFT = REPO / "run_sft.py"
+WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
+CONFIGS = ("none", "ddp", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload")
+_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Qwen2-shaped model and the samples it trains on."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    heads: int
+    kv_heads: int
+    words_per_answer: int
+    batch_size: int
+    lora_rank: int = 8
+    tie_word_embeddings: bool = True
+
+
+SHAPES = {
+    "states": ModelSpec("states", 151936, 640, 6, 1728, 10, 2, words_per_answer=8, batch_size=2),
+    "logits": ModelSpec("logits", 151936, 64, 2, 192, 4, 2, words_per_answer=400, batch_size=2),
+}
+
+
+def build_model_dir(spec: ModelSpec, directory: Path) -> Path:
+    """Randomly initialised weights of ``spec`` with a small chat tokenizer (ids below 600 of the vocabulary)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hf_lora_ds.tiny import train_chat_tokenizer
+
+    tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50)
+    config = Qwen2Config(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=4096, tie_word_embeddings=spec.tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_records(spec: ModelSpec, path: Path, count: int = 16, seed: int = 0) -> Path:
+    """Short questions and answers of ``words_per_answer`` words (about that many tokens): supervised-heavy."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as out:
+        for _ in range(count):
+            question = " ".join(rng.choice(WORDS) for _ in range(8))
+            answer = " ".join(rng.choice(WORDS) for _ in range(spec.words_per_answer))
+            out.write(json.dumps({"instruction": question, "output": answer}) + "\n")
+    return path
+
+
+def _launch_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def run_arguments(spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool) -> list[str]:
+    deepspeed = [] if config in ("none", "ddp") else ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
+    return [
+        "--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
+        "--per_device_train_batch_size", str(spec.batch_size), "--max_length", "1024", "--lora_rank",
+        str(spec.lora_rank), "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
+        "--report_to", "none", "--disable_tqdm", "true", "--gradient_checkpointing", str(checkpointing),
+        "--use_cpu", "true", *deepspeed,
+    ]  # fmt: skip
+
+
+def measure(
+    spec: ModelSpec,
+    model_dir: Path,
+    train_file: Path,
+    config: str,
+    checkpointing: bool,
+    workdir: Path,
+    nproc: int = 2,
+    port: int = 29611,
+) -> float:
+    """The larger per-rank peak RSS (MiB) while training: ``none`` is one plain process, ``ddp`` torchrun."""
+    out = workdir / f"{spec.name}-{config}-{'gc' if checkpointing else 'nogc'}"
+    args = run_arguments(spec, model_dir, train_file, config, checkpointing) + ["--output_dir", str(out)]
+    if config == "none":
+        command = [sys.executable, str(RUN_SFT)]
+    elif config == "ddp":
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                   "--master_port", str(port), str(RUN_SFT)]  # fmt: skip
+    else:
+        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
+                   "--master_port", str(port), str(RUN_SFT)]  # fmt: skip
+    done = subprocess.run(command + args, cwd=REPO, env=_launch_env(), capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{config} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    return max(entry["memory/train/cpu_total_peak_mib_max"] for entry in history
+               if "memory/train/cpu_total_peak_mib_max" in entry)  # fmt: skip
+
+
+def predict(
+    spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool, nproc: int = 2
+) -> float:
+    """The planner's per-rank figure (MiB) for the same run, from its ``--json`` output."""
+    world = 1 if config == "none" else nproc
+    args = run_arguments(spec, model_dir, train_file, config, checkpointing)
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_lora_ds.plan", *args, "--output_dir", tempfile.mkdtemp(), "--world_size",
+         str(world), "--nproc_per_node", str(world), "--json"],
+        cwd=REPO, env=_launch_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"planner failed:\n{done.stderr[-3000:]}")
+    name = "none" if config in ("none", "ddp") else f"{config}.json"
+    rows = json.loads(done.stdout)
+    row = next(r for r in rows if r["config"] == name and r["gradient_checkpointing"] == checkpointing)
+    return row["device_bytes"] / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--gradient_checkpointing", nargs="+", default=["false"], choices=["false", "true"])
+    options = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="memory_plan-"))
+    print(f"{'shape':8} {'configuration':16} {'gc':4} {'predicted MiB':>14} {'measured MiB':>13} {'ratio':>6}")
+    for shape in options.shapes:
+        spec = SHAPES[shape]
+        model_dir = build_model_dir(spec, workdir / f"model-{shape}")
+        train_file = write_records(spec, workdir / f"{shape}.jsonl")
+        for config in options.configs:
+            for gc in (value == "true" for value in options.gradient_checkpointing):
+                predicted = predict(spec, model_dir, train_file, config, gc)
+                measured = measure(spec, model_dir, train_file, config, gc, workdir)
+                print(f"{shape:8} {config:16} {'yes' if gc else 'no':4} {predicted:14.0f} {measured:13.0f} "
+                      f"{predicted / measured:6.2f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

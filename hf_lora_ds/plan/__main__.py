@@ -1,0 +1,64 @@
+"""``python -m hf_lora_ds.plan``: will this LoRA run fit, under which ZeRO stage, with what batch?
+
+    python -m hf_lora_ds.plan --model_name_or_path examples/model_configs/qwen2.5-7b-instruct \\
+        --max_length 2048 --per_device_train_batch_size 4 --world_size 2 --device_memory 32GiB
+    python -m hf_lora_ds.plan examples/qwen2.5-7b-instruct_zero3_2x24gb.yaml --world_size 2 --json
+
+Takes run_sft.py's flags (or its YAML/JSON file, then flags) plus the planner's own (``--world_size``,
+``--nnodes``/``--nproc_per_node``, ``--device_memory``, ``--host_memory``, ``--headroom``, ``--json``). Only the
+model's config.json is read; with ``--train_file`` and a tokenizer beside the config, the real sample lengths are
+used, else ``--max_length``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from hf_lora_ds.arguments import SFTTrainingArguments, read_arguments_file
+from hf_lora_ds.ds_config import load_deepspeed_config
+from hf_lora_ds.errors import UserError, run_cli
+from hf_lora_ds.plan.from_args import PlanArguments, plan_run, sequence_profile
+from hf_lora_ds.plan.planner import PlanRow, recommend, shipped_configs
+from hf_lora_ds.plan.report import format_table
+
+
+def parse(argv: list[str]):
+    """run_sft's fields as a namespace (no SFTTrainingArguments is built: that would start distributed state and
+    require data), and the planner's own arguments."""
+    parser = HfArgumentParser([SFTTrainingArguments, PlanArguments])
+    defaults: dict = {}
+    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
+        defaults.update(read_arguments_file(Path(argv[0])))
+        argv = argv[1:]
+    parser.set_defaults(**defaults)
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise UserError(f"unknown argument(s) {unknown}; see python -m hf_lora_ds.plan --help")
+    if not namespace.model_name_or_path:
+        raise UserError("--model_name_or_path is required: a model directory or its config.json")
+    plan_args = PlanArguments(**{name: getattr(namespace, name) for name in PlanArguments.__dataclass_fields__})
+    return namespace, plan_args
+
+
+def main(argv: list[str] | None = None) -> list[PlanRow]:
+    args, plan_args = parse(sys.argv[1:] if argv is None else argv)
+    configs = shipped_configs()
+    if args.deepspeed and args.deepspeed != "auto":  # the user's own config gets a row too
+        config, _ = load_deepspeed_config(args.deepspeed)
+        configs.setdefault(Path(args.deepspeed).name, config)
+    with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) off the table/JSON
+        rows = plan_run(args, plan_args, sequence_profile(args), configs)
+    if plan_args.json:
+        print(json.dumps([row.as_json() for row in rows], indent=1))
+    else:
+        print(format_table(rows, recommend(rows)))
+    return rows
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,184 @@
+"""Peak memory per device and per node for one configuration, itemised: the model states ZeRO partitions, the
+activations and logits it does not, and the buffers DeepSpeed adds.
+
+Model states for LoRA differ from DeepSpeed's own estimators (which assume every parameter trains): the frozen base
+has no gradient and no optimizer state, so only ZeRO-3 (which also partitions frozen weights) and parameter offload
+shrink it. The LoRA weights carry the usual Adam states: fp32 exp_avg and exp_avg_sq, an fp32 master copy when the
+weights train in 16 bits (DeepSpeed casts the model to bf16/fp16; without DeepSpeed PEFT keeps adapters in fp32),
+and gradients, each partitioned from the stage that partitions it (1: optimizer state, 2: + gradients,
+3: + weights).
+
+Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.supervised_logits): the LM head output at supervised
+positions only, its fp32 upcast and log-softmax, and their gradients; above ``CHUNK_ELEMENTS`` the fp32 part is
+recomputed chunk by chunk, so only one chunk of it is alive at a time.
+
+On a CPU-only machine the "device" is the process's host memory: offload moves nothing anywhere, and the runtime
+baseline is the resident memory of a process that has imported the training stack (measured, not assumed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_lora_ds.plan.model_shape import ModelShape
+from hf_lora_ds.supervised_logits import CHUNK_ELEMENTS
+
+__all__ = ["BatchShape", "DeepSpeedLayout", "Estimate", "estimate_memory", "CUDA_CONTEXT_BYTES"]
+
+# What a CUDA context and cuBLAS/cuDNN workspaces take on the device before the first tensor: not counted by
+# torch.cuda.max_memory_allocated, seen by nvidia-smi; 0.5-1 GiB on recent GPUs and drivers.
+CUDA_CONTEXT_BYTES = 768 * 2**20
+
+
+@dataclass(frozen=True)
+class DeepSpeedLayout:
+    """The parts of a resolved DeepSpeed config that move memory. ``stage`` None: no DeepSpeed (plain or DDP)."""
+
+    stage: int | None = None
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    reduce_bucket_size: int | None = None  # elements; None: "auto" (hidden_size², as transformers fills it in)
+    prefetch_bucket_size: int | None = None  # ZeRO-3 only; None: "auto" (0.9 · hidden_size²)
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> DeepSpeedLayout:
+        if config is None:
+            return cls()
+        zero = config.get("zero_optimization", {})
+
+        def offloads(name: str) -> bool:
+            return zero.get(name, {}).get("device", "none") not in (None, "none")
+
+        def elements(key: str) -> int | None:
+            value = zero.get(key, "auto")
+            return None if value == "auto" else int(float(value))
+
+        return cls(
+            stage=int(zero.get("stage", 0)),
+            offload_optimizer=offloads("offload_optimizer"),
+            offload_param=offloads("offload_param"),
+            reduce_bucket_size=elements("reduce_bucket_size"),
+            prefetch_bucket_size=elements("stage3_prefetch_bucket_size"),
+        )
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The largest micro-batch a device sees: ``rows`` sequences of ``row_tokens`` (padded; one row of all tokens
+    when padding-free) with ``supervised_tokens`` trained labels among them."""
+
+    rows: int
+    row_tokens: int
+    supervised_tokens: int
+
+
+@dataclass
+class Estimate:
+    """Bytes per device (itemised) and per node. ``host_items`` is what lives in host RAM on each node."""
+
+    device_items: dict[str, int] = field(default_factory=dict)
+    host_items: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.device_items.values())
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host_items.values())
+
+
+def estimate_memory(
+    shape: ModelShape,
+    batch: BatchShape,
+    layout: DeepSpeedLayout,
+    *,
+    world_size: int,
+    ranks_per_node: int,
+    weight_bytes: int,
+    gradient_checkpointing: bool,
+    supervised_logits_only: bool,
+    on_accelerator: bool,
+    runtime_bytes: int,
+) -> Estimate:
+    """The peak for one configuration. ``weight_bytes`` is the size of one element of the compute dtype;
+    ``runtime_bytes`` the fixed per-process cost (a CUDA context, or the measured CPU baseline)."""
+    stage = layout.stage
+    shards = world_size if stage is not None and stage >= 1 else 1
+    frozen = shape.frozen_weight_bytes // (world_size if stage == 3 else 1)
+    states = _lora_states(shape.trainable_params, layout, world_size, weight_bytes)
+    moved_params = layout.offload_param and stage == 3
+    moved_optimizer = layout.offload_optimizer and stage is not None
+
+    device: dict[str, int] = {"frozen weights": 0 if moved_params else frozen}
+    host: dict[str, int] = {}
+    device["LoRA weights"] = 0 if moved_params else states["weights"]
+    device["gradients"] = states["gradients"]
+    device["optimizer states"] = 0 if moved_optimizer else states["optimizer"]
+    if moved_params:
+        host["frozen weights (offloaded)"] = (frozen + states["weights"]) * ranks_per_node
+    if moved_optimizer:
+        host["optimizer states (offloaded)"] = (states["optimizer"] + states["gradients"]) * ranks_per_node
+    device["activations"] = (
+        shape.activation_bytes(batch.rows, gradient_checkpointing) * batch.row_tokens // shape.seq_len
+    )
+    device["logits and loss"] = _logits_bytes(shape, batch, weight_bytes, supervised_logits_only)
+    device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes, shards)
+    device["runtime"] = runtime_bytes
+    host["model loading"] = _loading_bytes(shape, stage, world_size) * ranks_per_node
+    if not on_accelerator:  # one memory: what the estimate calls "device" and "host" live in the same RSS
+        device.update({name: value // ranks_per_node for name, value in host.items() if name != "model loading"})
+        host = {"all ranks": sum(device.values()) * ranks_per_node}
+    return Estimate(device_items=device, host_items=host)
+
+
+def _lora_states(trainable: int, layout: DeepSpeedLayout, world_size: int, weight_bytes: int) -> dict[str, int]:
+    """Bytes of the adapter's weights, gradients and Adam states on one device."""
+    stage = layout.stage
+    if stage is None:  # plain Trainer: PEFT keeps adapters in fp32, torch's AdamW two fp32 moments
+        return {"weights": 4 * trainable, "gradients": 4 * trainable, "optimizer": 8 * trainable}
+    # DeepSpeed trains the adapters in the compute dtype; its optimizer keeps an fp32 master copy (a clone even in
+    # fp32 from stage 1 on) and the moments, partitioned from stage 1 on.
+    shards = world_size if stage >= 1 else 1
+    master = 4 * trainable if (weight_bytes < 4 or stage >= 1) else 0
+    optimizer = (8 * trainable + master) // shards
+    weights = weight_bytes * trainable // (world_size if stage == 3 else 1)
+    if stage >= 2:
+        gradients = 4 * trainable // world_size
+    elif stage == 1:
+        gradients = weight_bytes * trainable + 4 * trainable // world_size
+    else:
+        gradients = weight_bytes * trainable + (4 * trainable if weight_bytes < 4 else 0)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer}
+
+
+def _logits_bytes(shape: ModelShape, batch: BatchShape, weight_bytes: int, supervised_only: bool) -> int:
+    """Head output at the kept positions (compute dtype), the fp32 upcast (when the head is not fp32) and the
+    log-softmax the loss keeps, then in backward the gradients of the fp32 part and of the head output."""
+    positions = batch.supervised_tokens if supervised_only else batch.rows * batch.row_tokens
+    elements = positions * shape.vocab_size
+    upcast = 4 if weight_bytes < 4 else 0
+    if supervised_only and elements > CHUNK_ELEMENTS:  # checkpointed chunks: one chunk's fp32 work at a time
+        return elements * 2 * weight_bytes + CHUNK_ELEMENTS * (upcast + 4 + 8)
+    return elements * (2 * weight_bytes + upcast + 4 + 4 + upcast)
+
+
+def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int, shards: int) -> int:
+    """The gradient reduce bucket (stages 1-3) and, under ZeRO-3, the gathered weights of the largest module plus
+    the prefetch bucket (its ``auto`` sizes are transformers' fill-ins, hidden_size² and 0.9 · hidden_size²)."""
+    if layout.stage is None or layout.stage == 0:
+        return 0
+    square = shape.hidden_size**2
+    reduce_bucket = min(layout.reduce_bucket_size or square, shape.trainable_params) * 4
+    if layout.stage < 3:
+        return reduce_bucket
+    prefetch = (layout.prefetch_bucket_size or int(0.9 * square)) * weight_bytes
+    return reduce_bucket + shape.largest_module_bytes + prefetch
+
+
+def _loading_bytes(shape: ModelShape, stage: int | None, world_size: int) -> int:
+    """Host memory one rank holds while ``from_pretrained`` reads the weights: the whole model, except under ZeRO-3,
+    which partitions each layer as it is read (its share plus the layer being read)."""
+    if stage == 3:
+        return shape.frozen_weight_bytes // world_size + shape.largest_module_bytes
+    return shape.frozen_weight_bytes

@@ -1,0 +1,258 @@
+"""From a run's arguments (``SFTTrainingArguments``, or the same fields parsed without building one) to a plan.
+
+The planner reads the fields by name, so ``python -m hf_lora_ds.plan`` can parse run_sft's flags and YAML file
+without constructing ``SFTTrainingArguments`` (whose checks start distributed state and need a data file), and
+run_sft can plan with the arguments it already has.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from hf_lora_ds.distributed import launcher_world_size
+from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.lora import lora_config_from_args
+from hf_lora_ds.plan.model_shape import load_model_config
+from hf_lora_ds.plan.planner import (
+    SHIPPED_CONFIGS_DIR,
+    PlanRow,
+    PlanSettings,
+    SequenceProfile,
+    make_plan,
+    recommend,
+    runtime_bytes,
+    shipped_configs,
+)
+from hf_lora_ds.plan.report import plan_line
+
+__all__ = [
+    "PlanArguments",
+    "config_name",
+    "parse_memory",
+    "plan_run",
+    "check_memory_plan",
+    "plan_this_run",
+    "profile_from_dataset",
+    "recommended_deepspeed_config",
+    "run_world",
+    "sequence_profile",
+]
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}  # fmt: skip
+
+
+@dataclass
+class PlanArguments:
+    """The planner's own flags; every other flag is run_sft's."""
+
+    world_size: int | None = field(
+        default=None, metadata={"help": "Devices in all: nnodes x nproc_per_node unless given."}
+    )
+    nnodes: int = field(default=1, metadata={"help": "Machines the run spans."})
+    nproc_per_node: int | None = field(
+        default=None, metadata={"help": "Devices (ranks) per machine. Default: the accelerators visible here, else 1."}
+    )
+    device: str = field(
+        default="auto",
+        metadata={
+            "help": "What the ranks train on: 'gpu' (accelerators of --device_memory each), 'cpu' (the host's "
+            "memory, shared by the ranks), 'auto': this machine's kind.",
+            "choices": ["auto", "gpu", "cpu"],
+        },
+    )
+    host_memory: str | None = field(
+        default=None,
+        metadata={
+            "help": "Host RAM per machine (for offload and loading). Default: this machine's when planning for "
+            "its own kind of device, else unchecked."
+        },
+    )
+    headroom: float = field(
+        default=0.1, metadata={"help": "Fraction of memory kept free: a configuration fits within the rest."}
+    )
+    json: bool = field(default=False, metadata={"help": "Print the rows as a JSON list instead of the table."})
+
+
+def parse_memory(text: str, flag: str) -> int:
+    """``"24GiB"`` -> bytes. Decimal units (GB) are powers of 10, binary ones (GiB, and a bare G) of 2."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text or "")
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UserError(f"{flag} {text!r}: not a memory size; write e.g. 24GiB, 80GB or 32G")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def profile_from_dataset(dataset) -> SequenceProfile:
+    """Lengths and supervised-token counts of a ``ChatSFTDataset`` (after truncation and dropping)."""
+    table = dataset.samples.with_format(None)
+    return SequenceProfile(lengths=tuple(table["length"]), supervised=tuple(table["num_supervised"]))
+
+
+def sequence_profile(args) -> SequenceProfile:
+    """The training data's real lengths when its file and the model's tokenizer are at hand; else every sample
+    taken as ``max_length`` tokens, all supervised (the upper bound)."""
+    if not args.train_file:
+        return SequenceProfile.unknown(args.max_length)
+    from transformers import AutoTokenizer
+
+    from hf_lora_ds.data import ChatSFTDataset
+    from hf_lora_ds.formats import FormatOptions
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError):  # a directory with only config.json: plan by max_length
+        return SequenceProfile.unknown(args.max_length)
+    dataset = ChatSFTDataset(
+        args.train_file, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
+        assistant_turns=args.assistant_turns, cache_dir=args.dataset_cache_dir,
+        formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
+    )  # fmt: skip
+    return profile_from_dataset(dataset)
+
+
+def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
+    """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
+    on_accelerator = _plans_accelerator(plan_args.device, args)
+    if plan_args.nproc_per_node:
+        per_node = plan_args.nproc_per_node
+    elif plan_args.world_size:  # the world asked for, spread evenly over the nodes
+        per_node = max(1, plan_args.world_size // plan_args.nnodes)
+    else:
+        per_node = max(1, torch.accelerator.device_count()) if on_accelerator else 1
+    world_size = plan_args.world_size or plan_args.nnodes * per_node
+    if world_size < 1 or per_node < 1 or world_size % per_node:
+        raise UserError(f"--world_size {world_size} with --nproc_per_node {per_node}: the world must be whole nodes")
+    settings = PlanSettings(
+        model_config=load_model_config(args.model_name_or_path, args.trust_remote_code),
+        lora=lora_config_from_args(args),
+        dtype=_compute_dtype(args.dtype, on_accelerator),
+        batch_size=args.per_device_train_batch_size,
+        profile=profile,
+        world_size=world_size,
+        ranks_per_node=min(per_node, world_size),
+        device_memory=_device_memory(args.device_memory, on_accelerator),
+        host_memory=_host_memory(plan_args, on_accelerator),
+        on_accelerator=on_accelerator,
+        headroom=plan_args.headroom,
+        attn_implementation=args.attn_implementation,
+        quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
+        padding_free=args.batching == "padding_free"
+        or (args.batching == "auto" and (args.attn_implementation or "").startswith("flash")),
+        supervised_logits_only=args.supervised_logits_only,
+    )
+    if not 0 <= settings.headroom < 1:
+        raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")
+    configs = configs if configs is not None else shipped_configs()
+    for name, config in configs.items():  # unknown stages, batch sizes this world cannot make: refused by key
+        if config is not None:
+            check_deepspeed_config(
+                config,
+                f"ds_configs/{name}",
+                micro_batch=args.per_device_train_batch_size,
+                accumulation=args.gradient_accumulation_steps,
+                world_size=world_size,
+            )
+    return make_plan(settings, configs, runtime_bytes(on_accelerator))
+
+
+def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
+    """As SFTTrainingArguments resolves ``auto``: bf16 on an accelerator that has it, fp32 elsewhere."""
+    if dtype == "auto":
+        bf16 = on_accelerator and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    return getattr(torch, dtype)
+
+
+def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
+    """``--host_memory``; else this machine's, when the plan is for this machine (planning GPUs from a laptop
+    leaves the host unchecked)."""
+    if plan_args.host_memory:
+        return parse_memory(plan_args.host_memory, "--host_memory")
+    if on_accelerator != torch.accelerator.is_available():
+        return None
+    return psutil.virtual_memory().total
+
+
+def _plans_accelerator(device: str, args) -> bool:
+    if device != "auto":
+        return device == "gpu"
+    return torch.accelerator.is_available() and not getattr(args, "use_cpu", False)
+
+
+def _device_memory(device_memory: str | None, on_accelerator: bool) -> int:
+    if device_memory:
+        return parse_memory(device_memory, "--device_memory")
+    if on_accelerator and torch.cuda.is_available():  # planning for another GPU kind needs --device_memory
+        return torch.cuda.get_device_properties(0).total_memory
+    if on_accelerator:
+        raise UserError("this accelerator's memory cannot be read: pass --device_memory (e.g. 32GiB)")
+    return psutil.virtual_memory().total
+
+
+def run_world() -> PlanArguments:
+    """The world this process was launched into, as the planner's arguments."""
+    world_size = launcher_world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
+    return PlanArguments(world_size=world_size, nproc_per_node=per_node, nnodes=max(1, world_size // per_node))
+
+
+def config_name(deepspeed: str | dict | None) -> str:
+    """A run's ``--deepspeed`` as a plan row's ``config``: a file's name, or ``"none"``."""
+    if not deepspeed:
+        return "none"
+    return Path(deepspeed).name if isinstance(deepspeed, str) else "--deepspeed"
+
+
+def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
+    """The row of the configuration ``args`` runs (its own DeepSpeed config added when not a shipped one), and
+    every row: the alternatives to name when it does not fit."""
+    configs = shipped_configs()
+    name = config_name(args.deepspeed)
+    if args.deepspeed and name not in configs:
+        configs[name], _ = load_deepspeed_config(args.deepspeed)
+    rows = plan_run(args, run_world(), profile, configs)
+    chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing))
+    return chosen, rows
+
+
+def recommended_deepspeed_config(args) -> Path:
+    """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
+    sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
+    rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))
+    candidates = [
+        r for r in rows if r.config != "none" and r.gradient_checkpointing == bool(args.gradient_checkpointing)
+    ]
+    chosen = recommend(candidates)
+    if chosen is None:
+        smallest = min(candidates, key=lambda r: r.estimate.device_bytes)
+        raise UserError(
+            f"--deepspeed auto: no shipped DeepSpeed config fits; the smallest, {plan_line(smallest)}. Lower "
+            "--per_device_train_batch_size or --max_length, add --gradient_checkpointing true, or use more devices"
+        )
+    return SHIPPED_CONFIGS_DIR / chosen.config
+
+
+def check_memory_plan(args, profile: SequenceProfile) -> PlanRow:
+    """run_sft's plan line (rank 0), and on an accelerator a stop before loading when the run will not fit, naming
+    the configurations that would (``--check_memory_plan false`` tries anyway). A CPU run only prints: host memory
+    swaps rather than failing at a clean boundary, and the planner's CPU figures are what CI checks."""
+    chosen, rows = plan_this_run(args, profile)
+    if args.process_index == 0:
+        print(f"memory plan: {plan_line(chosen)}", flush=True)
+    on_accelerator = _plans_accelerator("auto", args)
+    if on_accelerator and not chosen.fits and args.check_memory_plan:
+        fitting = [plan_line(row) for row in rows if row.fits][:3]
+        alternatives = "; ".join(fitting) if fitting else "none of the shipped configurations fits either"
+        raise UserError(
+            f"the memory plan says this run will not fit: {plan_line(chosen)}. Would fit: {alternatives}. "
+            "Lower --per_device_train_batch_size or --max_length, or pass --check_memory_plan false to try anyway"
+        )
+    return chosen

@@ -1,0 +1,221 @@
+"""What a model *is*, in bytes, read from its ``config.json`` alone: the model is built on the meta device (no weight
+is read or allocated, so a 72B config takes seconds) and wrapped with PEFT using the run's LoRA settings, so the
+frozen and trainable parameter counts and the largest module are counted, not derived from formulas.
+
+Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder
+records every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's
+fp32 adapters cast their inputs, RMSNorm upcasts). Their difference is one decoder layer; the one-layer figure less
+that is what lies outside the layers (embeddings, rotary tables). Memory-efficient attention kernels (sdpa's fused
+kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but
+on the meta device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.modeling_utils import set_zero3_state
+
+from hf_lora_ds.errors import MissingPathError, UserError
+
+__all__ = ["ModelShape", "load_model_config", "measure_model_shape"]
+
+_FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
+SHIPPED_MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "model_configs"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Counts for one model + LoRA setting; activation figures are bytes for one sample of ``seq_len`` tokens."""
+
+    frozen_params: int
+    trainable_params: int
+    frozen_weight_bytes: int  # as loaded: in the run's dtype, or 4/8-bit packed weights and their scales
+    largest_module_bytes: int  # the biggest module's frozen weights, in the compute dtype (a ZeRO-3 gather)
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+    seq_len: int
+    layer_activation_bytes: int  # saved for backward by one decoder layer
+    outside_activation_bytes: int  # saved outside the decoder layers (embeddings, rotary tables, final norm)
+    layer_input_bytes: int  # a layer's input: what gradient checkpointing keeps per layer
+
+    def activation_bytes(self, batch_size: int, gradient_checkpointing: bool) -> int:
+        """Saved for backward over the whole forward of ``batch_size`` samples of ``seq_len`` tokens. With
+        gradient checkpointing only each layer's input is kept, and one layer at a time is recomputed in backward."""
+        if gradient_checkpointing:
+            per_sample = self.num_layers * self.layer_input_bytes + self.outside_activation_bytes
+            per_sample += self.layer_activation_bytes
+        else:
+            per_sample = self.num_layers * self.layer_activation_bytes + self.outside_activation_bytes
+        return batch_size * per_sample
+
+
+def load_model_config(path: str, trust_remote_code: bool = False) -> PretrainedConfig:
+    """A model directory (or its ``config.json``) as a transformers config; a bad path is a one-line error."""
+    if os.path.isfile(path):
+        try:
+            data = json.loads(open(path, encoding="utf-8").read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise UserError(f"{path}: not a JSON model config ({err})") from None
+        if "model_type" not in data:
+            raise UserError(f"{path}: no 'model_type' key; is this a transformers config.json?")
+        return AutoConfig.for_model(**data)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise MissingPathError(f"--model_name_or_path {path}: the directory has no config.json")
+    if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or path.count("/") > 1):
+        raise MissingPathError(f"--model_name_or_path {path}: no such directory or config.json")
+    shipped = SHIPPED_MODEL_CONFIGS / path.rsplit("/", 1)[-1].lower() / "config.json"
+    if not os.path.isdir(path) and shipped.is_file():  # a hub id whose architecture numbers ship here: no download
+        return load_model_config(str(shipped))
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"--model_name_or_path {path}: cannot read its config ({str(err).splitlines()[0]})") from None
+
+
+def measure_model_shape(
+    config: PretrainedConfig,
+    lora: LoraConfig,
+    dtype: torch.dtype,
+    seq_len: int,
+    attn_implementation: str | None = None,
+    quantization: str | None = None,
+    adapters_in_compute_dtype: bool = False,
+) -> ModelShape:
+    """Count parameters and saved activations for ``seq_len`` tokens of one sample. ``quantization`` is ``"4bit"``,
+    ``"8bit"`` or None; quantized bases are counted with bitsandbytes' storage of their linear layers.
+
+    PEFT keeps adapters in fp32 under a 16-bit base, so every adapted layer saves an fp32 copy of its input;
+    DeepSpeed casts all parameters to the compute dtype (``adapters_in_compute_dtype``), and those copies go."""
+    model = _meta_peft_model(config, lora, dtype, attn_implementation, adapters_in_compute_dtype)
+    frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
+    weight_bytes = sum(_stored_bytes(name, p, dtype, quantization) for name, p in frozen)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    one, two = (
+        _saved_activation_bytes(config, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype)
+        for layers in (1, 2)
+    )
+    hidden = config.get_text_config().hidden_size
+    return ModelShape(
+        frozen_params=sum(p.numel() for _, p in frozen),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        frozen_weight_bytes=weight_bytes,
+        largest_module_bytes=largest * dtype.itemsize,
+        hidden_size=hidden,
+        vocab_size=config.get_text_config().vocab_size,
+        num_layers=config.get_text_config().num_hidden_layers,
+        seq_len=seq_len,
+        layer_activation_bytes=two - one,
+        outside_activation_bytes=max(0, 2 * one - two),
+        layer_input_bytes=seq_len * hidden * dtype.itemsize,
+    )
+
+
+def _meta_peft_model(
+    config: PretrainedConfig, lora: LoraConfig, dtype: torch.dtype, attn: str | None, adapters_in_compute_dtype: bool
+):
+    # set_zero3_state: from_config would otherwise wrap the build in deepspeed.zero.Init when a ZeRO-3 run is
+    # configured (run_sft plans after its arguments exist), and zero.Init cannot partition meta tensors.
+    with set_zero3_state(), torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_meta_attention(attn))
+    model = get_peft_model(model, copy.deepcopy(lora))
+    if adapters_in_compute_dtype:
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(dtype)
+    return model
+
+
+def _meta_attention(attn: str | None) -> str:
+    """Eager attention is counted as it is (it keeps the scores); every other kernel as a fused one."""
+    if attn == "eager":
+        return "eager"
+    _register_fused_attention()
+    return _FUSED
+
+
+def _stored_bytes(name: str, param: torch.Tensor, dtype: torch.dtype, quantization: str | None) -> int:
+    """bitsandbytes packs the decoder's linear weights: NF4/FP4 at 4 bits plus one absmax per 64 weights (double
+    quantization stores those in 8 bits: ~0.52 byte/weight in all), LLM.int8 at 1 byte plus a scale per row. The
+    rest (embeddings, norms, the head) is cast to fp32 by ``peft.prepare_model_for_kbit_training``."""
+    if quantization is None:
+        return param.numel() * dtype.itemsize
+    if name.endswith(".weight") and param.dim() == 2 and ".layers." in name and "lora_" not in name:
+        per_weight = 0.5 + 1 / 64 if quantization == "4bit" else 1.0
+        return int(param.numel() * per_weight) + param.shape[0] * 4
+    return param.numel() * 4
+
+
+def _decoder_copy(config: PretrainedConfig, layers: int) -> PretrainedConfig:
+    small = copy.deepcopy(config)
+    text = small.get_text_config()
+    text.num_hidden_layers = layers
+    for key in ("layer_types", "mlp_only_layers"):
+        if isinstance(getattr(text, key, None), list):
+            setattr(text, key, getattr(text, key)[:layers])
+    return small
+
+
+def _saved_activation_bytes(
+    config: PretrainedConfig,
+    lora: LoraConfig,
+    dtype: torch.dtype,
+    attn: str | None,
+    seq_len: int,
+    layers: int,
+    adapters_in_compute_dtype: bool,
+) -> int:
+    """Bytes autograd keeps for backward over a training forward of the decoder (no LM head: the logits are a term
+    of their own), one sample of ``seq_len`` tokens. Views of one storage count once; parameters not at all."""
+    model = _meta_peft_model(_decoder_copy(config, layers), lora, dtype, attn, adapters_in_compute_dtype)
+    model.train()
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in params:
+            storages[storage._cdata] = storage.nbytes()
+        return tensor
+
+    decoder = model.get_base_model().get_decoder()
+    input_ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    # A ready 4-D mask: transformers would otherwise inspect the (meta) positions for packed sequences.
+    causal_mask = torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
+    return sum(storages.values())
+
+
+class _FusedAttention(torch.autograd.Function):
+    """Shapes only: what a fused attention kernel saves (query, key, value, output, an fp32 log-sum-exp per row)."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, _ = query.shape
+        output = query.new_empty(batch, length, heads, value.shape[-1])
+        logsumexp = query.new_empty(batch, heads, length, dtype=torch.float32)
+        ctx.save_for_backward(query, key, value, output, logsumexp)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # never run: the planner's forward is on the meta device
+        raise NotImplementedError
+
+
+def _fused_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    return _FusedAttention.apply(query, key, value), None
+
+
+@cache
+def _register_fused_attention() -> None:
+    AttentionInterface.register(_FUSED, _fused_attention_forward)

@@ -1,0 +1,182 @@
+"""One plan: every shipped configuration (no DeepSpeed, each ``ds_configs/*.json``), with and without gradient
+checkpointing, estimated for the run's model, batch, sequence lengths and world, then the recommendation.
+
+The recommendation is the first configuration that fits in this order: less communication and offload first
+(no DeepSpeed, ZeRO-0, 1, 2, 3, then the offload configs), and at each, without gradient checkpointing (which
+recomputes the forward in backward, ~1/3 more compute) before with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+from peft import LoraConfig
+from transformers import PretrainedConfig
+
+from hf_lora_ds.plan.estimate import CUDA_CONTEXT_BYTES, BatchShape, DeepSpeedLayout, Estimate, estimate_memory
+from hf_lora_ds.plan.model_shape import ModelShape, measure_model_shape
+
+__all__ = ["PlanRow", "PlanSettings", "SequenceProfile", "make_plan", "recommend", "shipped_configs", "runtime_bytes"]
+
+SHIPPED_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
+_SPEED_ORDER = ("none", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload")
+_MAX_BATCH_SEARCH = 1 << 14
+
+
+@dataclass(frozen=True)
+class SequenceProfile:
+    """Tokenized lengths and supervised-token counts of the training samples (after truncation), or a single
+    ``max_length`` standing for samples of unknown length (every position then counts as supervised: the bound)."""
+
+    lengths: tuple[int, ...]
+    supervised: tuple[int, ...]
+
+    @classmethod
+    def unknown(cls, max_length: int) -> SequenceProfile:
+        return cls(lengths=(max_length,), supervised=(max_length,))
+
+    def worst_batch(self, batch_size: int, padding_free: bool) -> BatchShape:
+        """The micro-batch that needs the most memory: the longest samples together (length grouping puts them
+        together; random order can too)."""
+        longest = sorted(self.lengths, reverse=True)
+        most_supervised = sorted(self.supervised, reverse=True)
+        count = len(longest)
+        tokens = sum(longest[:batch_size]) + max(0, batch_size - count) * longest[0]
+        supervised = sum(most_supervised[:batch_size]) + max(0, batch_size - count) * most_supervised[0]
+        if padding_free:
+            return BatchShape(rows=1, row_tokens=tokens, supervised_tokens=supervised)
+        return BatchShape(rows=batch_size, row_tokens=longest[0], supervised_tokens=supervised)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Everything about the run the estimate reads, besides the model."""
+
+    model_config: PretrainedConfig
+    lora: LoraConfig
+    dtype: torch.dtype
+    batch_size: int
+    profile: SequenceProfile
+    world_size: int
+    ranks_per_node: int
+    device_memory: int  # bytes per device; on a CPU-only machine the host memory the ranks share
+    host_memory: int | None  # bytes per node; None: not checked (planning for machines other than this one)
+    on_accelerator: bool
+    headroom: float = 0.1
+    attn_implementation: str | None = None
+    quantization: str | None = None  # "4bit", "8bit" or None
+    padding_free: bool = False
+    supervised_logits_only: bool = True
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    config: str  # a shipped config's file name, or "none"
+    gradient_checkpointing: bool
+    estimate: Estimate
+    fits: bool
+    margin_bytes: int  # usable device memory minus the estimate (negative: short by that much)
+    max_batch_size: int
+
+    def as_json(self) -> dict:
+        return {
+            "config": self.config,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "device_bytes": self.estimate.device_bytes,
+            "host_bytes": self.estimate.host_bytes,
+            "fits": self.fits,
+            "margin_bytes": self.margin_bytes,
+            "max_batch_size": self.max_batch_size,
+            "device_items": self.estimate.device_items,
+            "host_items": self.estimate.host_items,
+        }
+
+
+def shipped_configs(directory: Path = SHIPPED_CONFIGS_DIR) -> dict[str, dict | None]:
+    """``{"none": None, "stage0.json": {...}, ...}`` in the recommendation's order."""
+    configs: dict[str, dict | None] = {"none": None}
+    for path in sorted(directory.glob("*.json"), key=lambda p: _rank(p.stem)):
+        configs[path.name] = json.loads(path.read_text(encoding="utf-8"))
+    return configs
+
+
+def _rank(name: str) -> int:
+    return _SPEED_ORDER.index(name) if name in _SPEED_ORDER else len(_SPEED_ORDER)
+
+
+def runtime_bytes(on_accelerator: bool) -> int:
+    """A CUDA context on an accelerator; on a CPU the resident memory of this process, which has imported the same
+    libraries a training process does (the planner runs inside run_sft, or as ``python -m hf_lora_ds.plan``)."""
+    return CUDA_CONTEXT_BYTES if on_accelerator else psutil.Process(os.getpid()).memory_info().rss
+
+
+def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: int) -> list[PlanRow]:
+    """One row per configuration and gradient-checkpointing setting, in the recommendation's order."""
+    seq_len = settings.profile.worst_batch(1, padding_free=False).row_tokens
+    shapes = {}
+    for under_deepspeed in (False, True):  # DeepSpeed casts the adapters to the compute dtype; plain Trainer does not
+        if under_deepspeed and settings.dtype.itemsize == 4:
+            shapes[True] = shapes[False]
+            continue
+        shapes[under_deepspeed] = measure_model_shape(
+            settings.model_config, settings.lora, settings.dtype, seq_len, settings.attn_implementation,
+            settings.quantization, adapters_in_compute_dtype=under_deepspeed,
+        )  # fmt: skip
+    rows = [
+        _row(shapes[config is not None], settings, name, DeepSpeedLayout.from_config(config), checkpointing, runtime)
+        for name, config in configs.items()
+        for checkpointing in (False, True)
+    ]
+    return sorted(rows, key=lambda row: (_rank(row.config.removesuffix(".json")), row.gradient_checkpointing))
+
+
+def _row(shape: ModelShape, settings: PlanSettings, name: str, layout: DeepSpeedLayout, gc: bool, runtime: int):
+    def estimate(batch_size: int) -> Estimate:
+        return estimate_memory(
+            shape,
+            settings.profile.worst_batch(batch_size, settings.padding_free),
+            layout,
+            world_size=settings.world_size,
+            ranks_per_node=settings.ranks_per_node,
+            weight_bytes=settings.dtype.itemsize,
+            gradient_checkpointing=gc,
+            supervised_logits_only=settings.supervised_logits_only,
+            on_accelerator=settings.on_accelerator,
+            runtime_bytes=runtime,
+        )
+
+    def margin(found: Estimate) -> int:
+        return int(min(_usable_device(settings) - found.device_bytes, _usable_host(settings) - found.host_bytes))
+
+    chosen = estimate(settings.batch_size)
+    largest = 0
+    while largest < _MAX_BATCH_SEARCH and margin(estimate(max(1, largest * 2))) >= 0:
+        largest = max(1, largest * 2)
+    step = largest // 2
+    while step >= 1:  # binary search between the last doubling that fitted and the one that did not
+        if largest + step <= _MAX_BATCH_SEARCH and margin(estimate(largest + step)) >= 0:
+            largest += step
+        step //= 2
+    return PlanRow(name, gc, chosen, margin(chosen) >= 0, margin(chosen), largest)
+
+
+def _usable_device(settings: PlanSettings) -> int:
+    usable = int(settings.device_memory * (1 - settings.headroom))
+    return usable if settings.on_accelerator else usable // settings.ranks_per_node
+
+
+def _usable_host(settings: PlanSettings) -> float:
+    if settings.host_memory is None:
+        return float("inf")
+    return int(settings.host_memory * (1 - settings.headroom))
+
+
+def recommend(rows: Sequence[PlanRow]) -> PlanRow | None:
+    """The first row that fits (rows come in the recommendation's order), or None."""
+    return next((row for row in rows if row.fits), None)

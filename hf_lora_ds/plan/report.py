@@ -1,0 +1,61 @@
+"""The plan as people read it: one table row per configuration, the recommendation, and one line for run_sft."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hf_lora_ds.plan.planner import PlanRow
+
+__all__ = ["format_gib", "format_table", "plan_line"]
+
+
+def format_gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB"
+
+
+def _config_name(row: PlanRow) -> str:
+    return "no DeepSpeed" if row.config == "none" else f"ds_configs/{row.config}"
+
+
+def _fits(row: PlanRow) -> str:
+    sign = "+" if row.margin_bytes >= 0 else "-"
+    return f"{'yes' if row.fits else 'no'} ({sign}{format_gib(abs(row.margin_bytes))})"
+
+
+def format_table(rows: Sequence[PlanRow], recommended: PlanRow | None) -> str:
+    header = ("configuration", "grad. ckpt", "per device", "host per node", "fits (margin)", "max batch")
+    table = [header] + [
+        (
+            _config_name(row),
+            "yes" if row.gradient_checkpointing else "no",
+            format_gib(row.estimate.device_bytes),
+            format_gib(row.estimate.host_bytes),
+            _fits(row),
+            str(row.max_batch_size),
+        )
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    if recommended is None:
+        lines.append(
+            "\nNothing fits: lower --per_device_train_batch_size or --max_length, use more devices, or --load_in_4bit."
+        )
+    else:
+        lines.append(f"\nRecommended: {plan_line(recommended)}")
+        lines += [f"  {name}: {format_gib(value)}" for name, value in recommended.estimate.device_items.items()]
+    return "\n".join(lines)
+
+
+def plan_line(row: PlanRow) -> str:
+    """``ds_configs/stage2.json without gradient checkpointing: 12.31 GiB per device, host 30.20 GiB per node,
+    fits (+8.69 GiB); max batch 16``."""
+    checkpointing = "with" if row.gradient_checkpointing else "without"
+    verdict = "fits" if row.fits else "does NOT fit"
+    return (
+        f"{_config_name(row)} {checkpointing} gradient checkpointing: {format_gib(row.estimate.device_bytes)} per "
+        f"device, host {format_gib(row.estimate.host_bytes)} per node, {verdict} "
+        f"({'+' if row.margin_bytes >= 0 else '-'}{format_gib(abs(row.margin_bytes))}); "
+        f"max batch {row.max_batch_size}"
+    )
