@@ -14,14 +14,6 @@ from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, defaul
 from hf_lora_ds.callbacks.swanlab import default_swanlab_project, swanlab_names
 
 
-@pytest.fixture
-def no_swanlab_key(monkeypatch, tmp_path):
-    for var in ("SWANLAB_MODE", "SWANLAB_API_KEY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-home"))  # no stored login
-    monkeypatch.chdir(tmp_path)  # nor a project-level one
-
-
 def test_mode_defaults_to_local_only_without_key_or_choice(no_swanlab_key, monkeypatch):
     assert default_swanlab_mode() == "local"  # swanboard (the dashboard extra) is installed here
     monkeypatch.setenv("SWANLAB_API_KEY", "x" * 21)
