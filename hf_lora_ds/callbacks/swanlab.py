@@ -65,9 +65,9 @@ def default_swanlab_project(model_name_or_path: str | None) -> str:
 
 
 def swanlab_names(args: TrainingArguments, model: Any) -> dict[str, str]:
-    """``project`` and ``experiment_name`` for ``swanlab.init``, each left out where the user chose one through
-    swanlab's own settings (``SWANLAB_PROJ_NAME``, ``SWANLAB_EXP_NAME``) and did not pass ``--project`` or
-    ``--run_name``."""
+    """``project`` and ``experiment_name`` for ``swanlab.init``: ``--project``/``--run_name`` where given; else
+    nothing where swanlab's own settings name one (``SWANLAB_PROJ_NAME``, ``SWANLAB_EXP_NAME``: ``swanlab.init`` reads
+    them, and an argument would override them); else the model's and the output directory's names."""
     settings = swanlab.Settings()
     names: dict[str, str] = {}
     if args.project != TRANSFORMERS_DEFAULT_PROJECT:
