@@ -174,6 +174,24 @@ class SFTTrainingArguments(TrainingArguments):
             "memory plan says fits (python -m hf_lora_ds.plan shows the whole table)."
         },
     )
+
+    # ---- logging ----
+    # Redeclared only for their help text: hf_lora_ds.callbacks.swanlab picks the SwanLab names they leave open.
+    project: str = field(
+        default="huggingface",
+        metadata={
+            "help": "SwanLab (and Trackio) project. Left at 'huggingface' (transformers' default), SwanLab's is "
+            "'<model basename>-lora-sft', e.g. Qwen2.5-0.5B-Instruct-lora-sft, unless SWANLAB_PROJ_NAME is set."
+        },
+    )
+    run_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the run in SwanLab (and wandb, mlflow, ...). None: SwanLab's run is named after "
+            "--output_dir's last folder, unless SWANLAB_EXP_NAME is set."
+        },
+    )
+
     # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (hf_lora_ds.resume).
     resume_from_checkpoint: str | None = field(
         default=None,

@@ -9,6 +9,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from ..distributed import rank_and_world
 from ..report import write_report
+from ..report.arguments import declared_defaults
 from ._common import resolved_deepspeed_config
 
 __all__ = ["RunReportCallback", "write_run_report"]
@@ -22,6 +23,7 @@ def _write(args: TrainingArguments, state: TrainerState, eval_report: Any = None
         state.log_history,
         eval_report=eval_report,
         arguments=args.to_dict(),
+        argument_defaults=declared_defaults(args),
         deepspeed_config=resolved_deepspeed_config(args),
     )
 

@@ -18,12 +18,19 @@ What it lacks, added by ``SwanLabCallback`` here:
    later with ``swanlab sync <run dir>``; set ``SWANLAB_MODE=cloud`` with a key to log online directly.
 2. The LoRA config arrives as one ``repr`` string; it is replaced by its fields.
 3. ``args.deepspeed`` is the config as written, with ``"auto"``; the resolved one is added.
+4. Names that say what the run is. swanlab names the project after the current directory (a run started from a temp
+   or home directory lands in a project called ``tmp1a2b3c`` or ``alice``) and the experiment at random.
+   ``use_swanlab`` names the project ``<model basename>-lora-sft`` (``Qwen2.5-0.5B-Instruct-lora-sft``) and the
+   experiment after the output directory's basename, so the dashboard lists each run where its files are. A name
+   given to ``use_swanlab``, ``--project``/``--run_name`` or ``SWANLAB_PROJ_NAME``/``SWANLAB_EXP_NAME`` wins.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 import swanlab
@@ -33,7 +40,13 @@ from transformers.integrations import SwanLabCallback as _TransformersSwanLabCal
 
 from ._common import jsonable, resolved_deepspeed_config
 
-__all__ = ["SwanLabCallback", "default_swanlab_mode", "use_swanlab"]
+__all__ = ["SwanLabCallback", "default_swanlab_mode", "default_swanlab_project", "swanlab_names", "use_swanlab"]
+
+# TrainingArguments.project's own default (a Trackio setting); left at it, the project is named after the model.
+TRANSFORMERS_DEFAULT_PROJECT = "huggingface"
+_PROJECT_SUFFIX = "-lora-sft"
+_PROJECT_MAX_LENGTH = 100  # swanlab's limit, as are the characters below
+_NOT_IN_PROJECT_NAME = re.compile(r"[^0-9a-zA-Z_\-+.]+")
 
 
 def default_swanlab_mode() -> str | None:
@@ -41,6 +54,31 @@ def default_swanlab_mode() -> str | None:
     if os.environ.get("SWANLAB_MODE") or swanlab.Settings().api_key:
         return None
     return "local" if importlib.util.find_spec("swanboard") is not None else "offline"
+
+
+def default_swanlab_project(model_name_or_path: str | None) -> str:
+    """``<model basename>-lora-sft`` (``Qwen/Qwen2.5-0.5B-Instruct`` -> ``Qwen2.5-0.5B-Instruct-lora-sft``), in the
+    characters swanlab accepts; ``hf-lora-ds`` for a model with no name (one built in memory)."""
+    name = Path(str(model_name_or_path or "").rstrip("/\\")).name
+    name = _NOT_IN_PROJECT_NAME.sub("-", name).strip("-.")
+    return name[: _PROJECT_MAX_LENGTH - len(_PROJECT_SUFFIX)] + _PROJECT_SUFFIX if name else "hf-lora-ds"
+
+
+def swanlab_names(args: TrainingArguments, model: Any) -> dict[str, str]:
+    """``project`` and ``experiment_name`` for ``swanlab.init``: ``--project``/``--run_name`` where given; else
+    nothing where swanlab's own settings name one (``SWANLAB_PROJ_NAME``, ``SWANLAB_EXP_NAME``: ``swanlab.init`` reads
+    them, and an argument would override them); else the model's and the output directory's names."""
+    settings = swanlab.Settings()
+    names: dict[str, str] = {}
+    if args.project != TRANSFORMERS_DEFAULT_PROJECT:
+        names["project"] = args.project
+    elif settings.project.name is None:
+        names["project"] = default_swanlab_project(getattr(getattr(model, "config", None), "name_or_path", None))
+    if args.run_name:
+        names["experiment_name"] = args.run_name
+    elif settings.experiment.name is None:
+        names["experiment_name"] = Path(args.output_dir).resolve().name
+    return names
 
 
 def _extra_config(args: TrainingArguments, model: Any) -> dict[str, Any]:
@@ -75,9 +113,13 @@ class SwanLabCallback(_SwanLabIntegration):
 
 
 def use_swanlab(trainer: Trainer, **kwargs: Any) -> SwanLabCallback:
-    """Replace the callback ``report_to="swanlab"`` installed (or add one) with ``SwanLabCallback(**kwargs)``."""
+    """Replace the callback ``report_to="swanlab"`` installed (or add one) with ``SwanLabCallback(**kwargs)``.
+
+    ``project`` and ``experiment_name`` not given default to ``swanlab_names`` of the trainer's arguments and model.
+    """
     trainer.pop_callback(_TransformersSwanLabCallback)
-    kwargs.setdefault("experiment_name", trainer.args.run_name)
+    for key, value in swanlab_names(trainer.args, trainer.model).items():
+        kwargs.setdefault(key, value)
     callback = next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, SwanLabCallback)), None)
     if callback is None:
         callback = SwanLabCallback(**kwargs)

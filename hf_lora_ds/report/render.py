@@ -9,6 +9,8 @@ from typing import Any
 
 import jinja2
 
+from .arguments import split_arguments
+
 __all__ = ["write_report"]
 
 _SUMMARY_KEYS = (
@@ -60,6 +62,7 @@ def write_report(
     memory_records: list[dict[str, Any]] | None = None,
     eval_report: dict[str, Any] | str | Path | None = None,
     arguments: dict[str, Any] | None = None,
+    argument_defaults: dict[str, Any] | None = None,
     deepspeed_config: dict[str, Any] | None = None,
     title: str = "LoRA SFT run report",
 ) -> Path:
@@ -68,6 +71,9 @@ def write_report(
     ``memory_records`` defaults to ``<output_dir>/memory_trace.json`` (written by MemoryTraceCallback) and
     ``eval_report`` to ``<output_dir>/eval_report.json`` (``{"before": {"accuracy": ...}, "after": {...}}``); a
     path to such a file works too. Sections whose data is missing say so instead of failing.
+
+    With ``argument_defaults`` (``hf_lora_ds.report.arguments.declared_defaults``) the arguments that differ from
+    them come first, the rest folded under a ``<details>``; without, all are listed.
     """
     from . import plots  # matplotlib takes ~0.5 s to import; only writing a report needs it
 
@@ -81,6 +87,9 @@ def write_report(
     eval_sides = [side for side in ("before", "after") if eval_report and isinstance(eval_report.get(side), dict)]
     eval_metrics = sorted({metric for side in eval_sides for metric in eval_report[side]})
     steps = [entry["step"] for entry in log_history if "step" in entry]
+    changed_arguments, other_arguments = None, dict(sorted((arguments or {}).items()))
+    if arguments and argument_defaults is not None:
+        changed_arguments, other_arguments = split_arguments(arguments, argument_defaults)
     html = (
         _environment()
         .get_template("template.html")
@@ -95,7 +104,8 @@ def write_report(
             memory_records=memory_records,
             memory_kinds=_MEMORY_KINDS,
             run_summary=_run_summary(log_history),
-            arguments=dict(sorted(arguments.items())) if arguments else None,
+            changed_arguments=changed_arguments,
+            other_arguments=other_arguments,
             deepspeed_config=deepspeed_config,
             plots={
                 "loss": plots.loss_plot(log_history),

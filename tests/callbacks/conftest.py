@@ -36,3 +36,12 @@ def make_trainer(qwen_style_tokenizer, tmp_path_factory) -> Callable[..., Traine
         )
 
     return make
+
+
+@pytest.fixture
+def no_swanlab_key(monkeypatch, tmp_path):
+    """No SwanLab key, mode or names configured, and ``tmp_path`` as the current directory."""
+    for var in ("SWANLAB_MODE", "SWANLAB_API_KEY", "SWANLAB_PROJ_NAME", "SWANLAB_EXP_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-home"))  # no stored login
+    monkeypatch.chdir(tmp_path)  # nor a project-level one

@@ -94,6 +94,9 @@ def test_report_is_written_at_train_end(run):
     html = (Path(trainer.args.output_dir) / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # loss, memory, throughput; no accuracy given
     assert "memory per phase and rank" in html
+    changed = html[html.index('id="changed-arguments"') : html.index('id="other-arguments"')]
+    assert "eval_steps" in changed and "save_steps" in changed  # set by the fixture
+    assert "adam_beta1" not in changed and "report_to" not in changed  # at their defaults
 
 
 def test_padding_free_batches_are_fully_efficient(make_trainer, caplog):
