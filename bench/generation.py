@@ -93,11 +93,15 @@ def main() -> None:
     tokens = sum(g.num_tokens for g in one)
     one_rate, batched_rate = tokens / one_s, sum(g.num_tokens for g in batched) / batched_s
     print(f"model: {described}; device {model.device}; {torch.get_num_threads()} intra-op thread(s)")
-    print(f"{len(prompts)} prompts, max_new_tokens {max_new_tokens}, {tokens} tokens generated "
-          f"({sum(g.stopped for g in one)} prompts stopped at the end-of-turn token)")
+    print(
+        f"{len(prompts)} prompts, max_new_tokens {max_new_tokens}, {tokens} tokens generated "
+        f"({sum(g.stopped for g in one)} prompts stopped at the end-of-turn token)"
+    )
     print(f"one by one:      {one_s:8.2f} s  {one_rate:9.1f} generated tokens/s  (runs: {_seconds(one_times)})")
-    print(f"batch size {args.batch_size:<4d} {batched_s:8.2f} s  {batched_rate:9.1f} generated tokens/s  "
-          f"(runs: {_seconds(batched_times)})")
+    print(
+        f"batch size {args.batch_size:<4d} {batched_s:8.2f} s  {batched_rate:9.1f} generated tokens/s  "
+        f"(runs: {_seconds(batched_times)})"
+    )
     print(f"ratio batched / one-by-one: {batched_rate / one_rate:.1f}x (target >= 10x)")
     print(f"identical outputs: {not mismatches}" + (f" (differ at prompts {mismatches[:10]})" if mismatches else ""))
     if mismatches:

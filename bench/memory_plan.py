@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MA
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A Qwen2-shaped model and the samples it trains on."""
+    """A Qwen2-shaped model, the samples it trains on and the run settings that make one term dominate."""
 
     name: str
     vocab_size: int
@@ -46,11 +47,19 @@ class ModelSpec:
     words_per_answer: int
     batch_size: int
     lora_rank: int = 8
-    tie_word_embeddings: bool = True
+    attn_implementation: str = "sdpa"
 
 
 SHAPES = {
+    # ~110M parameters (a 151,936 x 640 embedding), short samples: the frozen weights dominate
     "states": ModelSpec("states", 151936, 640, 6, 1728, 10, 2, words_per_answer=8, batch_size=2),
+    # rank-512 adapters on every linear layer of a small model: ~40M trainable parameters, Adam states dominate
+    "optimizer": ModelSpec("optimizer", 512, 256, 8, 768, 8, 4, words_per_answer=8, batch_size=2, lora_rank=512),
+    # eager attention over ~1,000-token samples: saved activations (B·H·T² scores) dominate
+    "activations": ModelSpec(
+        "activations", 512, 256, 8, 768, 8, 8, words_per_answer=1000, batch_size=4, attn_implementation="eager"
+    ),  # fmt: skip
+    # a 151,936-token vocabulary, 2 layers, ~400-token answers: the logits dominate
     "logits": ModelSpec("logits", 151936, 64, 2, 192, 4, 2, words_per_answer=400, batch_size=2),
 }
 
@@ -66,7 +75,7 @@ def build_model_dir(spec: ModelSpec, directory: Path) -> Path:
     config = Qwen2Config(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        max_position_embeddings=4096, tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=4096, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -86,6 +95,12 @@ def write_records(spec: ModelSpec, path: Path, count: int = 16, seed: int = 0) -
     return path
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _launch_env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -96,10 +111,10 @@ def run_arguments(spec: ModelSpec, model_dir: Path, train_file: Path, config: st
     deepspeed = [] if config in ("none", "ddp") else ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
     return [
         "--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
-        "--per_device_train_batch_size", str(spec.batch_size), "--max_length", "1024", "--lora_rank",
+        "--per_device_train_batch_size", str(spec.batch_size), "--max_length", "2048", "--lora_rank",
         str(spec.lora_rank), "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
         "--report_to", "none", "--disable_tqdm", "true", "--gradient_checkpointing", str(checkpointing),
-        "--use_cpu", "true", *deepspeed,
+        "--use_cpu", "true", "--attn_implementation", spec.attn_implementation, *deepspeed,
     ]  # fmt: skip
 
 
@@ -115,6 +130,7 @@ def measure(
 ) -> float:
     """The larger per-rank peak RSS (MiB) while training: ``none`` is one plain process, ``ddp`` torchrun."""
     out = workdir / f"{spec.name}-{config}-{'gc' if checkpointing else 'nogc'}"
+    port = port or _free_port()
     args = run_arguments(spec, model_dir, train_file, config, checkpointing) + ["--output_dir", str(out)]
     if config == "none":
         command = [sys.executable, str(RUN_SFT)]
@@ -134,8 +150,8 @@ def measure(
 
 def predict(
     spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool, nproc: int = 2
-) -> float:
-    """The planner's per-rank figure (MiB) for the same run, from its ``--json`` output."""
+) -> dict:
+    """The planner's row for the same run (``device_bytes`` per rank, ``device_items``), from ``--json``."""
     world = 1 if config == "none" else nproc
     args = run_arguments(spec, model_dir, train_file, config, checkpointing)
     done = subprocess.run(
@@ -147,8 +163,7 @@ def predict(
         raise RuntimeError(f"planner failed:\n{done.stderr[-3000:]}")
     name = "none" if config in ("none", "ddp") else f"{config}.json"
     rows = json.loads(done.stdout)
-    row = next(r for r in rows if r["config"] == name and r["gradient_checkpointing"] == checkpointing)
-    return row["device_bytes"] / 2**20
+    return next(r for r in rows if r["config"] == name and r["gradient_checkpointing"] == checkpointing)
 
 
 def main() -> None:
@@ -165,7 +180,7 @@ def main() -> None:
         train_file = write_records(spec, workdir / f"{shape}.jsonl")
         for config in options.configs:
             for gc in (value == "true" for value in options.gradient_checkpointing):
-                predicted = predict(spec, model_dir, train_file, config, gc)
+                predicted = predict(spec, model_dir, train_file, config, gc)["device_bytes"] / 2**20
                 measured = measure(spec, model_dir, train_file, config, gc, workdir)
                 print(f"{shape:8} {config:16} {'yes' if gc else 'no':4} {predicted:14.0f} {measured:13.0f} "
                       f"{predicted / measured:6.2f}", flush=True)  # fmt: skip

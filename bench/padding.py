@@ -44,18 +44,29 @@ def measure(mode: str, dataset: ChatSFTDataset, tokenizer, args: argparse.Namesp
     torch.manual_seed(0)
     model = build_tiny_qwen2(tokenizer, hidden_size=args.hidden_size, num_hidden_layers=2)
     if mode == "pad_to_max_length":
-        collator = DataCollatorForSeq2Seq(tokenizer, padding="max_length", max_length=args.max_length,
-                                          label_pad_token_id=IGNORE_INDEX)
+        collator = DataCollatorForSeq2Seq(
+            tokenizer, padding="max_length", max_length=args.max_length, label_pad_token_id=IGNORE_INDEX
+        )
     else:
         collator = build_collator("padding_free" if mode == "padding_free" else "padded", tokenizer)
     training_args = SFTTrainingArguments(
-        output_dir=f"{workdir}/{mode}", model_name_or_path="bench", train_file=__file__, num_train_epochs=1,
-        per_device_train_batch_size=args.batch_size, learning_rate=1e-3, report_to="none", save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, dataloader_drop_last=False, seed=0,
+        output_dir=f"{workdir}/{mode}",
+        model_name_or_path="bench",
+        train_file=__file__,
+        num_train_epochs=1,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_drop_last=False,
+        seed=0,
         train_sampling_strategy="group_by_length" if mode == "length_grouped" else "random",
     )
-    trainer = LoraSFTTrainer(model, training_args, train_dataset=dataset, data_collator=collator,
-                             processing_class=tokenizer)
+    trainer = LoraSFTTrainer(
+        model, training_args, train_dataset=dataset, data_collator=collator, processing_class=tokenizer
+    )
     real = padded = supervised = 0
     for batch in trainer.get_train_dataloader():
         padded += batch["input_ids"].numel()
@@ -82,19 +93,29 @@ def main() -> None:
         start = time.perf_counter()
         dataset = ChatSFTDataset(conversations, tokenizer, max_length=args.max_length, cache_dir=workdir)
         tokenize_seconds = time.perf_counter() - start
-        results = [measure(m, dataset, tokenizer, args, workdir)
-                   for m in ("pad_to_max_length", "dynamic", "length_grouped", "padding_free")]
+        results = [
+            measure(m, dataset, tokenizer, args, workdir)
+            for m in ("pad_to_max_length", "dynamic", "length_grouped", "padding_free")
+        ]
 
     baseline = results[0]["supervised_tok_s"]
-    print(f"\n{len(dataset)} conversations, batch {args.batch_size}, max_length {args.max_length}, "
-          f"{torch.get_num_threads()} threads, device cpu" if not torch.cuda.is_available() else "device cuda")
+    print(
+        f"\n{len(dataset)} conversations, batch {args.batch_size}, max_length {args.max_length}, "
+        f"{torch.get_num_threads()} threads, device cpu"
+        if not torch.cuda.is_available()
+        else "device cuda"
+    )
     print(f"{'mode':<20}{'real/padded':>12}{'supervised tok/s':>18}{'vs pad-to-max':>15}{'train s':>10}")
     for r in results:
-        print(f"{r['mode']:<20}{r['efficiency']:>12.3f}{r['supervised_tok_s']:>18.0f}"
-              f"{r['supervised_tok_s'] / baseline:>14.2f}x{r['seconds']:>10.1f}")
+        print(
+            f"{r['mode']:<20}{r['efficiency']:>12.3f}{r['supervised_tok_s']:>18.0f}"
+            f"{r['supervised_tok_s'] / baseline:>14.2f}x{r['seconds']:>10.1f}"
+        )
     dynamic_seconds = results[1]["seconds"]
-    print(f"tokenization: {tokenize_seconds:.2f} s = {tokenize_seconds / dynamic_seconds:.1%} of one dynamic-padding "
-          "training epoch")
+    print(
+        f"tokenization: {tokenize_seconds:.2f} s = {tokenize_seconds / dynamic_seconds:.1%} of one dynamic-padding "
+        "training epoch"
+    )
 
 
 if __name__ == "__main__":

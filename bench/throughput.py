@@ -102,7 +102,9 @@ def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdi
     if variant == "trl":
         from trl import SFTConfig, SFTTrainer
 
-        config = SFTConfig(**common_args(workdir, batch_size), max_length=None, dataset_kwargs={"skip_prepare_dataset": True})
+        config = SFTConfig(
+            **common_args(workdir, batch_size), max_length=None, dataset_kwargs={"skip_prepare_dataset": True}
+        )
         return SFTTrainer(model, args=config, train_dataset=dataset.samples, processing_class=tokenizer,
                           peft_config=lora_config())  # fmt: skip
     args = SFTTrainingArguments(**common_args(workdir, batch_size), model_name_or_path="bench", train_file=__file__)

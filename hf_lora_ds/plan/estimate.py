@@ -39,6 +39,7 @@ class DeepSpeedLayout:
     offload_param: bool = False
     reduce_bucket_size: int | None = None  # elements; None: "auto" (hidden_size², as transformers fills it in)
     prefetch_bucket_size: int | None = None  # ZeRO-3 only; None: "auto" (0.9 · hidden_size²)
+    reuse_distance: int = 10**9  # ZeRO-3: a gathered weight used again within this many elements stays gathered
 
     @classmethod
     def from_config(cls, config: dict | None) -> DeepSpeedLayout:
@@ -59,6 +60,7 @@ class DeepSpeedLayout:
             offload_param=offloads("offload_param"),
             reduce_bucket_size=elements("reduce_bucket_size"),
             prefetch_bucket_size=elements("stage3_prefetch_bucket_size"),
+            reuse_distance=int(float(zero.get("stage3_max_reuse_distance", 10**9))),
         )
 
 
@@ -104,7 +106,6 @@ def estimate_memory(
     """The peak for one configuration. ``weight_bytes`` is the size of one element of the compute dtype;
     ``runtime_bytes`` the fixed per-process cost (a CUDA context, or the measured CPU baseline)."""
     stage = layout.stage
-    shards = world_size if stage is not None and stage >= 1 else 1
     frozen = shape.frozen_weight_bytes // (world_size if stage == 3 else 1)
     states = _lora_states(shape.trainable_params, layout, world_size, weight_bytes)
     moved_params = layout.offload_param and stage == 3
@@ -123,7 +124,7 @@ def estimate_memory(
         shape.activation_bytes(batch.rows, gradient_checkpointing) * batch.row_tokens // shape.seq_len
     )
     device["logits and loss"] = _logits_bytes(shape, batch, weight_bytes, supervised_logits_only)
-    device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes, shards)
+    device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
     device["runtime"] = runtime_bytes
     host["model loading"] = _loading_bytes(shape, stage, world_size) * ranks_per_node
     if not on_accelerator:  # one memory: what the estimate calls "device" and "host" live in the same RSS
@@ -136,7 +137,8 @@ def _lora_states(trainable: int, layout: DeepSpeedLayout, world_size: int, weigh
     """Bytes of the adapter's weights, gradients and Adam states on one device."""
     stage = layout.stage
     if stage is None:  # plain Trainer: PEFT keeps adapters in fp32, torch's AdamW two fp32 moments
-        return {"weights": 4 * trainable, "gradients": 4 * trainable, "optimizer": 8 * trainable}
+        buckets = 4 * trainable if world_size > 1 else 0  # DDP reduces gradients through flat buckets: a copy
+        return {"weights": 4 * trainable, "gradients": 4 * trainable + buckets, "optimizer": 8 * trainable}
     # DeepSpeed trains the adapters in the compute dtype; its optimizer keeps an fp32 master copy (a clone even in
     # fp32 from stage 1 on) and the moments, partitioned from stage 1 on.
     shards = world_size if stage >= 1 else 1
@@ -163,9 +165,13 @@ def _logits_bytes(shape: ModelShape, batch: BatchShape, weight_bytes: int, super
     return elements * (2 * weight_bytes + upcast + 4 + 4 + upcast)
 
 
-def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int, shards: int) -> int:
-    """The gradient reduce bucket (stages 1-3) and, under ZeRO-3, the gathered weights of the largest module plus
-    the prefetch bucket (its ``auto`` sizes are transformers' fill-ins, hidden_size² and 0.9 · hidden_size²)."""
+def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int) -> int:
+    """The gradient reduce bucket (stages 1-3) and, under ZeRO-3, the gathered weights and the prefetch bucket
+    (``auto`` sizes are transformers' fill-ins: hidden_size² and 0.9 · hidden_size²).
+
+    ZeRO-3 does not release a gathered weight that is used again within ``stage3_max_reuse_distance`` elements,
+    and every weight the forward gathers is used again in backward: around the turn from forward to backward up to
+    that many elements (1e9 in the shipped configs: all of a model below 1B parameters) are gathered at once."""
     if layout.stage is None or layout.stage == 0:
         return 0
     square = shape.hidden_size**2
@@ -173,7 +179,8 @@ def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes:
     if layout.stage < 3:
         return reduce_bucket
     prefetch = (layout.prefetch_bucket_size or int(0.9 * square)) * weight_bytes
-    return reduce_bucket + shape.largest_module_bytes + prefetch
+    kept = min(layout.reuse_distance, shape.frozen_params + shape.trainable_params) * weight_bytes
+    return reduce_bucket + max(shape.largest_module_bytes, kept) + prefetch
 
 
 def _loading_bytes(shape: ModelShape, stage: int | None, world_size: int) -> int:

@@ -164,10 +164,12 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
 
 
 def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
-    """As SFTTrainingArguments resolves ``auto``: bf16 on an accelerator that has it, fp32 elsewhere."""
+    """As SFTTrainingArguments resolves ``auto``: bf16 on an accelerator that has it, fp32 elsewhere. GPUs planned
+    from a machine without one are taken to have bf16 (every GPU since Ampere; pass --dtype for older ones)."""
     if dtype == "auto":
-        bf16 = on_accelerator and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
+        if not on_accelerator:
+            return torch.float32
+        return torch.bfloat16 if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else torch.float32
     return getattr(torch, dtype)
 
 

@@ -4,8 +4,8 @@ frozen and trainable parameter counts and the largest module are counted, not de
 
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder
 records every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's
-fp32 adapters cast their inputs, RMSNorm upcasts). Their difference is one decoder layer; the one-layer figure less
-that is what lies outside the layers (embeddings, rotary tables). Memory-efficient attention kernels (sdpa's fused
+fp32 adapters cast their inputs, RMSNorm upcasts). Their difference is what each further layer adds (the first layer
+saves less: its input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused
 kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but
 on the meta device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
 """
@@ -29,6 +29,7 @@ from hf_lora_ds.errors import MissingPathError, UserError
 __all__ = ["ModelShape", "load_model_config", "measure_model_shape"]
 
 _FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
+_MEASURED: dict[tuple, ModelShape] = {}
 SHIPPED_MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "model_configs"
 
 
@@ -44,19 +45,25 @@ class ModelShape:
     vocab_size: int
     num_layers: int
     seq_len: int
-    layer_activation_bytes: int  # saved for backward by one decoder layer
-    outside_activation_bytes: int  # saved outside the decoder layers (embeddings, rotary tables, final norm)
+    first_layer_activation_bytes: int  # the decoder with one layer: that layer, embeddings and the final norm
+    layer_activation_bytes: int  # saved by each further layer (the first saves less: its input needs no grad)
     layer_input_bytes: int  # a layer's input: what gradient checkpointing keeps per layer
+    largest_saved_bytes: int  # the largest single tensor a layer saves (the attention scores under eager)
 
     def activation_bytes(self, batch_size: int, gradient_checkpointing: bool) -> int:
-        """Saved for backward over the whole forward of ``batch_size`` samples of ``seq_len`` tokens. With
-        gradient checkpointing only each layer's input is kept, and one layer at a time is recomputed in backward."""
+        """Saved for backward over the whole forward of ``batch_size`` samples of ``seq_len`` tokens, plus the
+        working memory of a layer's backward. With gradient checkpointing only each layer's input is kept, and one
+        layer at a time is recomputed in backward.
+
+        The backward of a layer's largest operation (the softmax over eager attention's scores, or the MLP's
+        activation) holds about three tensors of that size at once: the incoming gradient, a temporary and the
+        outgoing gradient (on the CPU, eager attention over 1,400-token samples: measured 3-4)."""
         if gradient_checkpointing:
-            per_sample = self.num_layers * self.layer_input_bytes + self.outside_activation_bytes
-            per_sample += self.layer_activation_bytes
+            recomputed = max(self.layer_activation_bytes, self.first_layer_activation_bytes)
+            per_sample = self.num_layers * self.layer_input_bytes + recomputed
         else:
-            per_sample = self.num_layers * self.layer_activation_bytes + self.outside_activation_bytes
-        return batch_size * per_sample
+            per_sample = self.first_layer_activation_bytes + (self.num_layers - 1) * self.layer_activation_bytes
+        return batch_size * (per_sample + 3 * self.largest_saved_bytes)
 
 
 def load_model_config(path: str, trust_remote_code: bool = False) -> PretrainedConfig:
@@ -95,12 +102,31 @@ def measure_model_shape(
     ``"8bit"`` or None; quantized bases are counted with bitsandbytes' storage of their linear layers.
 
     PEFT keeps adapters in fp32 under a 16-bit base, so every adapted layer saves an fp32 copy of its input;
-    DeepSpeed casts all parameters to the compute dtype (``adapters_in_compute_dtype``), and those copies go."""
+    DeepSpeed casts all parameters to the compute dtype (``adapters_in_compute_dtype``), and those copies go.
+    Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
+    key = (config.to_json_string(), repr(lora), dtype, seq_len, attn_implementation, quantization,
+           adapters_in_compute_dtype)  # fmt: skip
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure(
+            config, lora, dtype, seq_len, attn_implementation, quantization, adapters_in_compute_dtype
+        )
+    return _MEASURED[key]
+
+
+def _measure(
+    config: PretrainedConfig,
+    lora: LoraConfig,
+    dtype: torch.dtype,
+    seq_len: int,
+    attn_implementation: str | None,
+    quantization: str | None,
+    adapters_in_compute_dtype: bool,
+) -> ModelShape:
     model = _meta_peft_model(config, lora, dtype, attn_implementation, adapters_in_compute_dtype)
     frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
     weight_bytes = sum(_stored_bytes(name, p, dtype, quantization) for name, p in frozen)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    one, two = (
+    (one, largest_saved), (two, _) = (
         _saved_activation_bytes(config, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype)
         for layers in (1, 2)
     )
@@ -114,9 +140,10 @@ def measure_model_shape(
         vocab_size=config.get_text_config().vocab_size,
         num_layers=config.get_text_config().num_hidden_layers,
         seq_len=seq_len,
+        first_layer_activation_bytes=one,
         layer_activation_bytes=two - one,
-        outside_activation_bytes=max(0, 2 * one - two),
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
+        largest_saved_bytes=largest_saved,
     )
 
 
@@ -173,9 +200,10 @@ def _saved_activation_bytes(
     seq_len: int,
     layers: int,
     adapters_in_compute_dtype: bool,
-) -> int:
+) -> tuple[int, int]:
     """Bytes autograd keeps for backward over a training forward of the decoder (no LM head: the logits are a term
-    of their own), one sample of ``seq_len`` tokens. Views of one storage count once; parameters not at all."""
+    of their own), one sample of ``seq_len`` tokens, and the largest tensor among them. Views of one storage count
+    once; parameters not at all."""
     model = _meta_peft_model(_decoder_copy(config, layers), lora, dtype, attn, adapters_in_compute_dtype)
     model.train()
     params = {p.untyped_storage()._cdata for p in model.parameters()}
@@ -193,7 +221,7 @@ def _saved_activation_bytes(
     causal_mask = torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
-    return sum(storages.values())
+    return sum(storages.values()), max(storages.values(), default=0)
 
 
 class _FusedAttention(torch.autograd.Function):

@@ -1,0 +1,88 @@
+"""Each term of the estimate moves the way its configuration says, on a fixed shape (no model built)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_lora_ds.plan.estimate import BatchShape, DeepSpeedLayout, estimate_memory
+from hf_lora_ds.plan.model_shape import ModelShape
+from hf_lora_ds.plan.planner import SequenceProfile
+from hf_lora_ds.supervised_logits import CHUNK_ELEMENTS
+
+SHAPE = ModelShape(
+    frozen_params=1_000_000_000, trainable_params=10_000_000, frozen_weight_bytes=2_000_000_000,
+    largest_module_bytes=300_000_000, hidden_size=2048, vocab_size=150_000, num_layers=24, seq_len=1024,
+    first_layer_activation_bytes=40_000_000, layer_activation_bytes=50_000_000, layer_input_bytes=4_000_000,
+    largest_saved_bytes=10_000_000,
+)  # fmt: skip
+BATCH = BatchShape(rows=2, row_tokens=1024, supervised_tokens=600)
+STAGE = {stage: DeepSpeedLayout(stage=stage) for stage in (0, 1, 2, 3)}
+NO_DEEPSPEED = DeepSpeedLayout()
+
+
+def estimate(layout=NO_DEEPSPEED, batch=BATCH, world_size=4, gc=False, supervised_only=True, accelerator=True):
+    return estimate_memory(
+        SHAPE, batch, layout, world_size=world_size, ranks_per_node=world_size, weight_bytes=2,
+        gradient_checkpointing=gc, supervised_logits_only=supervised_only, on_accelerator=accelerator,
+        runtime_bytes=500_000_000,
+    )  # fmt: skip
+
+
+def test_only_zero3_partitions_the_frozen_weights():
+    assert estimate().device_items["frozen weights"] == 2_000_000_000
+    for stage in (0, 1, 2):
+        assert estimate(STAGE[stage]).device_items["frozen weights"] == 2_000_000_000
+    assert estimate(STAGE[3]).device_items["frozen weights"] == 500_000_000
+
+
+def test_zero3_keeps_gathered_weights_up_to_the_reuse_distance():
+    buffers = estimate(STAGE[3]).device_items["DeepSpeed buffers"]
+    assert buffers >= 2 * (SHAPE.frozen_params + SHAPE.trainable_params)  # below 1e9 elements: all of them
+    short = estimate(DeepSpeedLayout(stage=3, reuse_distance=0)).device_items["DeepSpeed buffers"]
+    assert short < buffers and short >= SHAPE.largest_module_bytes
+
+
+def test_optimizer_state_is_partitioned_from_stage_1_and_gradients_from_stage_2():
+    optimizer = {stage: estimate(STAGE[stage]).device_items["optimizer states"] for stage in (0, 1, 2, 3)}
+    gradients = {stage: estimate(STAGE[stage]).device_items["gradients"] for stage in (0, 1, 2, 3)}
+    assert optimizer[0] == 12 * SHAPE.trainable_params  # two fp32 moments and an fp32 master copy
+    assert optimizer[1] == optimizer[2] == optimizer[3] == optimizer[0] // 4
+    assert gradients[2] == gradients[3] == 4 * SHAPE.trainable_params // 4 < gradients[1] < gradients[0]
+
+
+def test_offload_moves_states_to_the_host_on_an_accelerator_only():
+    on_gpu = estimate(DeepSpeedLayout(stage=3, offload_optimizer=True, offload_param=True))
+    assert on_gpu.device_items["optimizer states"] == on_gpu.device_items["frozen weights"] == 0
+    assert on_gpu.host_items["frozen weights (offloaded)"] >= 4 * 500_000_000
+    on_cpu = estimate(DeepSpeedLayout(stage=3, offload_optimizer=True, offload_param=True), accelerator=False)
+    assert on_cpu.device_items["frozen weights (offloaded)"] == on_gpu.host_items["frozen weights (offloaded)"] // 4
+    assert on_cpu.host_bytes == 4 * on_cpu.device_bytes  # one memory, shared by the node's ranks
+
+
+def test_gradient_checkpointing_trades_activations():
+    without, with_gc = estimate(gc=False), estimate(gc=True)
+    backward = 3 * 10_000_000  # a layer's backward: ~3 tensors the size of its largest saved one
+    assert without.device_items["activations"] == 2 * (40_000_000 + 23 * 50_000_000 + backward)
+    assert with_gc.device_items["activations"] == 2 * (24 * 4_000_000 + 50_000_000 + backward)
+
+
+def test_logits_follow_the_supervised_positions_and_the_chunking():
+    small = BatchShape(rows=2, row_tokens=64, supervised_tokens=50)
+    assert estimate(batch=small).device_items["logits and loss"] == 50 * 150_000 * (2 * 2 + 4 + 4 + 4 + 4)
+    full = estimate(batch=small, supervised_only=False).device_items["logits and loss"]
+    assert full == 128 * 150_000 * 20
+    chunked = estimate().device_items["logits and loss"]  # 600 x 150k > one chunk: the fp32 part chunk by chunk
+    assert chunked == 600 * 150_000 * 4 + CHUNK_ELEMENTS * 16
+
+
+def test_the_worst_batch_holds_the_longest_samples():
+    profile = SequenceProfile(lengths=(10, 300, 50, 200), supervised=(5, 100, 40, 150))
+    assert profile.worst_batch(2, padding_free=False) == BatchShape(rows=2, row_tokens=300, supervised_tokens=250)
+    assert profile.worst_batch(2, padding_free=True) == BatchShape(rows=1, row_tokens=500, supervised_tokens=250)
+    assert profile.worst_batch(6, padding_free=False).supervised_tokens == 295 + 2 * 150
+
+
+@pytest.mark.parametrize("config", [{"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, None])
+def test_layout_from_config(config):
+    layout = DeepSpeedLayout.from_config(config)
+    assert (layout.stage, layout.reduce_bucket_size) == ((2, 500_000_000) if config else (None, None))
