@@ -24,8 +24,9 @@ from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
-from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
+from hf_lora_ds.resume import CheckpointCompletionCallback, check_resume_world_size, resolve_resume_checkpoint
 from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
+from hf_lora_ds.universal import enable_universal_loading
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -95,10 +96,20 @@ class LoraSFTTrainer(Trainer):
 
         ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
         finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
-        complete or not. A path is used as given."""
+        complete or not. A path is used as given. A ZeRO checkpoint written by another number of ranks is converted
+        to a DeepSpeed universal checkpoint first (hf_lora_ds.universal), or refused where this run cannot load one."""
+        plugin = self.accelerator.state.deepspeed_plugin if self.is_deepspeed_enabled else None
+        deepspeed_config = plugin.deepspeed_config if plugin else None  # the live dict the engine is built from
         if resume_from_checkpoint is True or resume_from_checkpoint == "auto":
-            resume_from_checkpoint, note = resolve_resume_checkpoint("auto", self.args.output_dir, self.args.world_size)
+            resume_from_checkpoint, note = resolve_resume_checkpoint(
+                "auto", self.args.output_dir, self.args.world_size, deepspeed_config
+            )
             self._print_main(note)
+        if resume_from_checkpoint and check_resume_world_size(
+            resume_from_checkpoint, self.args.world_size, deepspeed_config
+        ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.universal)
+            universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
+            self._print_main(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
             if len(self.train_dataset.source_counts) > 1:
