@@ -176,8 +176,7 @@ class LoraSFTTrainer(Trainer):
         step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
         DeepSpeed and a single process alike; no callback event receives the norm before the update."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        under_deepspeed = self.is_deepspeed_enabled
-        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, under_deepspeed)
+        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled)
         return grad_norm
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
