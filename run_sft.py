@@ -40,6 +40,7 @@ from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.resume import resolve_resume_checkpoint
 from hf_lora_ds.sources import LoadedData, load_data
+from hf_lora_ds.universal import run_deepspeed_config
 
 ROOT = Path(__file__).resolve().parent
 DEMO_DEFAULTS = {
@@ -88,8 +89,11 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
     set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after, and the adapter's A init must repeat
-    # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count fails here, not later.
-    checkpoint, resume_note = resolve_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, args.world_size)
+    # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
+    # convert to a universal checkpoint fails here, not after the model is loaded.
+    checkpoint, resume_note = resolve_resume_checkpoint(
+        args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
+    )
     if args.process_index == 0:
         print(describe_world(args), flush=True)
         if resume_note:

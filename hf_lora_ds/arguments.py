@@ -192,6 +192,16 @@ class SFTTrainingArguments(TrainingArguments):
         },
     )
 
+    # ---- reliability ----
+    on_nonfinite: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={
+            "help": "A NaN or infinite training loss or gradient norm: 'stop' the run before its update, naming the "
+            "step, the samples of the batch and the last complete checkpoint; or 'skip' the step (no update from "
+            "that batch on any rank) and go on, counting skips as nonfinite_skipped in the training logs."
+        },
+    )
+
     # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (hf_lora_ds.resume).
     resume_from_checkpoint: str | None = field(
         default=None,

@@ -11,8 +11,9 @@ rank meets at a barrier, then the saving process writes ``checkpoint_complete.js
 ``os.replace``), listing every file and its size. ``auto`` takes the highest-numbered checkpoint whose marker is
 present and whose files are all still there at those sizes.
 
-Resuming ZeRO checkpoints on another number of ranks fails inside DeepSpeed's engine setup (its optimizer state is
-partitioned per rank); ``resolve_resume_checkpoint`` says so up front, with the rank count to use.
+A ZeRO checkpoint written by another number of ranks resumes through DeepSpeed's universal checkpoint
+(hf_lora_ds.universal, converted when ``LoraSFTTrainer.train`` starts); ``resolve_resume_checkpoint`` says so in its
+note, and refuses up front, with the reason and the rank count to use, where this run cannot load one.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.universal import universal_refusal, zero_checkpoint_world_size
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -40,8 +42,6 @@ __all__ = [
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-# DeepSpeed's per-rank optimizer partition (ZeRO 1-3, and its bf16 optimizer): <tag>/zero_pp_rank_<dp>_mp_rank_<mp>_...
-_ZERO_OPTIMIZER_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
 class CheckpointCompletionCallback(TrainerCallback):
@@ -101,31 +101,38 @@ def find_latest_complete_checkpoint(output_dir: str | os.PathLike) -> tuple[Path
     return None, skipped
 
 
-def check_resume_world_size(checkpoint: str | os.PathLike, world_size: int) -> None:
-    """Raise, before any engine is built, when ``checkpoint`` holds ZeRO optimizer partitions for another number of
-    ranks: DeepSpeed cannot re-partition them and would fail later, after the model is loaded."""
-    ranks = {
-        int(match.group(1))
-        for path in Path(checkpoint).glob("global_step*/*")
-        if (match := _ZERO_OPTIMIZER_SHARD.match(path.name))
-    }
-    if ranks and len(ranks) != world_size:
+def check_resume_world_size(
+    checkpoint: str | os.PathLike, world_size: int, deepspeed_config: dict | None = None
+) -> str:
+    """Whether ``checkpoint`` resumes on ``world_size`` ranks: "" when it does as it is, or a note that its ZeRO
+    partitions (written by another number of ranks) go through a universal checkpoint. Raise, before any model is
+    loaded, when they cannot: this run (``deepspeed_config``, its loaded DeepSpeed config) cannot load one."""
+    ranks = zero_checkpoint_world_size(checkpoint)
+    if ranks is None or ranks == world_size:
+        return ""
+    refusal = universal_refusal(deepspeed_config)
+    if refusal:
         raise UserError(
-            f"{checkpoint} holds DeepSpeed ZeRO optimizer state partitioned over {len(ranks)} ranks, and this run has "
-            f"{world_size}. DeepSpeed cannot re-partition it: resume with {len(ranks)} ranks (the same launcher "
-            "flags as the run that wrote it), or convert it to a DeepSpeed universal checkpoint."
+            f"{checkpoint} holds DeepSpeed ZeRO optimizer state partitioned over {ranks} ranks, and this run has "
+            f"{world_size}; it can only be re-partitioned through a DeepSpeed universal checkpoint, but {refusal}. "
+            f"Resume with {ranks} ranks (the same launcher flags as the run that wrote it), or with a ZeRO 1-3 config."
         )
+    return (
+        f"; written by {ranks} ranks, this run has {world_size}: it is converted to a DeepSpeed universal checkpoint "
+        "and re-partitioned"
+    )
 
 
 def resolve_resume_checkpoint(
-    value: str | None, output_dir: str | os.PathLike, world_size: int = 1
+    value: str | None, output_dir: str | os.PathLike, world_size: int = 1, deepspeed_config: dict | None = None
 ) -> tuple[str | None, str | None]:
     """Turn ``--resume_from_checkpoint`` into the path for ``Trainer.train`` and a note for rank 0 to print.
 
     ``None``/empty: start fresh, no note. ``auto``: the latest complete checkpoint in ``output_dir``, or a fresh start
     when there is none. A path: used as given (it must look like a Trainer checkpoint); the note warns when it has no
     completion marker, as for checkpoints written by other tools or cut short by a kill. Either way a ZeRO
-    checkpoint written by another number of ranks than ``world_size`` is an error.
+    checkpoint written by another number of ranks than ``world_size`` is noted (it resumes through a universal
+    checkpoint), or an error where this run (``deepspeed_config``: its DeepSpeed config, None without) cannot.
     """
     if not value:
         return None, None
@@ -134,18 +141,18 @@ def resolve_resume_checkpoint(
         skipped_note = f"; skipped incomplete {', '.join(path.name for path in skipped)}" if skipped else ""
         if latest is None:
             return None, f"resume: no complete checkpoint in {output_dir}, starting fresh{skipped_note}"
-        check_resume_world_size(latest, world_size)
-        return str(latest), f"resume: from {latest} (latest complete checkpoint{skipped_note})"
+        ranks_note = check_resume_world_size(latest, world_size, deepspeed_config)
+        return str(latest), f"resume: from {latest} (latest complete checkpoint{skipped_note}){ranks_note}"
     checkpoint = Path(value)
     if not (checkpoint / "trainer_state.json").is_file():
         raise MissingPathError(
             f"--resume_from_checkpoint {value}: not a Trainer checkpoint (no trainer_state.json). Pass a "
             f"{PREFIX_CHECKPOINT_DIR}-N directory, or 'auto' for the latest complete one in --output_dir."
         )
-    check_resume_world_size(checkpoint, world_size)
+    ranks_note = check_resume_world_size(checkpoint, world_size, deepspeed_config)
     if not is_complete_checkpoint(checkpoint):
         return value, (
             f"resume: from {value}, which has no {COMPLETE_MARKER}: it was written by another tool or cut short by "
-            "a kill; use 'auto' to pick the latest checkpoint known to be complete"
+            f"a kill; use 'auto' to pick the latest checkpoint known to be complete{ranks_note}"
         )
-    return value, f"resume: from {value}"
+    return value, f"resume: from {value}{ranks_note}"

@@ -22,10 +22,11 @@ from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
-from hf_lora_ds.nonfinite import stop_on_nonfinite_loss
+from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
-from hf_lora_ds.resume import CheckpointCompletionCallback, resolve_resume_checkpoint
+from hf_lora_ds.resume import CheckpointCompletionCallback, check_resume_world_size, resolve_resume_checkpoint
 from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
+from hf_lora_ds.universal import enable_universal_loading
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -84,6 +85,9 @@ class LoraSFTTrainer(Trainer):
         if self.args.supervised_logits_only and full_logits_reason:
             self._print_main(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
+        dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
+        # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.nonfinite).
+        self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
@@ -92,10 +96,20 @@ class LoraSFTTrainer(Trainer):
 
         ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
         finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
-        complete or not. A path is used as given."""
+        complete or not. A path is used as given. A ZeRO checkpoint written by another number of ranks is converted
+        to a DeepSpeed universal checkpoint first (hf_lora_ds.universal), or refused where this run cannot load one."""
+        plugin = self.accelerator.state.deepspeed_plugin if self.is_deepspeed_enabled else None
+        deepspeed_config = plugin.deepspeed_config if plugin else None  # the live dict the engine is built from
         if resume_from_checkpoint is True or resume_from_checkpoint == "auto":
-            resume_from_checkpoint, note = resolve_resume_checkpoint("auto", self.args.output_dir, self.args.world_size)
+            resume_from_checkpoint, note = resolve_resume_checkpoint(
+                "auto", self.args.output_dir, self.args.world_size, deepspeed_config
+            )
             self._print_main(note)
+        if resume_from_checkpoint and check_resume_world_size(
+            resume_from_checkpoint, self.args.world_size, deepspeed_config
+        ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.universal)
+            universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
+            self._print_main(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
             if len(self.train_dataset.source_counts) > 1:
@@ -143,16 +157,34 @@ class LoraSFTTrainer(Trainer):
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked
         before its backward pass: a NaN or infinite training loss stops the run with the step, the samples and the
-        last complete checkpoint (hf_lora_ds.nonfinite), before any NaN gradient lands."""
+        last complete checkpoint, before any NaN gradient lands, or with ``--on_nonfinite skip`` has its step
+        dropped (hf_lora_ds.nonfinite)."""
         if self.supervised_logits_only and not self._logits_for_metrics and inputs.get("labels") is not None:
             result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
         else:
             result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if model.training:
             loss = result[0] if return_outputs else result
-            dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
-            stop_on_nonfinite_loss(loss, inputs, dataset, self.state.global_step + 1, self.args.output_dir)
+            loss = self.nonfinite.check_loss(loss, inputs, self.state.global_step + 1)
+            result = (loss, *result[1:]) if return_outputs else loss
         return result
+
+    def _get_grad_norm(self, model: torch.nn.Module, grad_norm: torch.Tensor | float | None = None):
+        """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.nonfinite).
+
+        Overridden (a private Trainer method) because it is the one point of ``_inner_training_loop`` that holds the
+        step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
+        DeepSpeed and a single process alike; no callback event receives the norm before the update."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled)
+        return grad_norm
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """With ``--on_nonfinite skip``, each training log (and the final train metrics) also carries
+        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far."""
+        if self.args.on_nonfinite == "skip" and ("loss" in logs or "train_loss" in logs):
+            logs = {**logs, "nonfinite_skipped": self.nonfinite.skipped}
+        super().log(logs, start_time)
 
     def _supervised_loss(
         self,

@@ -1,4 +1,5 @@
-"""A NaN training loss stops the run at its step, before its update, naming the samples and the last checkpoint."""
+"""A NaN training loss or gradient norm stops the run at its step, before its update, naming the samples and the
+last checkpoint; with ``on_nonfinite="skip"`` the step is dropped (no update) and counted instead."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_trainer import RECORDS, make_trainer
 from transformers import TrainerCallback
 
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.nonfinite import NonFiniteLossError, batch_sequences
+from hf_lora_ds.nonfinite import NonFiniteGradientError, NonFiniteLossError, batch_sequences
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import run_sft  # noqa: E402
@@ -30,6 +31,46 @@ class NaNEmbeddingsAtStep(TrainerCallback):
     def on_step_begin(self, args, state, control, model=None, **kwargs) -> None:
         if state.global_step + 1 == self.step:
             model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: output * float("nan"))
+
+
+class PoisonStep(TrainerCallback):
+    """During step ``step`` only, poison the ``loss`` (the input embeddings output NaN) or one ``gradient`` (the first
+    lora_B weight's gradient becomes NaN in the backward pass, the loss stays finite)."""
+
+    def __init__(self, target: str, step: int) -> None:
+        self.target, self.step, self.handle = target, step, None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs) -> None:
+        if state.global_step + 1 != self.step:
+            return
+        if self.target == "loss":
+            nan_output = lambda module, inputs, output: output * float("nan")  # noqa: E731
+            self.handle = model.get_input_embeddings().register_forward_hook(nan_output)
+        else:
+            lora_b = next(param for name, param in model.named_parameters() if "lora_B" in name)
+            self.handle = lora_b.register_hook(lambda grad: grad * float("nan"))
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+class StateAfterEachStep(TrainerCallback):
+    """The LoRA weights and the optimizer's moments at the end of every step (step 0: before training)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+        self.moments: dict[int, list[torch.Tensor]] = {}
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs) -> None:
+        self.weights[0] = lora_weights(model)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs) -> None:
+        self.weights[state.global_step] = lora_weights(model)
+        self.moments[state.global_step] = [
+            value.clone() for entry in optimizer.state_dict()["state"].values() for value in entry.values()
+        ]
 
 
 def lora_weights(model) -> dict[str, torch.Tensor]:
@@ -57,11 +98,51 @@ def test_nan_loss_stops_before_its_update(tiny_model, qwen_style_tokenizer, tmp_
     assert f"last complete checkpoint: {checkpoint}" in message
     assert not (tmp_path / "out" / "checkpoint-3").exists()
     # No NaN gradient was applied: the LoRA weights are still those saved after step 2.
+    assert_weights_are_checkpoints(trainer.model, checkpoint)
+
+
+def assert_weights_are_checkpoints(model, checkpoint: Path) -> None:
     saved = load_file(checkpoint / "adapter_model.safetensors")
-    current = {name.replace(".default", ""): value for name, value in lora_weights(trainer.model).items()}
+    current = {name.replace(".default", ""): value for name, value in lora_weights(model).items()}
     assert len(saved) == len(current) > 0
     for name, value in saved.items():
         torch.testing.assert_close(current[f"base_model.model.{name.removeprefix('base_model.model.')}"], value)
+
+
+def test_nan_gradient_norm_stops_before_its_update(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=5, save_strategy="steps",
+                           save_steps=1, train_sampling_strategy="sequential")  # fmt: skip
+    trainer.add_callback(PoisonStep("gradient", 3))
+    with pytest.raises(NonFiniteGradientError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    assert "non-finite gradient norm (nan) at step 3, before its update was applied" in message
+    assert f"indices) {list(range(16, 24))}" in message and "(record 16; record 17;" in message
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert f"last complete checkpoint: {checkpoint}" in message
+    assert not (tmp_path / "out" / "checkpoint-3").exists()
+    assert_weights_are_checkpoints(trainer.model, checkpoint)
+
+
+@pytest.mark.parametrize("poisoned", ["loss", "gradient"])
+def test_skip_mode_drops_the_step_and_counts_it(poisoned, tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=4, on_nonfinite="skip",
+                           train_sampling_strategy="sequential")  # fmt: skip
+    trainer.add_callback(PoisonStep(poisoned, 2))
+    after = StateAfterEachStep()
+    trainer.add_callback(after)
+    trainer.train()
+    # Step 2 left the weights and the optimizer's moments exactly as step 1 did; the other steps trained.
+    for name, value in after.weights[1].items():
+        assert torch.equal(after.weights[2][name], value), name
+    assert len(after.moments[2]) == len(after.moments[1]) > 0
+    assert all(torch.equal(late, early) for late, early in zip(after.moments[2], after.moments[1]))
+    for step in (1, 3, 4):
+        assert any(not torch.equal(after.weights[step][n], after.weights[step - 1][n]) for n in after.weights[0])
+    assert all(torch.isfinite(value).all() for value in after.weights[4].values())
+    history = trainer.state.log_history
+    assert {entry["step"]: entry["nonfinite_skipped"] for entry in history if "loss" in entry} == {1: 0, 2: 1, 3: 1, 4: 1}
+    assert next(entry for entry in history if "train_loss" in entry)["nonfinite_skipped"] == 1
 
 
 def test_run_sft_reports_it_as_one_line(tiny_model_dir, tmp_path, capsys):

@@ -86,15 +86,30 @@ def test_trainer_saves_carry_the_marker(tiny_model, tmp_path):
     assert find_latest_complete_checkpoint(tmp_path) == (tmp_path / "checkpoint-2", [])
 
 
-def test_zero_checkpoints_resume_only_on_the_same_number_of_ranks(tmp_path):
+def test_zero_checkpoints_on_another_number_of_ranks_need_a_run_that_loads_universal_checkpoints(tmp_path):
     checkpoint = _checkpoint(tmp_path, 2, complete=True)  # holds zero_pp_rank_1 only: not a ZeRO shard name
     for rank in (0, 1):
         (checkpoint / "global_step2" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"z")
     mark_checkpoint_complete(checkpoint, 2, world_size=2)
-    assert resolve_resume_checkpoint("auto", tmp_path, world_size=2)[0] == str(checkpoint)
+    assert resolve_resume_checkpoint("auto", tmp_path, world_size=2) == (
+        str(checkpoint), f"resume: from {checkpoint} (latest complete checkpoint)"
+    )
+    zero2 = {"zero_optimization": {"stage": 2}}
     for value in ("auto", str(checkpoint)):
-        with pytest.raises(ValueError, match="partitioned over 2 ranks, and this run has 1.*resume with 2 ranks"):
-            resolve_resume_checkpoint(value, tmp_path, world_size=1)
+        path, note = resolve_resume_checkpoint(value, tmp_path, world_size=1, deepspeed_config=zero2)
+        assert path == str(checkpoint)
+        assert note.endswith("; written by 2 ranks, this run has 1: it is converted to a DeepSpeed universal "
+                             "checkpoint and re-partitioned")  # fmt: skip
+    refusals = {
+        "no --deepspeed config": None,
+        "ZeRO stage 0": {"zero_optimization": {"stage": 0}},
+        "NVMe optimizer offload": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+    }
+    for reason, config in refusals.items():
+        for value in ("auto", str(checkpoint)):
+            with pytest.raises(ValueError, match=f"partitioned over 2 ranks, and this run has 1;.*{reason}.*"
+                                                 "Resume with 2 ranks"):  # fmt: skip
+                resolve_resume_checkpoint(value, tmp_path, world_size=1, deepspeed_config=config)
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "trainer_state.json").write_text("{}")  # Trainer's own format: any world size
     assert resolve_resume_checkpoint(str(tmp_path / "plain"), tmp_path, world_size=4)[0] == str(tmp_path / "plain")

@@ -1,7 +1,8 @@
-"""run_sft.py's ``main`` exactly as users launch it, plus two test-only callbacks; the e2e tests launch this file.
+"""run_sft.py's ``main`` exactly as users launch it, plus test-only callbacks; the e2e tests launch this file.
 
     deepspeed --num_gpus 2 tests/e2e/sft_entry.py [--kill_rank R --kill_step N --kill_on step_end|save]
-        [--sigterm_step N] RUN_SFT_ARGS
+        [--sigterm_step N] [--nan_grad_rank R --nan_grad_step N]
+        [--record_engine_state] RUN_SFT_ARGS
 
 - ``SampleRecorder``: when training ends, each rank writes the samples its own (sharded) training dataloader yields
   to ``OUTPUT_DIR/e2e_samples_rank{R}.json``. run_sft.py shows the world size and the global batch, not which rank
@@ -14,6 +15,12 @@
   the save (after Trainer wrote ``checkpoint-N``, before run_sft's completion marker, whose callback comes later).
   It first writes ``OUTPUT_DIR/e2e_killed.json`` with the wall-clock time of the kill.
 - ``SigtermAtStep``: every rank sends itself SIGTERM as step N begins, as a scheduler preempting the job does.
+- ``NaNGradient`` (``--nan_grad_rank R --nan_grad_step N``): during step N only, rank R's gradient of its first
+  lora_B weight becomes NaN in the backward pass (the loss stays finite), as an overflow on one GPU would.
+- ``EngineStateRecorder`` (``--record_engine_state``, DeepSpeed runs): the full fp32 LoRA weights and Adam moments
+  the ZeRO optimizer holds, gathered from every rank's partition by DeepSpeed's ``safe_get_full_*`` helpers, written
+  by rank 0 to ``OUTPUT_DIR/e2e_engine_state_{save|resumed}_step{N}.pt`` after each save and when a resumed run
+  begins (after the checkpoint is loaded, before its first step).
 
 After ``main`` returns, each rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
 alive (it must not be: see ``release_process_group``).
@@ -87,18 +94,61 @@ class KillRank(TrainerCallback):
         self._maybe_kill(args, state, "save")
 
 
+class NaNGradient(TrainerCallback):
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step, self.handle = rank, step, None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step + 1 == self.step and args.process_index == self.rank:
+            lora_b = next(param for name, param in model.named_parameters() if "lora_B" in name)
+            self.handle = lora_b.register_hook(lambda grad: grad * float("nan"))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+class EngineStateRecorder(TrainerCallback):
+    def _record(self, args, state, model, event: str) -> None:
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        tensors = {}
+        for name, param in model.named_parameters():
+            if param.requires_grad:  # every rank gathers (a collective under ZeRO-3); rank 0 writes
+                tensors[name] = {"fp32": safe_get_full_fp32_param(param).clone()}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    tensors[name][key] = safe_get_full_optimizer_state(param, key).clone()
+        if args.process_index == 0:
+            torch.save(tensors, Path(args.output_dir, f"e2e_engine_state_{event}_step{state.global_step}.pt"))
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        self._record(args, state, model, "save")
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step > 0:
+            self._record(args, state, model, "resumed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--kill_rank", type=int, default=None)
     parser.add_argument("--kill_step", type=int, default=None)
     parser.add_argument("--kill_on", choices=("step_end", "save"), default="step_end")
     parser.add_argument("--sigterm_step", type=int, default=None)
+    parser.add_argument("--record_engine_state", action="store_true")
+    parser.add_argument("--nan_grad_rank", type=int, default=None)
+    parser.add_argument("--nan_grad_step", type=int, default=None)
     ours, run_sft_args = parser.parse_known_args()
     callbacks = [SampleRecorder(), StepRecorder()]
     if ours.kill_rank is not None:
         callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
     if ours.sigterm_step is not None:
         callbacks.append(SigtermAtStep(ours.sigterm_step))
+    if ours.nan_grad_rank is not None:
+        callbacks.append(NaNGradient(ours.nan_grad_rank, ours.nan_grad_step))
+    if ours.record_engine_state:
+        callbacks.append(EngineStateRecorder())
     run_sft.main(run_sft_args, callbacks=callbacks)
     # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
     output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
