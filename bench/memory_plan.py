@@ -107,14 +107,16 @@ def _launch_env() -> dict[str, str]:
     return env
 
 
-def run_arguments(spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool) -> list[str]:
+def run_arguments(
+    spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool, on_gpu: bool = False
+) -> list[str]:
     deepspeed = [] if config in ("none", "ddp") else ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
     return [
         "--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
         "--per_device_train_batch_size", str(spec.batch_size), "--max_length", "2048", "--lora_rank",
         str(spec.lora_rank), "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
         "--report_to", "none", "--disable_tqdm", "true", "--gradient_checkpointing", str(checkpointing),
-        "--use_cpu", "true", "--attn_implementation", spec.attn_implementation, *deepspeed,
+        "--use_cpu", str(not on_gpu), "--attn_implementation", spec.attn_implementation, *deepspeed,
     ]  # fmt: skip
 
 
@@ -126,12 +128,13 @@ def measure(
     checkpointing: bool,
     workdir: Path,
     nproc: int = 2,
-    port: int = 29611,
+    on_gpu: bool = False,
 ) -> float:
-    """The larger per-rank peak RSS (MiB) while training: ``none`` is one plain process, ``ddp`` torchrun."""
+    """The larger per-rank peak (MiB) while training: resident memory on the CPU, ``max_memory_allocated`` on a
+    GPU. ``none`` is one plain process, ``ddp`` torchrun, the others the deepspeed launcher."""
     out = workdir / f"{spec.name}-{config}-{'gc' if checkpointing else 'nogc'}"
-    port = port or _free_port()
-    args = run_arguments(spec, model_dir, train_file, config, checkpointing) + ["--output_dir", str(out)]
+    port = _free_port()
+    args = run_arguments(spec, model_dir, train_file, config, checkpointing, on_gpu) + ["--output_dir", str(out)]
     if config == "none":
         command = [sys.executable, str(RUN_SFT)]
     elif config == "ddp":
@@ -144,16 +147,22 @@ def measure(
     if done.returncode != 0:
         raise RuntimeError(f"{config} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    return max(entry["memory/train/cpu_total_peak_mib_max"] for entry in history
-               if "memory/train/cpu_total_peak_mib_max" in entry)  # fmt: skip
+    key = f"memory/train/{'gpu' if on_gpu else 'cpu'}_total_peak_mib_max"
+    return max(entry[key] for entry in history if key in entry)
 
 
 def predict(
-    spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool, nproc: int = 2
+    spec: ModelSpec,
+    model_dir: Path,
+    train_file: Path,
+    config: str,
+    checkpointing: bool,
+    nproc: int = 2,
+    on_gpu: bool = False,
 ) -> dict:
     """The planner's row for the same run (``device_bytes`` per rank, ``device_items``), from ``--json``."""
     world = 1 if config == "none" else nproc
-    args = run_arguments(spec, model_dir, train_file, config, checkpointing)
+    args = run_arguments(spec, model_dir, train_file, config, checkpointing, on_gpu)
     done = subprocess.run(
         [sys.executable, "-m", "hf_lora_ds.plan", *args, "--output_dir", tempfile.mkdtemp(), "--world_size",
          str(world), "--nproc_per_node", str(world), "--json"],
