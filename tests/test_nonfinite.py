@@ -84,15 +84,24 @@ def test_batch_sequences_padded_and_padding_free():
     assert batch_sequences(flat) == [(5, 6, 7), (8, 9)]
 
 
-def test_nan_loss_stops_before_its_update(tiny_model, qwen_style_tokenizer, tmp_path):
+@pytest.mark.parametrize(
+    "poison, error, first",
+    [
+        (lambda: NaNEmbeddingsAtStep(3), NonFiniteLossError, "non-finite training loss (nan) at step 3"),
+        (lambda: PoisonStep("gradient", 3), NonFiniteGradientError,
+         "non-finite gradient norm (nan) at step 3, before its update was applied"),
+    ],
+    ids=["loss", "gradient_norm"],
+)  # fmt: skip
+def test_nan_stops_before_its_update(poison, error, first, tiny_model, qwen_style_tokenizer, tmp_path):
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=5, save_strategy="steps",
                            save_steps=1, train_sampling_strategy="sequential")  # fmt: skip
-    trainer.add_callback(NaNEmbeddingsAtStep(3))
-    with pytest.raises(NonFiniteLossError) as raised:
+    trainer.add_callback(poison())
+    with pytest.raises(error) as raised:
         trainer.train()
     message = str(raised.value)
     # Sequential batches of 8: step 3 holds samples 16..23; record i of the list is "record i".
-    assert "non-finite training loss (nan) at step 3" in message
+    assert first in message
     assert f"indices) {list(range(16, 24))}" in message and "(record 16; record 17;" in message
     checkpoint = tmp_path / "out" / "checkpoint-2"
     assert f"last complete checkpoint: {checkpoint}" in message
@@ -109,19 +118,6 @@ def assert_weights_are_checkpoints(model, checkpoint: Path) -> None:
         torch.testing.assert_close(current[f"base_model.model.{name.removeprefix('base_model.model.')}"], value)
 
 
-def test_nan_gradient_norm_stops_before_its_update(tiny_model, qwen_style_tokenizer, tmp_path):
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=5, save_strategy="steps",
-                           save_steps=1, train_sampling_strategy="sequential")  # fmt: skip
-    trainer.add_callback(PoisonStep("gradient", 3))
-    with pytest.raises(NonFiniteGradientError) as raised:
-        trainer.train()
-    message = str(raised.value)
-    assert "non-finite gradient norm (nan) at step 3, before its update was applied" in message
-    assert f"indices) {list(range(16, 24))}" in message and "(record 16; record 17;" in message
-    checkpoint = tmp_path / "out" / "checkpoint-2"
-    assert f"last complete checkpoint: {checkpoint}" in message
-    assert not (tmp_path / "out" / "checkpoint-3").exists()
-    assert_weights_are_checkpoints(trainer.model, checkpoint)
 
 
 @pytest.mark.parametrize("poisoned", ["loss", "gradient"])
