@@ -48,22 +48,20 @@ class ModelShape:
     first_layer_activation_bytes: int  # the decoder with one layer: that layer, embeddings and the final norm
     layer_activation_bytes: int  # saved by each further layer (the first saves less: its input needs no grad)
     layer_input_bytes: int  # a layer's input: what gradient checkpointing keeps per layer
-    largest_saved_bytes: int  # the largest single tensor a layer saves (the attention scores under eager)
+    backward_working_bytes: int  # what a layer's backward allocates on top of what was saved
 
     def activation_bytes(self, batch_size: int, gradient_checkpointing: bool) -> int:
         """Saved for backward over the whole forward of ``batch_size`` samples of ``seq_len`` tokens, plus the
         working memory of a layer's backward. With gradient checkpointing only each layer's input is kept, and one
         layer at a time is recomputed in backward.
 
-        The backward of a layer's largest operation (the softmax over eager attention's scores, or the MLP's
-        activation) holds about three tensors of that size at once: the incoming gradient, a temporary and the
-        outgoing gradient (on the CPU, eager attention over 1,400-token samples: measured 3-4)."""
+        The working memory is ``backward_working_bytes`` (see ``_backward_working_bytes``)."""
         if gradient_checkpointing:
             recomputed = max(self.layer_activation_bytes, self.first_layer_activation_bytes)
             per_sample = self.num_layers * self.layer_input_bytes + recomputed
         else:
             per_sample = self.first_layer_activation_bytes + (self.num_layers - 1) * self.layer_activation_bytes
-        return batch_size * (per_sample + 3 * self.largest_saved_bytes)
+        return batch_size * (per_sample + self.backward_working_bytes)
 
 
 def load_model_config(path: str, trust_remote_code: bool = False) -> PretrainedConfig:
@@ -143,8 +141,20 @@ def _measure(
         first_layer_activation_bytes=one,
         layer_activation_bytes=two - one,
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
-        largest_saved_bytes=largest_saved,
+        backward_working_bytes=_backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
     )
+
+
+def _backward_working_bytes(config: PretrainedConfig, seq_len: int, largest_saved: int, attn: str | None) -> int:
+    """A layer's backward holds about three tensors the size of the largest one it saved at once (the incoming
+    gradient, a temporary, the outgoing gradient). Eager attention holds more: its fp32 score matrices (matmul
+    output, scaled, masked, softmax, and their gradients) measured ~8 of them at the peak on the CPU (8-layer model,
+    1,129-token samples, with and without gradient checkpointing: bench/memory_plan.py's "activations" shape)."""
+    working = 3 * largest_saved
+    if attn == "eager":
+        text = config.get_text_config()
+        working = max(working, 8 * text.num_attention_heads * seq_len * seq_len * 4)
+    return working
 
 
 def _meta_peft_model(
