@@ -133,7 +133,19 @@ class SFTTrainingArguments(TrainingArguments):
         },
     )
     dataset_cache_dir: str | None = field(
-        default=None, metadata={"help": "Where tokenized datasets are cached. None: the datasets library's cache."}
+        default=None,
+        metadata={
+            "help": "Where the records read from data files (Arrow) and the tokenized samples are cached, keyed on the "
+            "file, the tokenizer and the settings, so a second run reads them instead of tokenizing again. None: the "
+            "datasets library's cache (HF_DATASETS_CACHE/hf_lora_ds)."
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that validate and tokenize the records (datasets' map num_proc). None: the main process "
+            "only. On a 2-core CPU, 2 workers tokenized 1.6x the samples/s of 1 (bench/data_scale.py)."
+        },
     )
     # ---- LoRA ----
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
@@ -195,6 +207,8 @@ class SFTTrainingArguments(TrainingArguments):
                 if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
                     raise MissingPathError(f"--{flag} {source.location}: no such file")
         FormatOptions.from_flags(self.columns, self.sharegpt_roles)  # a bad mapping fails before the model loads
+        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
+            raise UserError(f"--preprocessing_num_workers must be a positive integer, got {self.preprocessing_num_workers}")
         if self.max_length < 2:
             raise UserError(f"--max_length must be at least 2 tokens, got {self.max_length}")
         if self.batching == "padding_free" and self.pad_to_multiple_of:
