@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
                               num_proc=args.preprocessing_num_workers)
 
     def load(spec: str) -> LoadedData:
-        return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code, cache_dir=args.dataset_cache_dir)
+        return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,
+                         cache_dir=args.dataset_cache_dir)
 
     train_data = load(args.train_file)
     if args.process_index == 0:

@@ -66,13 +66,18 @@ def test_arrow_path_gives_the_exact_samples(tools_tokenizer, tmp_path, num_proc)
         ('{"messages": [{"role": "user", "content": "hi"}]}', "line 290: field 'messages': no assistant turn"),
     ],
 )
-def test_bad_record_near_the_end_is_named_by_file_and_line(chatml_tokenizer, tmp_path, num_proc, bad_line, message):
+def test_bad_record_near_the_end_is_named_by_file_and_line(
+    chatml_tokenizer, tmp_path, monkeypatch, num_proc, bad_line, message
+):
     lines = alpaca_lines(300)
     lines[289] = bad_line
     path = write_jsonl(tmp_path / "train.jsonl", lines)
+    rendered = []
+    monkeypatch.setattr(data, "supervised_char_spans", lambda *args: rendered.append(args))
     with pytest.raises(DataError) as err:
         ChatSFTDataset(path, chatml_tokenizer, cache_dir=tmp_path / "cache", num_proc=num_proc)
     assert str(err.value).startswith(f"{path}, {message}")
+    assert rendered == []  # found by the validation pass, before any record was rendered or tokenized
 
 
 @pytest.mark.parametrize("good_lines", [0, 2])
@@ -83,7 +88,9 @@ def test_bad_bytes_are_named_by_line_and_offset(chatml_tokenizer, tmp_path, good
     path.write_bytes(b"\xef\xbb\xbf" + good + '{"instruction": "café"}'.encode("latin-1"))  # after a byte-order mark
     offset = 3 + len(good) + len('{"instruction": "caf')
     line = good_lines + 1
-    with pytest.raises(DataError, match=rf"^{path}, line {line} \(byte offset {offset}\): not UTF-8 text \(byte 0xe9\)"):
+    with pytest.raises(
+        DataError, match=rf"^{path}, line {line} \(byte offset {offset}\): not UTF-8 text \(byte 0xe9\)"
+    ):
         ChatSFTDataset(str(path), chatml_tokenizer, cache_dir=tmp_path / "cache")
 
 
@@ -116,7 +123,9 @@ def test_every_setting_keys_the_cache(chatml_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", [json.dumps({"conversations": [
         {"from": "human", "value": "1="}, {"from": "bot", "value": "0 + 1"}]})])  # fmt: skip
     cache = tmp_path / "cache"
-    as_assistant = ChatSFTDataset(path, chatml_tokenizer, cache_dir=cache, formats=FormatOptions({}, {"bot": "assistant"}))
+    as_assistant = ChatSFTDataset(
+        path, chatml_tokenizer, cache_dir=cache, formats=FormatOptions({}, {"bot": "assistant"})
+    )
     with_system = ChatSFTDataset(path, chatml_tokenizer, cache_dir=cache, system_prompt="Be brief.",
                                  formats=FormatOptions({}, {"bot": "assistant"}))  # fmt: skip
     assert with_system[0]["input_ids"] != as_assistant[0]["input_ids"]
