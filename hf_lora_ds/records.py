@@ -8,6 +8,9 @@ Two record formats are accepted and normalised to one conversation shape (a list
 - alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
   "system" (optional)}``;
 - messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``.
+
+Files are read one record at a time (``iter_record_texts``): training data goes from there into a memory-mapped
+Arrow table (``hf_lora_ds.record_table``) and is validated there in parallel, so a large file is never held whole.
 """
 
 from __future__ import annotations

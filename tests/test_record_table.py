@@ -54,7 +54,12 @@ def test_arrow_path_gives_the_exact_samples(tools_tokenizer, tmp_path, num_proc)
     ds = ChatSFTDataset(path, tools_tokenizer, cache_dir=tmp_path / "cache", num_proc=num_proc)
     assert [(s["input_ids"], s["labels"]) for s in ds] == [reference(tools_tokenizer, r) for r in MIXED * 3]
     assert len(ds.samples.cache_files) == num_proc  # one tokenized shard per worker
+    written = sorted(p.name for p in (tmp_path / "cache").glob("*.arrow"))
+    assert len(written) == num_proc and all(name.startswith("chat_sft-") for name in written)  # validation writes none
     assert ds.samples.with_format(None)["where"] == [f"{path}, line {i}" for i in range(1, 16)]
+    features = ds.samples.features  # compact columns
+    dtypes = [features[name].feature.dtype for name in ("input_ids", "attention_mask", "labels")]
+    assert dtypes == ["int32", "int8", "int32"]
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])
