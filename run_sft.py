@@ -106,10 +106,12 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     def sft_dataset(data: LoadedData) -> ChatSFTDataset:
         return ChatSFTDataset(data, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
                               assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
-                              cache_dir=args.dataset_cache_dir, formats=args.format_options)
+                              cache_dir=args.dataset_cache_dir, formats=args.format_options,
+                              num_proc=args.preprocessing_num_workers)
 
     def load(spec: str) -> LoadedData:
-        return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code)
+        return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,
+                         cache_dir=args.dataset_cache_dir)
 
     train_data = load(args.train_file)
     if args.process_index == 0:
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     check_memory_plan(args, profile_from_dataset(train_dataset))
     task = get_task(args.eval_task)
     eval_data = load(args.eval_file) if args.eval_file else None
-    eval_records = eval_data.records if eval_data else None
+    eval_records = list(eval_data.records) if eval_data else None  # generated from, so held whole: keep it small
     if eval_records:
         load_samples(eval_records, task, args.system_prompt)
     # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.

@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     parser.add_argument("--system_prompt", default=None, help="System turn for records that have none.")
     parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
     parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
+    parser.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes that tokenize.")
     args = parser.parse_args(argv)
     check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
     with hub_load_errors(args.tokenizer, "--tokenizer"):
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
         system_prompt=args.system_prompt,
         assistant_turns=args.assistant_turns,
         formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
+        num_proc=args.preprocessing_num_workers,
     )
     report = audit_dataset(dataset)
     print(data.summary())

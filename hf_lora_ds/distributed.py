@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -53,6 +54,7 @@ __all__ = [
     "process_group_exists",
     "rank_and_world",
     "gather_from_ranks",
+    "main_process_first",
 ]
 
 # The variables accelerate itself reads for the world size of a CPU launch (torchrun/deepspeed, then MPI flavours).
@@ -253,3 +255,16 @@ def gather_from_ranks(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * world_size
     torch.distributed.all_gather_object(gathered, obj)
     return gathered
+
+
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """Rank 0 runs the block first (reading data into the cache, tokenizing); the other ranks run it after, and
+    find the cache written, instead of all ranks racing to write the same files."""
+    distributed = process_group_exists()
+    is_main = not distributed or torch.distributed.get_rank() == 0
+    if distributed and not is_main:
+        torch.distributed.barrier()
+    yield
+    if distributed and is_main:
+        torch.distributed.barrier()

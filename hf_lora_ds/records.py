@@ -8,20 +8,25 @@ Two record formats are accepted and normalised to one conversation shape (a list
 - alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
   "system" (optional)}``;
 - messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``.
+
+Files are read one record at a time (``iter_record_texts``): training data goes from there into a memory-mapped
+Arrow table (``hf_lora_ds.record_table``) and is validated there in parallel, so a large file is never held whole.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 
-__all__ = ["DataError", "Record", "load_records", "to_messages", "ROLES"]
+__all__ = ["DataError", "Record", "load_records", "iter_record_texts", "decode_record", "to_messages", "ROLES"]
 
 ROLES = ("system", "user", "assistant", "tool")
+_BOM = b"\xef\xbb\xbf"
 
 
 class DataError(UserError):
@@ -37,36 +42,78 @@ class Record:
 
 
 def load_records(data: str | Path | list[dict]) -> list[Record]:
-    """Read records from a ``.json`` (array or JSON lines), ``.jsonl`` or ``.parquet`` file, or take a list."""
+    """Read records from a ``.json`` (array or JSON lines), ``.jsonl`` or ``.parquet`` file, or take a list.
+
+    For the small files held whole (eval sets); training data is read into Arrow by ``hf_lora_ds.record_table``.
+    """
     if isinstance(data, list):
         return [Record(item, f"record {i}") for i, item in enumerate(data)]
+    return [Record(decode_record(text, where), where) for text, where in iter_record_texts(data)]
+
+
+def iter_record_texts(data: str | Path) -> Iterator[tuple[str, str]]:
+    """``(JSON text, location)`` of each record of a file, one at a time, in file order.
+
+    JSON lines and parquet are read in bounded memory (a line, a row group at a time); a ``.json`` array is read
+    whole, since its records are located by decoding the array. The JSON text of a line is not decoded here:
+    ``decode_record`` does that where the record is validated (in parallel, for training data).
+    """
     path = Path(data)
     if not path.is_file():
         raise MissingPathError(f"data file not found: {path} (check --train_file / --eval_file)")
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return [Record(row, f"{path}, row {i}") for i, row in enumerate(_read_parquet(path))]
-    if suffix not in (".json", ".jsonl"):
+    if suffix not in (".json", ".jsonl", ".parquet"):
         raise DataError(f"{path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
-    text = _read_utf8(path)
-    records = _read_json_array(text, path) if text.lstrip().startswith("[") else _read_json_lines(text, path)
-    if not records:
+    if suffix == ".parquet":
+        texts = _parquet_texts(path)
+    elif _starts_with_bracket(path):
+        texts = _json_array_texts(_read_utf8(path), path)
+    else:
+        texts = _json_line_texts(path)
+    empty = True
+    for item in texts:
+        empty = False
+        yield item
+    if empty:
         raise DataError(f"{path}: no records found")
-    return records
 
 
-def _read_parquet(path: Path) -> list[dict]:
-    """Rows of a parquet file; a file pyarrow cannot read (truncated, not parquet) is named rather than left to
+def decode_record(text: str, where: str) -> Any:
+    """One record's JSON text as Python data; malformed JSON is reported at the record's location."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+
+
+def _parquet_texts(path: Path) -> Iterator[tuple[str, str]]:
+    """Rows of a parquet file, a batch at a time, as JSON text (values JSON cannot hold, such as timestamps, as
+    their text); a file pyarrow cannot read (truncated, not parquet) is named rather than left to
     ``ArrowInvalid: Parquet magic bytes not found``, which does not say which file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        batches = pq.ParquetFile(path).iter_batches(batch_size=1000)
+        row = 0
+        for batch in batches:
+            for values in batch.to_pylist():
+                yield json.dumps(values, ensure_ascii=False, default=str), f"{path}, row {row}"
+                row += 1
     except (pa.ArrowException, OSError) as err:
         raise DataError(
             f"{path}: not a readable parquet file ({one_line(str(err))}); re-export it, or use .json / .jsonl"
         ) from None
+
+
+def _starts_with_bracket(path: Path) -> bool:
+    """Whether a ``.json``/``.jsonl`` file holds one JSON array (rather than JSON lines)."""
+    with path.open("rb") as f:
+        while chunk := f.read(4096):
+            text = chunk.removeprefix(_BOM).lstrip()
+            if text:
+                return text.startswith(b"[")
+    return False
 
 
 def _read_utf8(path: Path) -> str:
@@ -76,43 +123,50 @@ def _read_utf8(path: Path) -> str:
     try:
         return raw.decode("utf-8-sig")  # a byte-order mark is not part of the JSON
     except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise DataError(
-            f"{path}, line {line} (byte offset {err.start}): not UTF-8 text (byte 0x{raw[err.start]:02x}); "
-            "re-save the file as UTF-8 (e.g. iconv -f <its encoding> -t utf-8)"
-        ) from None
+        raise _not_utf8(path, raw.count(b"\n", 0, err.start) + 1, err.start, raw[err.start]) from None
 
 
-def _read_json_lines(text: str, path: Path) -> list[Record]:
-    records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(Record(json.loads(line), f"{path}, line {number}"))
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}, line {number}: malformed JSON ({err.msg} at column {err.colno})") from None
-    return records
+def _not_utf8(path: Path, line: int, offset: int, byte: int) -> DataError:
+    return DataError(
+        f"{path}, line {line} (byte offset {offset}): not UTF-8 text (byte 0x{byte:02x}); "
+        "re-save the file as UTF-8 (e.g. iconv -f <its encoding> -t utf-8)"
+    )
 
 
-def _read_json_array(text: str, path: Path) -> list[Record]:
+def _json_line_texts(path: Path) -> Iterator[tuple[str, str]]:
+    """Non-blank lines and their numbers, read a line at a time; lines end at ``\\n`` only, as in JSON lines."""
+    offset = 0
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            start = 3 if number == 1 and raw.startswith(_BOM) else 0  # a byte-order mark is not part of the JSON
+            try:
+                line = raw[start:].decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, number, offset + start + err.start, raw[start + err.start]) from None
+            offset += len(raw)
+            if line.strip():  # without its line ending, so a JSON error's column is on this line
+                yield line.rstrip("\r\n"), f"{path}, line {number}"
+
+
+def _json_array_texts(text: str, path: Path) -> Iterator[tuple[str, str]]:
     """Decode a JSON array element by element so each record keeps the line it starts on."""
     decoder = json.JSONDecoder()
-    records: list[Record] = []
+    count = 0
     pos = text.index("[") + 1
     while True:
         pos = _skip_space(text, pos)
         if pos < len(text) and text[pos] == "]":
-            return records
-        if records:
+            return
+        if count:
             if pos >= len(text) or text[pos] != ",":
                 raise DataError(f"{path}, line {_line_of(text, pos)}: malformed JSON (expected ',' or ']')")
             pos = _skip_space(text, pos + 1)
         try:
-            value, end = decoder.raw_decode(text, pos)
+            _, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}, line {err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from None
-        records.append(Record(value, f"{path}, line {_line_of(text, pos)} (record {len(records)})"))
+        yield text[pos:end], f"{path}, line {_line_of(text, pos)} (record {count})"
+        count += 1
         pos = end
 
 

@@ -4,25 +4,29 @@
 is, in this order: a ``.json``/``.jsonl``/``.parquet`` file; a directory written by ``datasets.save_to_disk``; a
 directory of such data files (read in sorted order, recursively); otherwise a Hub dataset id ``name``,
 ``name:config`` or ``name@split`` (``name:config@split``), loaded with ``datasets.load_dataset`` and cached as
-datasets caches it. Rows keep their location (file and line, or source and row) for the errors further on.
+datasets caches it. Every source becomes a memory-mapped record table (``hf_lora_ds.record_table``), whose rows
+keep their location (file and line, or source and row) for the errors further on.
 
 A mixture is as long as its sources together; each source supplies ``weight / sum(weights)`` of it, drawn
 without replacement (whole passes plus a random remainder when a source is smaller than its share), and the
 result is shuffled. Everything is drawn from one generator seeded with ``--seed``, so a mixture repeats exactly.
+Drawing picks row indices: the mixture is a view of its sources' tables, not a copy.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 
-from hf_lora_ds.records import DataError, Record, load_records
+from hf_lora_ds.distributed import main_process_first
+from hf_lora_ds.record_table import Records, from_list, from_rows, read_file
+from hf_lora_ds.records import DataError
 
 __all__ = ["Source", "LoadedData", "parse_sources", "load_source", "load_data", "mix"]
 
@@ -41,20 +45,23 @@ class Source:
 
 @dataclass
 class LoadedData:
-    """Validated-to-load records in training order and, per record, the source it came from."""
+    """Records in training order, as a table with ``record``, ``where`` and ``source`` columns, and the number of
+    samples each source supplies, in the order the sources were given."""
 
-    records: list[Record]
-    sources: list[str]
-    names: list[str]  # the sources in the order they were given
+    table: datasets.Dataset
+    source_counts: dict[str, int]
+
+    @property
+    def records(self) -> Records:
+        return Records(self.table)
 
     def counts(self) -> dict[str, int]:
         """Samples per source, in the order the sources were given."""
-        counter = Counter(self.sources)
-        return {name: counter[name] for name in self.names}
+        return dict(self.source_counts)
 
     def summary(self) -> str:
-        parts = ", ".join(f"{name}: {count}" for name, count in self.counts().items())
-        return f"data: {len(self.records)} samples from {len(self.counts())} source(s) ({parts})"
+        parts = ", ".join(f"{name}: {count}" for name, count in self.source_counts.items())
+        return f"data: {len(self.table)} samples from {len(self.source_counts)} source(s) ({parts})"
 
 
 def parse_sources(spec: str | list[Any]) -> list[Source]:
@@ -95,87 +102,92 @@ def _weight(value: Any, location: Any, mixture: bool) -> float | None:
     return weight
 
 
-def load_source(location: str, trust_remote_code: bool = False) -> list[Record]:
+def load_source(location: str, trust_remote_code: bool = False, cache_dir: str | Path | None = None) -> Records:
     """All records of one source, each with its location (see the module docstring for the lookup order)."""
+    return Records(_load_table(location, trust_remote_code, cache_dir))
+
+
+def _load_table(location: str, trust_remote_code: bool, cache_dir: str | Path | None) -> datasets.Dataset:
     path = Path(location)
     if path.is_file():
-        return load_records(path)
+        return read_file(path, location, cache_dir)
     if path.is_dir():
-        return _load_directory(path)
+        return _load_directory(path, location, cache_dir)
     if path.suffix.lower() in DATA_SUFFIXES:
         raise FileNotFoundError(f"data file not found: {path} (check --train_file / --eval_file)")
-    return _load_hub(location, trust_remote_code)
+    return from_rows(_load_hub(location, trust_remote_code), location, cache_dir)
 
 
-def _load_directory(path: Path) -> list[Record]:
+def _load_directory(path: Path, location: str, cache_dir: str | Path | None) -> datasets.Dataset:
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        import datasets
-
         dataset = datasets.load_from_disk(str(path))
         if isinstance(dataset, datasets.DatasetDict):
             if "train" not in dataset:
                 raise DataError(f"{path}: a DatasetDict without a 'train' split (splits: {sorted(dataset)})")
             dataset = dataset["train"]
-        return _rows(dataset, str(path))
+        return from_rows(dataset, str(path), cache_dir)
     shards = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
     if not shards:
         raise DataError(
             f"{path}: no data files (.json, .jsonl, .parquet) in this directory, and it is not a "
             "datasets.save_to_disk directory"
         )
-    return [record for shard in shards for record in load_records(shard)]
+    return datasets.concatenate_datasets([read_file(shard, location, cache_dir) for shard in shards])
 
 
-def _load_hub(location: str, trust_remote_code: bool) -> list[Record]:
+def _load_hub(location: str, trust_remote_code: bool) -> datasets.Dataset:
     """A Hub dataset by id; with no network (HF_DATASETS_OFFLINE) only what datasets has cached resolves."""
     match = _HUB_ID.fullmatch(location)
     if not match:
         raise FileNotFoundError(f"{location}: no such file or directory, and not a Hub dataset id (name[:config][@split])")
-    import datasets
-
     name, config, split = match["name"], match["config"], match["split"] or "train"
     # datasets >= 4 runs no dataset scripts, so only older versions take trust_remote_code.
     extra = {"trust_remote_code": True} if trust_remote_code and datasets.__version__ < "4" else {}
     try:
-        dataset = datasets.load_dataset(name, config, split=split, **extra)
+        return datasets.load_dataset(name, config, split=split, **extra)
     except Exception as err:  # noqa: BLE001 - datasets raises many types; all mean "cannot load this source"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DataError(
             f"{location}: no such file or directory, and the Hub dataset {name!r} (config {config}, split {split}) "
             f"cannot be loaded: {reason}"
         ) from None
-    return _rows(dataset, location)
 
 
-def _rows(dataset: Any, location: str) -> list[Record]:
-    return [Record(row, f"{location}, row {i}") for i, row in enumerate(dataset)]
+def load_data(
+    spec: str | Path | list[dict], seed: int = 0, trust_remote_code: bool = False, cache_dir: str | Path | None = None
+) -> LoadedData:
+    """Records of ``spec``: one source or several mixed by weight (``--train_file`` text), or a list of records.
 
-
-def load_data(spec: str | Path | list[dict], seed: int = 0, trust_remote_code: bool = False) -> LoadedData:
-    """Records of ``spec``: one source or several mixed by weight (``--train_file`` text), or a list of records."""
+    On a multi-rank run rank 0 reads the sources into the cache first; the other ranks then read its tables.
+    """
     if isinstance(spec, list):
-        return LoadedData(load_records(spec), ["records"] * len(spec), ["records"])
+        return LoadedData(from_list(spec), {"records": len(spec)})
     sources = parse_sources(str(spec))
-    loaded = [(source, load_source(source.location, trust_remote_code)) for source in sources]
+    with main_process_first():
+        loaded = [(source, _load_table(source.location, trust_remote_code, cache_dir)) for source in sources]
     if len(loaded) == 1:
-        source, records = loaded[0]
-        return LoadedData(records, [source.location] * len(records), [source.location])
+        source, table = loaded[0]
+        return LoadedData(table, {source.location: len(table)})
     return mix(loaded, seed)
 
 
-def mix(parts: list[tuple[Source, list[Record]]], seed: int) -> LoadedData:
-    """Draw each source's share of ``sum(len(records))`` samples and shuffle them together, reproducibly."""
-    total = sum(len(records) for _, records in parts)
-    counts = _shares(total, [source.weight for source, _ in parts])
+def mix(parts: list[tuple[Source, datasets.Dataset]], seed: int) -> LoadedData:
+    """Draw each source's share of the sources' total length and shuffle them together, reproducibly."""
+    counts = _shares(sum(len(table) for _, table in parts), [source.weight for source, _ in parts])
     rng = np.random.default_rng(seed)
-    picked: list[tuple[Record, str]] = []
-    for (source, records), count in zip(parts, counts):
-        if not records:
+    picked, offset = [], 0
+    for (source, table), count in zip(parts, counts):
+        if not len(table):
             raise DataError(f"mixture source {source.location!r}: no records")
-        picked += [(records[i], source.location) for i in _draw(len(records), count, rng)]
-    order = rng.permutation(len(picked))
-    names = [source.location for source, _ in parts]
-    return LoadedData([picked[i][0] for i in order], [picked[i][1] for i in order], names)
+        picked.append(offset + _draw(len(table), count, rng))
+        offset += len(table)
+    indices = np.concatenate(picked)
+    order = rng.permutation(len(indices))
+    source_counts: dict[str, int] = {}
+    for (source, _), count in zip(parts, counts):
+        source_counts[source.location] = source_counts.get(source.location, 0) + count
+    mixed = datasets.concatenate_datasets([table for _, table in parts]).select(indices[order])
+    return LoadedData(mixed, source_counts)
 
 
 def _shares(total: int, weights: list[float]) -> list[int]:
@@ -188,8 +200,7 @@ def _shares(total: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def _draw(size: int, count: int, rng: np.random.Generator) -> list[int]:
+def _draw(size: int, count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` indices into ``size`` records: whole shuffled passes, then a sample without replacement."""
     passes, rest = divmod(count, size)
-    indices = [int(i) for _ in range(passes) for i in rng.permutation(size)]
-    return indices + [int(i) for i in rng.choice(size, rest, replace=False)]
+    return np.concatenate([rng.permutation(size) for _ in range(passes)] + [rng.choice(size, rest, replace=False)])

@@ -93,7 +93,7 @@ def parse_memory(text: str, flag: str) -> int:
 def profile_from_dataset(dataset) -> SequenceProfile:
     """Lengths and supervised-token counts of a ``ChatSFTDataset`` (after truncation and dropping)."""
     table = dataset.samples.with_format(None)
-    return SequenceProfile(lengths=tuple(table["length"]), supervised=tuple(table["num_supervised"]))
+    return SequenceProfile.from_samples(table["length"], table["num_supervised"])
 
 
 def sequence_profile(args) -> SequenceProfile:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,24 +31,28 @@ _MAX_BATCH_SEARCH = 1 << 14
 
 @dataclass(frozen=True)
 class SequenceProfile:
-    """Tokenized lengths and supervised-token counts of the training samples (after truncation), or a single
-    ``max_length`` standing for samples of unknown length (every position then counts as supervised: the bound)."""
+    """Tokenized lengths and supervised-token counts of the training samples (after truncation), each sorted from
+    the largest, or a single ``max_length`` standing for samples of unknown length (every position then counts as
+    supervised: the bound)."""
 
-    lengths: tuple[int, ...]
-    supervised: tuple[int, ...]
+    longest_first: tuple[int, ...]
+    most_supervised_first: tuple[int, ...]
+
+    @classmethod
+    def from_samples(cls, lengths: Iterable[int], supervised: Iterable[int]) -> SequenceProfile:
+        return cls(tuple(sorted(lengths, reverse=True)), tuple(sorted(supervised, reverse=True)))
 
     @classmethod
     def unknown(cls, max_length: int) -> SequenceProfile:
-        return cls(lengths=(max_length,), supervised=(max_length,))
+        return cls((max_length,), (max_length,))
 
     def worst_batch(self, batch_size: int, padding_free: bool) -> BatchShape:
         """The micro-batch that needs the most memory: the longest samples together (length grouping puts them
         together; random order can too)."""
-        longest = sorted(self.lengths, reverse=True)
-        most_supervised = sorted(self.supervised, reverse=True)
-        count = len(longest)
-        tokens = sum(longest[:batch_size]) + max(0, batch_size - count) * longest[0]
-        supervised = sum(most_supervised[:batch_size]) + max(0, batch_size - count) * most_supervised[0]
+        longest, most_supervised = self.longest_first, self.most_supervised_first
+        missing = max(0, batch_size - len(longest))  # a batch larger than the data: repeat the longest
+        tokens = sum(longest[:batch_size]) + missing * longest[0]
+        supervised = sum(most_supervised[:batch_size]) + missing * most_supervised[0]
         if padding_free:
             return BatchShape(rows=1, row_tokens=tokens, supervised_tokens=supervised)
         return BatchShape(rows=batch_size, row_tokens=longest[0], supervised_tokens=supervised)

@@ -76,7 +76,7 @@ def test_logits_follow_the_supervised_positions_and_the_chunking():
 
 
 def test_the_worst_batch_holds_the_longest_samples():
-    profile = SequenceProfile(lengths=(10, 300, 50, 200), supervised=(5, 100, 40, 150))
+    profile = SequenceProfile.from_samples(lengths=(10, 300, 50, 200), supervised=(5, 100, 40, 150))
     assert profile.worst_batch(2, padding_free=False) == BatchShape(rows=2, row_tokens=300, supervised_tokens=250)
     assert profile.worst_batch(2, padding_free=True) == BatchShape(rows=1, row_tokens=500, supervised_tokens=250)
     assert profile.worst_batch(6, padding_free=False).supervised_tokens == 295 + 2 * 150
