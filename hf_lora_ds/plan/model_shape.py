@@ -105,9 +105,12 @@ def measure_model_shape(
     key = (config.to_json_string(), repr(lora), dtype, seq_len, attn_implementation, quantization,
            adapters_in_compute_dtype)  # fmt: skip
     if key not in _MEASURED:
-        _MEASURED[key] = _measure(
-            config, lora, dtype, seq_len, attn_implementation, quantization, adapters_in_compute_dtype
-        )
+        # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
+        # LoRA initialisation of the run that plans (run_sft seeds before it plans).
+        with torch.random.fork_rng(devices=[]):
+            _MEASURED[key] = _measure(
+                config, lora, dtype, seq_len, attn_implementation, quantization, adapters_in_compute_dtype
+            )
     return _MEASURED[key]
 
 

@@ -100,3 +100,12 @@ def test_bad_model_paths_are_one_line_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(UserError, match="no 'model_type'"):
         load_model_config(str(tmp_path / "config.json"))
+
+
+def test_planning_leaves_torchs_random_state_alone():
+    """run_sft seeds, then plans, then builds the LoRA model: a plan that drew from the generator would change the
+    adapter's initialisation of the first run in a process only (later ones hit the shape cache)."""
+    config = load_model_config(str(SHIPPED_MODEL_CONFIGS / "qwen2.5-0.5b-instruct"))
+    before = torch.random.get_rng_state()
+    measure_model_shape(config, lora(3), torch.float32, seq_len=37)  # settings no other test plans: not cached
+    assert torch.equal(torch.random.get_rng_state(), before)
