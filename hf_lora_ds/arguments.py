@@ -18,7 +18,7 @@ import yaml
 from transformers import TrainingArguments
 
 from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
-from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
+from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
@@ -335,8 +335,7 @@ def offloads_parameters(deepspeed: str | dict | None) -> bool:
     if not deepspeed:
         return False
     config = deepspeed if isinstance(deepspeed, dict) else json.loads(Path(deepspeed).read_text(encoding="utf-8"))
-    device = config.get("zero_optimization", {}).get("offload_param", {}).get("device", "none")
-    return device not in (None, "none")
+    return offloads(config.get("zero_optimization", {}), "offload_param")
 
 
 def _source_text(entry: str | dict) -> str:

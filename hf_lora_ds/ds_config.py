@@ -24,7 +24,7 @@ from typing import Any
 
 from hf_lora_ds.errors import MissingPathError, UserError
 
-__all__ = ["load_deepspeed_config", "check_deepspeed_config", "known_top_level_keys"]
+__all__ = ["load_deepspeed_config", "check_deepspeed_config", "known_top_level_keys", "offloads"]
 
 _ZERO_STAGES = (0, 1, 2, 3)
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -177,7 +177,8 @@ def _check_zero(zero: dict, source: str) -> None:
             )
 
 
-def _offloads(zero: dict, name: str) -> bool:
+def offloads(zero: dict, name: str) -> bool:
+    """Whether a ``zero_optimization`` section moves ``name`` (``offload_param``/``offload_optimizer``) off the device."""
     offload = zero.get(name)
     return isinstance(offload, dict) and offload.get("device", "none") != "none"
 
@@ -186,12 +187,12 @@ def _check_offload(config: dict, zero: dict, source: str) -> None:
     """Offload needs the ZeRO stage that partitions what it moves, and optimizer offload needs DeepSpeed's own
     (CPU) optimizer: DeepSpeed refuses the torch optimizer Trainer would otherwise create."""
     stage = zero.get("stage", 0)
-    if _offloads(zero, "offload_param") and stage != 3:
+    if offloads(zero, "offload_param") and stage != 3:
         raise UserError(
             f"{source}: zero_optimization.offload_param needs ZeRO stage 3 (stage is {stage}); set "
             "zero_optimization.stage to 3 or remove offload_param"
         )
-    if not _offloads(zero, "offload_optimizer"):
+    if not offloads(zero, "offload_optimizer"):
         return
     if stage == 0:
         raise UserError(

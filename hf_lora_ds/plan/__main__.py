@@ -20,10 +20,9 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from hf_lora_ds.arguments import SFTTrainingArguments, read_arguments_file
-from hf_lora_ds.ds_config import load_deepspeed_config
 from hf_lora_ds.errors import UserError, run_cli
-from hf_lora_ds.plan.from_args import PlanArguments, plan_run, sequence_profile
-from hf_lora_ds.plan.planner import PlanRow, recommend, shipped_configs
+from hf_lora_ds.plan.from_args import PlanArguments, configs_with, plan_run, sequence_profile
+from hf_lora_ds.plan.planner import PlanRow, recommend
 from hf_lora_ds.plan.report import format_table
 
 
@@ -47,10 +46,7 @@ def parse(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> list[PlanRow]:
     args, plan_args = parse(sys.argv[1:] if argv is None else argv)
-    configs = shipped_configs()
-    if args.deepspeed and args.deepspeed != "auto":  # the user's own config gets a row too
-        config, _ = load_deepspeed_config(args.deepspeed)
-        configs.setdefault(Path(args.deepspeed).name, config)
+    configs = configs_with(args.deepspeed)  # the user's own config gets a row too
     with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) off the table/JSON
         rows = plan_run(args, plan_args, sequence_profile(args), configs)
     if plan_args.json:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hf_lora_ds.ds_config import offloads
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.supervised_logits import CHUNK_ELEMENTS
 
@@ -47,17 +48,14 @@ class DeepSpeedLayout:
             return cls()
         zero = config.get("zero_optimization", {})
 
-        def offloads(name: str) -> bool:
-            return zero.get(name, {}).get("device", "none") not in (None, "none")
-
         def elements(key: str) -> int | None:
             value = zero.get(key, "auto")
             return None if value == "auto" else int(float(value))
 
         return cls(
             stage=int(zero.get("stage", 0)),
-            offload_optimizer=offloads("offload_optimizer"),
-            offload_param=offloads("offload_param"),
+            offload_optimizer=offloads(zero, "offload_optimizer"),
+            offload_param=offloads(zero, "offload_param"),
             reduce_bucket_size=elements("reduce_bucket_size"),
             prefetch_bucket_size=elements("stage3_prefetch_bucket_size"),
             reuse_distance=int(float(zero.get("stage3_max_reuse_distance", 10**9))),

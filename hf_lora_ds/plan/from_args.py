@@ -35,6 +35,7 @@ from hf_lora_ds.plan.report import plan_line
 __all__ = [
     "PlanArguments",
     "config_name",
+    "configs_with",
     "parse_memory",
     "plan_run",
     "check_memory_plan",
@@ -213,14 +214,20 @@ def config_name(deepspeed: str | dict | None) -> str:
     return Path(deepspeed).name if isinstance(deepspeed, str) else "--deepspeed"
 
 
+def configs_with(deepspeed: str | dict | None) -> dict[str, dict | None]:
+    """The shipped configurations, plus the run's own DeepSpeed config when it is not one of them."""
+    configs = shipped_configs()
+    name = config_name(deepspeed)
+    if deepspeed and deepspeed != "auto" and name not in configs:
+        configs[name], _ = load_deepspeed_config(deepspeed)
+    return configs
+
+
 def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
     """The row of the configuration ``args`` runs (its own DeepSpeed config added when not a shipped one), and
     every row: the alternatives to name when it does not fit."""
-    configs = shipped_configs()
     name = config_name(args.deepspeed)
-    if args.deepspeed and name not in configs:
-        configs[name], _ = load_deepspeed_config(args.deepspeed)
-    rows = plan_run(args, run_world(), profile, configs)
+    rows = plan_run(args, run_world(), profile, configs_with(args.deepspeed))
     chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing))
     return chosen, rows
 
