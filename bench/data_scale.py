@@ -4,19 +4,23 @@ It runs ``ChatSFTDataset`` (records read line by line into Arrow, validated, the
 batched datasets map) in a fresh subprocess per measurement: on a ``--records`` file with 1 and then 2 workers
 (``--preprocessing_num_workers``), each on an empty cache; on a ``--large_records`` file with 2 workers, on an
 empty cache and then again on the cache that run wrote; and on a copy of the large file with a bad record at line
-900,000. It prints, measured in this run: seconds, samples/s, the peak memory of the whole process tree (main
-process and workers, sampled every 0.2 s: the sum of their RSS, which counts the pages that forked workers share
-with the main process once per process, and of their PSS, which splits shared pages between the processes that
-map them), and the bad record's error.
+900,000. It prints, measured in this run: seconds, samples/s, and the peak memory of the whole process tree (main process
+and workers, sampled every 0.2 s from /proc/<pid>/smaps_rollup): the sum of RSS, which counts the pages forked
+workers share with the main process once per process; PSS, which splits shared pages between the processes that map
+them; and PSS split into anonymous memory (what the pipeline allocates: it cannot be dropped while the run lasts)
+and file-backed pages (the memory-mapped Arrow tables and libraries, page cache the kernel reclaims under pressure).
+Then the bad record's error.
 
-    python bench/data_scale.py [--records 200000] [--large_records 1000000] [--workdir DIR]
+    python bench/data_scale.py [--records 200000] [--large_records 1000000] [--workdir DIR] [--memory_limit GIB]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,29 +62,81 @@ def with_bad_record(source: Path, target: Path, line: int) -> None:
             dst.write('{"instruction": "no answer here"}\n' if number == line else text)
 
 
-def run_child(path: Path, tokenizer_dir: Path, cache: Path, num_proc: int) -> dict:
-    """One pipeline run in a fresh process, with the peak RSS of its process tree sampled from outside."""
+_SMAPS_FIELDS = {"Rss": "rss", "Pss": "pss", "Pss_Anon": "pss_anon", "Pss_File": "pss_file"}
+
+
+def _smaps_rollup(pid: int) -> dict[str, int]:
+    """A process's memory in bytes by kind, from Linux's /proc/<pid>/smaps_rollup."""
+    memory = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, value = line.split(":", 1)
+        if name in _SMAPS_FIELDS:
+            memory[_SMAPS_FIELDS[name]] = int(value.split()[0]) * 1024
+    return memory
+
+
+def memory_cgroup(limit_gib: float) -> Path:
+    """A new memory cgroup capped at ``limit_gib``, page cache included (Linux, root; cgroup v1's memory controller
+    or cgroup v2). Under the cap the kernel drops file-backed pages it can read again, and kills the run if the
+    memory it allocates does not fit."""
+    name = f"data_scale_{os.getpid()}"
+    limit = str(int(limit_gib * 2**30))
+    v1 = Path("/sys/fs/cgroup/memory")
+    if v1.is_dir():
+        group = v1 / name
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(limit)
+        if (group / "memory.memsw.limit_in_bytes").exists():  # no swapping out of the cap either
+            (group / "memory.memsw.limit_in_bytes").write_text(limit)
+        return group
+    group = Path("/sys/fs/cgroup") / name
+    group.mkdir()
+    (group / "memory.max").write_text(limit)
+    (group / "memory.swap.max").write_text("0")
+    return group
+
+
+def cgroup_peak_gib(group: Path) -> float:
+    """The most memory the cgroup was charged with: its processes' own pages and the page cache they used."""
+    peak = group / "memory.max_usage_in_bytes"
+    return int((peak if peak.exists() else group / "memory.peak").read_text()) / 2**30
+
+
+def run_child(
+    path: Path, tokenizer_dir: Path, cache: Path, num_proc: int, cgroup: Path | None = None, timeout: float | None = None
+) -> dict:
+    """One pipeline run in a fresh process (in ``cgroup``, if given), with the peak memory of its process tree sampled
+    from outside; a run killed or past ``timeout`` seconds comes back as ``{"failed": why}``."""
     command = [sys.executable, __file__, "--child", str(path), "--tokenizer", str(tokenizer_dir),
                "--cache", str(cache), "--num_proc", str(num_proc)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    peak = {"rss": 0, "pss": 0}
+    join = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=join, start_new_session=True
+    )
+    peak = dict.fromkeys(_SMAPS_FIELDS.values(), 0)
 
     def sample() -> None:
         parent = psutil.Process(process.pid)
         while process.poll() is None:
-            try:
-                tree = [p.memory_full_info() for p in [parent, *parent.children(recursive=True)]]
-                peak["rss"] = max(peak["rss"], sum(m.rss for m in tree))
-                peak["pss"] = max(peak["pss"], sum(m.pss for m in tree))
-            except psutil.Error:  # a worker ended between listing and reading it
-                pass
             time.sleep(0.2)
+            try:
+                tree = [_smaps_rollup(p.pid) for p in [parent, *parent.children(recursive=True)]]
+            except (psutil.Error, OSError):  # a worker ended between listing and reading it
+                continue
+            for key in peak:
+                peak[key] = max(peak[key], sum(memory[key] for memory in tree))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out, _ = process.communicate()
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the workers too: a pool whose worker was killed waits forever
+        out, _ = process.communicate()
+        out = json.dumps({"failed": f"not finished after {timeout:.0f} s"})
     sampler.join()
-    result = json.loads(out.strip().splitlines()[-1])
+    lines = out.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {"failed": f"exit status {process.returncode}"}
     result.update({f"peak_{k}_gib": v / 2**30 for k, v in peak.items()})
     return result
 
@@ -108,6 +164,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000, help="File size for the 1 and 2 worker runs.")
     parser.add_argument("--large_records", type=int, default=1_000_000, help="File size for the cold, warm and bad runs.")
     parser.add_argument("--workdir", default=None, help="Where the files and caches go (default: a temp dir).")
+    parser.add_argument("--memory_limit", type=float, default=None,
+                        help="Also run the large file (2 workers, cold) in a memory cgroup capped at this many GiB, "
+                        "page cache included (Linux, as root).")  # fmt: skip
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -121,23 +180,35 @@ def main() -> None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="data_scale-"))
     tokenizer_dir = workdir / "tokenizer"
     train_chat_tokenizer([" ".join(WORDS)] * 20 + ["You are a helpful assistant."] * 5).save_pretrained(tokenizer_dir)
-    print(f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} {'peak RSS GiB':>13} {'peak PSS GiB':>13}", flush=True)
+    print(f"{'':>38} {'peak GiB of the process tree':>37}")
+    print(f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} {'RSS sum':>9} {'PSS':>6} {'PSS anon':>9} {'PSS file':>9}", flush=True)
     small, large = args.records, args.large_records
     runs = [(small, 1, "a", "cold"), (small, 2, "b", "cold"), (large, 2, "c", "cold"), (large, 2, "c", "warm")]
+    seconds = {}
     for n, num_proc, cache, state in runs:
         path = workdir / f"records_{n}.jsonl"
         if not path.exists():
             write_records(path, n)
         result = run_child(path, tokenizer_dir, workdir / f"cache_{cache}", num_proc)
+        seconds[n, num_proc, state] = result["seconds"]
         rate = result["samples"] / result["seconds"]
-        print(f"{n:>9} {num_proc:>7} {state:>5} {result['seconds']:>8.1f} {rate:>10.0f} "
-              f"{result['peak_rss_gib']:>13.2f} {result['peak_pss_gib']:>13.2f}", flush=True)  # fmt: skip
+        print(f"{n:>9} {num_proc:>7} {state:>5} {result['seconds']:>8.1f} {rate:>10.0f} {result['peak_rss_gib']:>9.2f} "
+              f"{result['peak_pss_gib']:>6.2f} {result['peak_pss_anon_gib']:>9.2f} {result['peak_pss_file_gib']:>9.2f}", flush=True)  # fmt: skip
     line = BAD_LINE if large >= BAD_LINE else int(large * 0.9)
     bad = workdir / f"bad_{large}.jsonl"
     with_bad_record(workdir / f"records_{large}.jsonl", bad, line)
     result = run_child(bad, tokenizer_dir, workdir / "cache_bad", 2)
     print(f"bad record at line {line:,} of {large:,}, 2 workers: error after {result['seconds']:.1f} s, "
-          f"peak RSS {result['peak_rss_gib']:.2f} GiB, PSS {result['peak_pss_gib']:.2f} GiB:\n  error: {result.get('error')}")  # fmt: skip
+          f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous):\n  error: {result.get('error')}")  # fmt: skip
+    if args.memory_limit:
+        group = memory_cgroup(args.memory_limit)
+        limit = 3 * seconds[large, 2, "cold"] + 120
+        result = run_child(workdir / f"records_{large}.jsonl", tokenizer_dir, workdir / "cache_capped", 2, group, limit)
+        outcome = result.get("failed") or f"{result['samples']:,} samples in {result['seconds']:.1f} s"
+        print(f"{large:,} records, 2 workers, cold, capped at {args.memory_limit} GiB with page cache: {outcome}; "
+              f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous), "
+              f"peak charge to the cgroup {cgroup_peak_gib(group):.2f} GiB")  # fmt: skip
+        group.rmdir()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ __all__ = ["DataError", "Record", "load_records", "iter_record_texts", "decode_r
 
 ROLES = ("system", "user", "assistant", "tool")
 _BOM = b"\xef\xbb\xbf"
+_CHUNK = 1 << 20  # bytes a JSON array file is read by
+_MAX_RECORD = 1 << 28  # characters of one JSON array record before it is called malformed
 
 
 class DataError(UserError):
@@ -54,8 +56,8 @@ def load_records(data: str | Path | list[dict]) -> list[Record]:
 def iter_record_texts(data: str | Path) -> Iterator[tuple[str, str]]:
     """``(JSON text, location)`` of each record of a file, one at a time, in file order.
 
-    JSON lines and parquet are read in bounded memory (a line, a row group at a time); a ``.json`` array is read
-    whole, since its records are located by decoding the array. The JSON text of a line is not decoded here:
+    Each is read in bounded memory: JSON lines a line at a time, parquet a batch of rows, a ``.json`` array a
+    chunk of text at a time. The JSON text of a line is not decoded here:
     ``decode_record`` does that where the record is validated (in parallel, for training data).
     """
     path = Path(data)
@@ -67,7 +69,7 @@ def iter_record_texts(data: str | Path) -> Iterator[tuple[str, str]]:
     if suffix == ".parquet":
         texts = _parquet_texts(path)
     elif _starts_with_bracket(path):
-        texts = _json_array_texts(_read_utf8(path), path)
+        texts = _json_array_texts(path)
     else:
         texts = _json_line_texts(path)
     empty = True
@@ -116,16 +118,6 @@ def _starts_with_bracket(path: Path) -> bool:
     return False
 
 
-def _read_utf8(path: Path) -> str:
-    """The file's text; bytes that are not UTF-8 are reported with their offset and line, which Python's
-    ``UnicodeDecodeError`` leaves out together with the file name."""
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")  # a byte-order mark is not part of the JSON
-    except UnicodeDecodeError as err:
-        raise _not_utf8(path, raw.count(b"\n", 0, err.start) + 1, err.start, raw[err.start]) from None
-
-
 def _not_utf8(path: Path, line: int, offset: int, byte: int) -> DataError:
     return DataError(
         f"{path}, line {line} (byte offset {offset}): not UTF-8 text (byte 0x{byte:02x}); "
@@ -148,36 +140,110 @@ def _json_line_texts(path: Path) -> Iterator[tuple[str, str]]:
                 yield line.rstrip("\r\n"), f"{path}, line {number}"
 
 
-def _json_array_texts(text: str, path: Path) -> Iterator[tuple[str, str]]:
-    """Decode a JSON array element by element so each record keeps the line it starts on."""
+def _utf8_chunks(path: Path) -> Iterator[str]:
+    """The file's text, ``_CHUNK`` bytes at a time (a character cut by a chunk's end is finished by the next); bytes
+    that are not UTF-8 are reported with their offset and line, which Python's ``UnicodeDecodeError`` leaves out
+    together with the file name."""
+    offset = lines = 0  # bytes and newlines before ``data``
+    pending = b""
+    with path.open("rb") as f:
+        while (raw := f.read(_CHUNK)) or pending:
+            data = pending + raw
+            if offset == 0 and data.startswith(_BOM):  # a byte-order mark is not part of the JSON
+                data, offset = data[3:], 3
+            try:
+                text, pending = data.decode("utf-8"), b""
+            except UnicodeDecodeError as err:
+                if not (raw and err.reason == "unexpected end of data"):
+                    where = lines + data.count(b"\n", 0, err.start) + 1
+                    raise _not_utf8(path, where, offset + err.start, data[err.start]) from None
+                text, pending = data[: err.start].decode("utf-8"), data[err.start :]
+            used = len(data) - len(pending)
+            offset, lines = offset + used, lines + data.count(b"\n", 0, used)
+            yield text
+
+
+class _TextWindow:
+    """The part of a file's text the JSON array reader is at: read ahead a chunk at a time, the text before the
+    current record dropped, so memory holds a record and a chunk however large the file. The window starts at a
+    line start, so a JSON error's line and column map back onto the file."""
+
+    def __init__(self, path: Path):
+        self.chunks = _utf8_chunks(path)
+        self.text = ""
+        self.at_end = False
+        self.first_line = 1  # the file's line number of the window's first line
+        self.counted_line, self.counted_to = 1, 0  # line_of's progress: the line number at ``counted_to``
+
+    def read_more(self, keep_from: int) -> int:
+        """Append the next chunk, first dropping the lines before the one holding ``keep_from``; returns how many
+        characters were dropped, by which every position into the window moves back."""
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            self.at_end = True
+            return 0
+        cut = self.text.rfind("\n", 0, keep_from) + 1
+        self.first_line = self.counted_line = self.line_of(cut)
+        self.counted_to = 0
+        self.text = self.text[cut:] + chunk
+        return cut
+
+    def line_of(self, pos: int) -> int:
+        """The file's line number at ``pos``; positions are asked in increasing order, so counting is linear."""
+        self.counted_line += self.text.count("\n", self.counted_to, pos)
+        self.counted_to = pos
+        return self.counted_line
+
+    def skip_space(self, pos: int) -> int:
+        """The position of the next non-blank character, reading on as needed; ``len(text)`` at the file's end."""
+        while True:
+            while pos < len(self.text) and self.text[pos].isspace():
+                pos += 1
+            if pos < len(self.text) or self.at_end:
+                return pos
+            pos -= self.read_more(pos)
+
+
+def _json_array_texts(path: Path) -> Iterator[tuple[str, str]]:
+    """Decode a JSON array element by element, reading the file a chunk at a time, so each record keeps the line
+    it starts on and a file of millions of records is never held whole."""
+    window = _TextWindow(path)
     decoder = json.JSONDecoder()
     count = 0
-    pos = text.index("[") + 1
+    pos = window.skip_space(0) + 1  # past the '[' that _starts_with_bracket saw
     while True:
-        pos = _skip_space(text, pos)
-        if pos < len(text) and text[pos] == "]":
+        pos = window.skip_space(pos)
+        if pos == len(window.text):
+            raise DataError(f"{path}, line {window.line_of(pos)}: malformed JSON (the array has no closing ']')")
+        if window.text[pos] == "]":
             return
         if count:
-            if pos >= len(text) or text[pos] != ",":
-                raise DataError(f"{path}, line {_line_of(text, pos)}: malformed JSON (expected ',' or ']')")
-            pos = _skip_space(text, pos + 1)
-        try:
-            _, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}, line {err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from None
-        yield text[pos:end], f"{path}, line {_line_of(text, pos)} (record {count})"
+            if window.text[pos] != ",":
+                raise DataError(f"{path}, line {window.line_of(pos)}: malformed JSON (expected ',' or ']')")
+            pos = window.skip_space(pos + 1)
+        pos, end = _decode_next(window, decoder, pos, path)
+        yield window.text[pos:end], f"{path}, line {window.line_of(pos)} (record {count})"
         count += 1
         pos = end
 
 
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
+def _decode_next(window: _TextWindow, decoder: json.JSONDecoder, pos: int, path: Path) -> tuple[int, int]:
+    """Where the JSON value at ``pos`` starts and ends, once the window holds all of it.
 
-
-def _line_of(text: str, pos: int) -> int:
-    return text.count("\n", 0, pos) + 1
+    A value cut by the window's end fails to decode like a malformed one, so the window doubles what it holds of
+    the value (keeping re-decoding linear) until it decodes; a malformed value is reported once the file has
+    ended, or ``_MAX_RECORD`` characters past its start, so a bad record early in a huge file is not read to the end.
+    """
+    while True:
+        try:
+            return pos, decoder.raw_decode(window.text, pos)[1]
+        except json.JSONDecodeError as err:
+            held = len(window.text) - pos
+            if window.at_end or held > _MAX_RECORD:
+                line = window.first_line + err.lineno - 1
+                raise DataError(f"{path}, line {line}: malformed JSON ({err.msg} at column {err.colno})") from None
+        while not window.at_end and len(window.text) - pos < 2 * held + 1:
+            pos -= window.read_more(pos)
 
 
 def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, str]]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import tracemalloc
 
 import pytest
 
-from hf_lora_ds.records import DataError, load_records, to_messages
+from hf_lora_ds import records
+from hf_lora_ds.records import DataError, iter_record_texts, load_records, to_messages
 
 
 def write_jsonl(tmp_path, lines: list[str]):
@@ -56,6 +58,51 @@ def test_json_array_errors_name_the_record_line(tmp_path):
     assert first_error(path) == f"{path}, line 1 (record 1): missing field 'output'"
     path.write_text('[\n  {"instruction": "1=", "output": "0 + 1"}\n  {"instruction": "2="}\n]\n')
     assert "line 3: malformed JSON" in first_error(path)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_json_array_read_in_chunks_keeps_records_lines_and_offsets(tmp_path, monkeypatch, chunk):
+    """Chunk boundaries fall inside records, strings, multi-byte characters and the byte-order mark: the texts,
+    lines and error locations are those of the whole file read at once."""
+    monkeypatch.setattr(records, "_CHUNK", chunk)
+    items = [{"instruction": f"{i}= café 東京", "output": f"{i} + 0"} for i in range(5)]
+    body = "[\n" + ",\n".join("  " + json.dumps(item, ensure_ascii=False, indent=1) for item in items) + "\n]\n"
+    path = tmp_path / "train.json"
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    texts = list(iter_record_texts(path))
+    assert [json.loads(text) for text, _ in texts] == items
+    lines = [i + 1 for i, line in enumerate(body.splitlines()) if line.startswith("  {")]
+    assert [where for _, where in texts] == [f"{path}, line {n} (record {i})" for i, n in enumerate(lines)]
+    bad = body.replace('"3 + 0"', '"3 + 0",,')
+    path.write_text(bad, encoding="utf-8")
+    line = next(i + 1 for i, text in enumerate(bad.splitlines()) if ",," in text)
+    assert f"line {line}: malformed JSON (Expecting property name" in first_error(path)
+    raw = body.encode().replace("2= café".encode(), "2= café".encode("latin-1"))  # one byte that is not UTF-8
+    path.write_bytes(raw)
+    offset = raw.index(b"\xe9")
+    line = raw.count(b"\n", 0, offset) + 1
+    with pytest.raises(DataError, match=rf"{path}, line {line} \(byte offset {offset}\): not UTF-8 text \(byte 0xe9\)"):
+        list(iter_record_texts(path))
+    path.write_text(body.rstrip().removesuffix("]"), encoding="utf-8")
+    with pytest.raises(DataError, match=r"malformed JSON \(the array has no closing '\]'\)"):
+        list(iter_record_texts(path))
+
+
+def test_json_array_is_not_read_whole(tmp_path):
+    """A 24 MB array is read with a few MB of Python memory: a chunk or two and a record, not the file."""
+    path = tmp_path / "train.json"
+    record = json.dumps({"instruction": "x " * 100, "output": "y " * 100})
+    with path.open("w") as f:
+        f.write("[" + ",\n".join([record] * 60_000) + "]")
+    assert path.stat().st_size > 24_000_000
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in iter_record_texts(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 60_000
+    assert peak < 8_000_000, peak
 
 
 def test_missing_file_and_unknown_suffix(tmp_path):
