@@ -20,10 +20,12 @@ from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.resume import COMPLETE_MARKER, is_complete_checkpoint
 
 STEPS = 6
-# Trainer's own checkpoints, a one-process DeepSpeed engine, and every ZeRO stage partitioned over 2 ranks
-# (optimizer state and, under stage 3, parameters; with and without offload).
+# Trainer's own checkpoints, a one-process DeepSpeed engine, and ZeRO partitioned over 2 ranks: optimizer state
+# (stage 2; stage 1 is the same DeepSpeed optimizer and checkpoint layout), parameters too (stage 3), and CPU Adam
+# with offload (stage 3). Every shipped config is launched by test_e2e_launch_matrix; resume here costs 3 launches
+# a case, so the cases are the distinct checkpoint paths.
 CASES = [("python", 1, None), ("python", 1, "stage0")]
-CASES += [("deepspeed", 2, config) for config in ("stage1", "stage2", "stage2_offload", "stage3", "stage3_offload")]
+CASES += [("deepspeed", 2, config) for config in ("stage2", "stage3", "stage3_offload")]
 
 
 @pytest.mark.slow
