@@ -6,7 +6,11 @@
     python run_sft.py --model_name_or_path DIR --train_file FILE --eval_file FILE --eval_task exact_match
     torchrun --nproc_per_node 2 run_sft.py ...
     deepspeed run_sft.py --deepspeed ds_configs/stage3.json ...
+    accelerate launch --config_file accelerate_configs/zero3_offload.yaml run_sft.py ...
     python run_sft.py --save_strategy steps --save_steps 50 --resume_from_checkpoint auto   # resumes after a crash
+
+Installed (pip install hf_lora_ds), the same entry is the command ``hf-lora-sft`` and the module ``hf_lora_ds.run_sft``
+(``torchrun -m hf_lora_ds.run_sft``, ``deepspeed --module hf_lora_ds.run_sft``).
 
 SIGTERM or SIGUSR1 (preemption) saves a complete checkpoint after the current step and exits with code 75; rerun
 with ``--resume_from_checkpoint auto`` to continue. A user error exits with code 2 and one ``error:`` line.
@@ -38,15 +42,15 @@ from hf_lora_ds.model_source import check_model_source, hub_load_errors
 from hf_lora_ds.plan import check_memory_plan, profile_from_dataset
 from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
+from hf_lora_ds.resources import DEMO_DATA, DEMO_MODEL
 from hf_lora_ds.resume import resolve_resume_checkpoint
 from hf_lora_ds.sources import LoadedData, load_data
 from hf_lora_ds.universal import run_deepspeed_config
 
-ROOT = Path(__file__).resolve().parent
 DEMO_DEFAULTS = {
-    "model_name_or_path": str(ROOT / "data" / "tiny-qwen2-sum"),
-    "train_file": str(ROOT / "data" / "sum_to_x" / "train.json"),
-    "eval_file": str(ROOT / "data" / "sum_to_x" / "eval.json"),
+    "model_name_or_path": str(DEMO_MODEL),
+    "train_file": str(DEMO_DATA / "train.json"),
+    "eval_file": str(DEMO_DATA / "eval.json"),
     "eval_task": "sum_to_x",
     "output_dir": "output/sum_to_x_lora",
     "learning_rate": 3e-3,
@@ -181,5 +185,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     return {phase: result.summary() for phase, result in results.items()}
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The installed command ``hf-lora-sft``."""
     run_cli(main)  # a UserError is one line on stderr and exit code 2 (hf_lora_ds.errors)
+
+
+if __name__ == "__main__":
+    cli()

@@ -21,6 +21,8 @@ from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, 
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
+from hf_lora_ds.launchers import adopt_accelerate_launch
+from hf_lora_ds.resources import resolve_deepspeed_name
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
@@ -183,8 +185,10 @@ class SFTTrainingArguments(TrainingArguments):
     deepspeed: dict | str | None = field(
         default=None,
         metadata={
-            "help": "A DeepSpeed JSON config (e.g. ds_configs/stage3.json), or 'auto': the first shipped config the "
-            "memory plan says fits (python -m hf_lora_ds.plan shows the whole table)."
+            "help": "A DeepSpeed JSON config (e.g. ds_configs/stage3.json), a shipped config by its short name "
+            "(stage0, stage1, stage2, stage2_offload, stage3, stage3_offload), or 'auto': the first shipped config "
+            "the memory plan says fits (python -m hf_lora_ds.plan shows the whole table). Under accelerate launch "
+            "with a DeepSpeed config, that config is used (and must agree with this one when both are given)."
         },
     )
 
@@ -284,7 +288,15 @@ class SFTTrainingArguments(TrainingArguments):
 
     def _check_deepspeed_config(self) -> None:
         """Before transformers parses it: its errors come later and name neither the key nor the flag to change.
-        ``auto`` becomes the memory plan's recommended shipped config here, before TrainingArguments reads it."""
+        ``auto`` becomes the memory plan's recommended shipped config here, before TrainingArguments reads it, and a
+        shipped config's short name (``stage3``) its path. An ``accelerate launch`` DeepSpeed or FSDP config becomes
+        ``--deepspeed`` or ``--fsdp`` here (hf_lora_ds.launchers), so every later check sees it."""
+        if isinstance(self.deepspeed, str) and self.deepspeed != "auto":
+            self.deepspeed = resolve_deepspeed_name(self.deepspeed)
+        if self.deepspeed and self.fsdp:
+            raise UserError(f"--fsdp and --deepspeed {self.deepspeed}: choose one of FSDP and DeepSpeed")
+        given = load_deepspeed_config(self.deepspeed)[0] if self.deepspeed and self.deepspeed != "auto" else None
+        adopt_accelerate_launch(self, given)
         if not self.deepspeed:
             return
         if self.deepspeed == "auto":
@@ -309,6 +321,11 @@ class SFTTrainingArguments(TrainingArguments):
         if self.load_in_4bit and self.load_in_8bit:
             raise ValueError("--load_in_4bit and --load_in_8bit: choose one")
         flag = "--load_in_4bit" if self.load_in_4bit else "--load_in_8bit"
+        if self.fsdp:
+            # FSDP2's fully_shard needs every parameter as a plain tensor it can split into DTensor shards; the
+            # bitsandbytes Params4bit/Int8Params subclasses and their quantization state do not survive that.
+            raise ValueError(f"{flag} with FSDP: bitsandbytes' quantized weights cannot be sharded by FSDP2's "
+                             "fully_shard; use DeepSpeed ZeRO-3 (--deepspeed stage3) for a sharded QLoRA run")
         if offloads_parameters(self.deepspeed):
             # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
             # base quantized to fit the GPU gains nothing from being moved to CPU memory.

@@ -21,6 +21,7 @@ from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
+from hf_lora_ds.engine import EngineCallback, full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
@@ -79,6 +80,8 @@ class LoraSFTTrainer(Trainer):
         # SIGTERM/SIGUSR1: finish the step, save a complete checkpoint, stop (hf_lora_ds.preemption).
         self.preemption = PreemptionCallback()
         self.add_callback(self.preemption)
+        # Before the first step: the engine the run really got, checked against what it asked for (hf_lora_ds.engine).
+        self.add_callback(EngineCallback(self))
         self._print_main(trainable_parameters_line(self.model))
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
@@ -88,6 +91,13 @@ class LoraSFTTrainer(Trainer):
         dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
         # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.nonfinite).
         self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """Trainer's accelerator, then FSDP2 kept on a CPU-only multi-process launch, where accelerate drops the
+        plugin and would train plain DDP without a word (hf_lora_ds.engine.shard_on_cpu)."""
+        super().create_accelerator_and_postprocess()
+        if shard_on_cpu(self):
+            self.is_fsdp_enabled = True
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
@@ -175,7 +185,7 @@ class LoraSFTTrainer(Trainer):
         Overridden (a private Trainer method) because it is the one point of ``_inner_training_loop`` that holds the
         step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
         DeepSpeed and a single process alike; no callback event receives the norm before the update."""
-        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        grad_norm = full_grad_norm(super()._get_grad_norm(model, grad_norm=grad_norm))
         self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled)
         return grad_norm
 
@@ -253,8 +263,13 @@ class LoraSFTTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves
-        zero-size tensors without any error, and the run only fails later, at merge or load time."""
+        zero-size tensors without any error, and the run only fails later, at merge or load time. Under FSDP2 the
+        adapter is always written whole, whatever the checkpoint's state dict type."""
         super().save_model(output_dir, _internal_call)
+        if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+            # A sharded state dict (Accelerate's FSDP default) is for resuming; Trainer then writes no adapter at
+            # all, so gather the full one (a collective: every rank) as Trainer does for FULL_STATE_DICT.
+            self._save(output_dir, state_dict=full_adapter_state_dict(self.model))
         if self.args.should_save:
             verify_adapter(output_dir or self.args.output_dir, base_model=self.model.get_base_model().config)
 

@@ -18,6 +18,7 @@ import torch
 from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.launchers import describe_zero
 from hf_lora_ds.lora import lora_config_from_args
 from hf_lora_ds.plan.model_shape import load_model_config
 from hf_lora_ds.plan.planner import (
@@ -211,7 +212,7 @@ def config_name(deepspeed: str | dict | None) -> str:
     """A run's ``--deepspeed`` as a plan row's ``config``: a file's name, or ``"none"``."""
     if not deepspeed:
         return "none"
-    return Path(deepspeed).name if isinstance(deepspeed, str) else "--deepspeed"
+    return Path(deepspeed).name if isinstance(deepspeed, str) else f"DeepSpeed {describe_zero(deepspeed)}"
 
 
 def configs_with(deepspeed: str | dict | None) -> dict[str, dict | None]:

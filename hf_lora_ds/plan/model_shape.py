@@ -25,12 +25,13 @@ from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, P
 from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.resources import MODEL_CONFIGS
 
 __all__ = ["ModelShape", "load_model_config", "measure_model_shape"]
 
 _FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
 _MEASURED: dict[tuple, ModelShape] = {}
-SHIPPED_MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "model_configs"
+SHIPPED_MODEL_CONFIGS = MODEL_CONFIGS
 
 
 @dataclass(frozen=True)

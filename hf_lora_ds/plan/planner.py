@@ -21,10 +21,11 @@ from transformers import PretrainedConfig
 
 from hf_lora_ds.plan.estimate import CUDA_CONTEXT_BYTES, BatchShape, DeepSpeedLayout, Estimate, estimate_memory
 from hf_lora_ds.plan.model_shape import ModelShape, measure_model_shape
+from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
 __all__ = ["PlanRow", "PlanSettings", "SequenceProfile", "make_plan", "recommend", "shipped_configs", "runtime_bytes"]
 
-SHIPPED_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
+SHIPPED_CONFIGS_DIR = DEEPSPEED_CONFIGS
 _SPEED_ORDER = ("none", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload")
 _MAX_BATCH_SEARCH = 1 << 14
 

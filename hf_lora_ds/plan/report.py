@@ -14,7 +14,9 @@ def format_gib(n_bytes: int) -> str:
 
 
 def _config_name(row: PlanRow) -> str:
-    return "no DeepSpeed" if row.config == "none" else f"ds_configs/{row.config}"
+    if row.config == "none":
+        return "no DeepSpeed"
+    return f"ds_configs/{row.config}" if row.config.endswith(".json") else row.config
 
 
 def _fits(row: PlanRow) -> str:

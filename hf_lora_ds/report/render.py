@@ -45,12 +45,12 @@ def _load_json(path: Path) -> Any:
 
 
 def _run_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run-level numbers, the latest value of each: Trainer's summary, ``throughput/run_*`` and the samples per
-    data source (``data/samples/*``)."""
+    """Run-level numbers, the latest value of each: Trainer's summary, ``throughput/run_*``, the samples per
+    data source (``data/samples/*``) and the engine the run used (hf_lora_ds.engine)."""
     summary: dict[str, Any] = {}
     for entry in log_history:
         for key, value in entry.items():
-            if key in _SUMMARY_KEYS or key.startswith(("throughput/run_", "data/samples/")):
+            if key in _SUMMARY_KEYS or key.startswith(("throughput/run_", "data/samples/")) or key == "engine":
                 summary[key] = value
     return summary
 
