@@ -21,7 +21,7 @@ from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, 
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
-from hf_lora_ds.launchers import adopt_accelerate_launch
+from hf_lora_ds.launchers import adopt_accelerate_launch, describe_zero
 from hf_lora_ds.resources import resolve_deepspeed_name
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
@@ -329,7 +329,8 @@ class SFTTrainingArguments(TrainingArguments):
         if offloads_parameters(self.deepspeed):
             # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
             # base quantized to fit the GPU gains nothing from being moved to CPU memory.
-            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters ({self.deepspeed}): use "
+            config = self.deepspeed if isinstance(self.deepspeed, str) else f"DeepSpeed {describe_zero(self.deepspeed)}"
+            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters ({config}): use "
                              "ds_configs/stage3.json (or stage2_offload.json to offload the optimizer state only)")
 
     def _resolve_precision(self) -> None:

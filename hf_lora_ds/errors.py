@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -24,6 +25,7 @@ __all__ = ["USER_ERROR_EXIT_CODE", "DEBUG_VARIABLE", "UserError", "MissingPathEr
 
 USER_ERROR_EXIT_CODE = 2
 DEBUG_VARIABLE = "HF_LORA_DS_DEBUG"
+_OTHER_RANKS_GRACE_S = 3.0
 
 
 class UserError(ValueError):
@@ -69,6 +71,10 @@ def _exit_on_user_error(err: UserError) -> NoReturn:
     """
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"error: {one_line(str(err))}", file=sys.stderr, flush=True)
+    else:
+        # Launchers (torchrun's elastic agent, accelerate, deepspeed) end every rank once one exits; a rank that
+        # failed first would get rank 0 killed before it printed the line (seen under accelerate launch).
+        time.sleep(_OTHER_RANKS_GRACE_S)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     sys.exit(USER_ERROR_EXIT_CODE)

@@ -21,7 +21,8 @@ from hf_lora_ds.quantization import quantization_config_from_args
 
 pytest.importorskip("bitsandbytes")
 
-DATA = Path(run_sft.ROOT, "data")
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(REPO, "data")
 BASE = DATA / "tiny-qwen2-sum"
 
 
@@ -140,12 +141,12 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch):
     ],
 )
 def test_refused_before_loading(flags, message, monkeypatch):
-    monkeypatch.chdir(run_sft.ROOT)
+    monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match=message):
         args_for(*flags)
 
 
 @pytest.mark.parametrize("config", ["stage3.json", "stage2_offload.json"])
 def test_deepspeed_configs_that_work_with_a_quantized_base_are_accepted(config, monkeypatch):
-    monkeypatch.chdir(run_sft.ROOT)
+    monkeypatch.chdir(REPO)
     assert args_for("--load_in_4bit", "--deepspeed", f"ds_configs/{config}").load_in_4bit

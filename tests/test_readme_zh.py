@@ -6,9 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import run_sft
-
-ROOT = Path(run_sft.ROOT)
+ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", flags=re.DOTALL)
 
 

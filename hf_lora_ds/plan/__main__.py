@@ -17,11 +17,12 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from transformers import HfArgumentParser
 
 from hf_lora_ds.arguments import SFTTrainingArguments, read_arguments_file
 from hf_lora_ds.errors import UserError, run_cli
-from hf_lora_ds.plan.from_args import PlanArguments, configs_with, plan_run, sequence_profile
+from hf_lora_ds.plan.from_args import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
 from hf_lora_ds.plan.planner import PlanRow, recommend
 from hf_lora_ds.plan.report import format_table
 
@@ -46,6 +47,10 @@ def parse(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> list[PlanRow]:
     args, plan_args = parse(sys.argv[1:] if argv is None else argv)
+    if plan_args.device == "auto" and args.device_memory and not torch.accelerator.is_available():
+        plan_args.device = "gpu"  # a device memory named on a machine without one: the user plans GPUs
+    # The JSON stays parseable on stdout; the line goes to stderr there.
+    print(planning_line(args, plan_args), file=sys.stderr if plan_args.json else sys.stdout, flush=True)
     configs = configs_with(args.deepspeed)  # the user's own config gets a row too
     with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) off the table/JSON
         rows = plan_run(args, plan_args, sequence_profile(args), configs)

@@ -41,6 +41,7 @@ __all__ = [
     "plan_run",
     "check_memory_plan",
     "plan_this_run",
+    "planning_line",
     "profile_from_dataset",
     "recommended_deepspeed_config",
     "run_world",
@@ -66,7 +67,8 @@ class PlanArguments:
         default="auto",
         metadata={
             "help": "What the ranks train on: 'gpu' (accelerators of --device_memory each), 'cpu' (the host's "
-            "memory, shared by the ranks), 'auto': this machine's kind.",
+            "memory, shared by the ranks), 'auto': this machine's kind, except that --device_memory given on a "
+            "machine without an accelerator plans for GPUs of that memory.",
             "choices": ["auto", "gpu", "cpu"],
         },
     )
@@ -123,15 +125,7 @@ def sequence_profile(args) -> SequenceProfile:
 def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
     """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
     on_accelerator = _plans_accelerator(plan_args.device, args)
-    if plan_args.nproc_per_node:
-        per_node = plan_args.nproc_per_node
-    elif plan_args.world_size:  # the world asked for, spread evenly over the nodes
-        per_node = max(1, plan_args.world_size // plan_args.nnodes)
-    else:
-        per_node = max(1, torch.accelerator.device_count()) if on_accelerator else 1
-    world_size = plan_args.world_size or plan_args.nnodes * per_node
-    if world_size < 1 or per_node < 1 or world_size % per_node:
-        raise UserError(f"--world_size {world_size} with --nproc_per_node {per_node}: the world must be whole nodes")
+    world_size, per_node = _world(plan_args, on_accelerator)
     settings = PlanSettings(
         model_config=load_model_config(args.model_name_or_path, args.trust_remote_code),
         lora=lora_config_from_args(args),
@@ -163,6 +157,31 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
                 world_size=world_size,
             )
     return make_plan(settings, configs, runtime_bytes(on_accelerator))
+
+
+def _world(plan_args: PlanArguments, on_accelerator: bool) -> tuple[int, int]:
+    """World size and ranks per node of the planned run."""
+    if plan_args.nproc_per_node:
+        per_node = plan_args.nproc_per_node
+    elif plan_args.world_size:  # the world asked for, spread evenly over the nodes
+        per_node = max(1, plan_args.world_size // plan_args.nnodes)
+    else:
+        per_node = max(1, torch.accelerator.device_count()) if on_accelerator else 1
+    world_size = plan_args.world_size or plan_args.nnodes * per_node
+    if world_size < 1 or per_node < 1 or world_size % per_node:
+        raise UserError(f"--world_size {world_size} with --nproc_per_node {per_node}: the world must be whole nodes")
+    return world_size, per_node
+
+
+def planning_line(args, plan_args: PlanArguments) -> str:
+    """What the plan is for, as its first line: ``planning for 2 x GPU with 32 GiB`` or ``planning for this CPU:
+    23 GiB host memory, 2 ranks``."""
+    on_accelerator = _plans_accelerator(plan_args.device, args)
+    world_size, _ = _world(plan_args, on_accelerator)
+    memory = _device_memory(args.device_memory, on_accelerator) / 2**30
+    if on_accelerator:
+        return f"planning for {world_size} x GPU with {memory:.0f} GiB"
+    return f"planning for this CPU: {memory:.0f} GiB host memory, {world_size} rank{'s' if world_size > 1 else ''}"
 
 
 def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:

@@ -43,10 +43,16 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def launcher(kind: str, nproc: int = 1) -> list[str]:
-    """The command a user types: ``deepspeed --num_gpus N``, ``torchrun --nproc_per_node N`` or ``python``, each
-    as ``python -m`` of the module its console script calls, so this interpreter's environment is the one tested."""
+def launcher(kind: str, nproc: int = 1, accelerate_config: str | Path | None = None) -> list[str]:
+    """The command a user types: ``deepspeed --num_gpus N``, ``torchrun --nproc_per_node N``, ``accelerate launch
+    --config_file C`` (a shipped config's name, or a path) or ``python``, each as ``python -m`` of the module its
+    console script calls, so this interpreter's environment is the one tested."""
     port = str(free_port())
+    if kind == "accelerate":
+        config = Path(accelerate_config)
+        config = config if config.suffix else REPO / "accelerate_configs" / f"{config}.yaml"
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                "--num_processes", str(nproc), "--main_process_port", port]  # fmt: skip
     if kind == "deepspeed":
         return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port", port]
     if kind == "torchrun":

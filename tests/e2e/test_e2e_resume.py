@@ -26,6 +26,8 @@ STEPS = 6
 # a case, so the cases are the distinct checkpoint paths.
 CASES = [("python", 1, None), ("python", 1, "stage0")]
 CASES += [("deepspeed", 2, config) for config in ("stage2", "stage3", "stage3_offload")]
+# FSDP2 over 2 CPU ranks through the shipped Accelerate config: sharded checkpoint, adapter saved whole.
+CASES += [("accelerate", 2, "fsdp2")]
 
 
 @pytest.mark.slow
@@ -35,10 +37,11 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
 ):
     def launch(out, name, *extra):
         common = ["--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", "2"]
-        if config:
+        if config and kind != "accelerate":
             common += ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
         args = sft_args(tiny_model_dir, sum_data, out, *common, *extra, eval_file=False)
-        return run(launcher(kind, nproc) + [str(ENTRY)] + args, tmp_path / f"{name}.log")
+        command = launcher(kind, nproc, config if kind == "accelerate" else None)
+        return run(command + [str(ENTRY)] + args, tmp_path / f"{name}.log")
 
     reference = tmp_path / "uninterrupted"
     check_ok(launch(reference, "uninterrupted"))

@@ -134,3 +134,18 @@ def test_cli_error_is_one_line_with_exit_code_2():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: --device_memory '32 potatoes'")
     assert "Traceback" not in done.stderr
+
+
+def test_first_line_names_what_is_planned_for(capsys):
+    main(["--model_name_or_path", MODEL_7B, *GPU_FLAGS, "--world_size", "2"])
+    assert capsys.readouterr().out.splitlines()[0] == "planning for 2 x GPU with 24 GiB"
+    main(["--model_name_or_path", MODEL_7B, "--device", "cpu", "--device_memory", "23GiB", "--world_size", "2"])
+    assert capsys.readouterr().out.splitlines()[0] == "planning for this CPU: 23 GiB host memory, 2 ranks"
+
+
+@pytest.mark.skipif(__import__("torch").accelerator.is_available(), reason="plans this machine's accelerator")
+def test_device_memory_without_device_plans_gpus_on_a_machine_without_one(capsys):
+    main(["--model_name_or_path", MODEL_7B, "--device_memory", "24GiB", "--json"])
+    captured = capsys.readouterr()
+    assert "planning for 1 x GPU with 24 GiB" in captured.err  # stdout stays the JSON alone
+    assert row(json.loads(captured.out), "none", False)["device_bytes"] > 14e9  # a 7B's bf16 weights: a GPU plan
