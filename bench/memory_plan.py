@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RUN_SFT = REPO / "run_sft.py"
 WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
-CONFIGS = ("none", "ddp", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload")
+CONFIGS = ("none", "ddp", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload", "fsdp2")
 _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -110,7 +110,10 @@ def _launch_env() -> dict[str, str]:
 def run_arguments(
     spec: ModelSpec, model_dir: Path, train_file: Path, config: str, checkpointing: bool, on_gpu: bool = False
 ) -> list[str]:
-    deepspeed = [] if config in ("none", "ddp") else ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
+    if config.startswith("fsdp"):
+        deepspeed = ["--fsdp", "full_shard", "--fsdp_config", str(REPO / "fsdp_configs" / f"{config}.json")]
+    else:
+        deepspeed = [] if config in ("none", "ddp") else ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
     return [
         "--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
         "--per_device_train_batch_size", str(spec.batch_size), "--max_length", "2048", "--lora_rank",
@@ -131,13 +134,13 @@ def measure(
     on_gpu: bool = False,
 ) -> float:
     """The larger per-rank peak (MiB) while training: resident memory on the CPU, ``max_memory_allocated`` on a
-    GPU. ``none`` is one plain process, ``ddp`` torchrun, the others the deepspeed launcher."""
+    GPU. ``none`` is one plain process, ``ddp`` and ``fsdp2`` torchrun, the others the deepspeed launcher."""
     out = workdir / f"{spec.name}-{config}-{'gc' if checkpointing else 'nogc'}"
     port = _free_port()
     args = run_arguments(spec, model_dir, train_file, config, checkpointing, on_gpu) + ["--output_dir", str(out)]
     if config == "none":
         command = [sys.executable, str(RUN_SFT)]
-    elif config == "ddp":
+    elif config == "ddp" or config.startswith("fsdp"):
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                    "--master_port", str(port), str(RUN_SFT)]  # fmt: skip
     else:

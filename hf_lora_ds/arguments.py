@@ -21,7 +21,7 @@ from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, 
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
-from hf_lora_ds.launchers import adopt_accelerate_launch, describe_zero
+from hf_lora_ds.launchers import adopt_accelerate_launch, describe_zero, fsdp_settings
 from hf_lora_ds.resources import resolve_deepspeed_name
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
@@ -232,6 +232,7 @@ class SFTTrainingArguments(TrainingArguments):
         self._check_model_and_data()
         self._check_lora()
         self._check_deepspeed_config()
+        self._check_fsdp()
         self._check_quantization()
         # Before TrainingArguments builds the process state: on CPU-only multi-rank launches Trainer, the data
         # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
@@ -313,6 +314,20 @@ class SFTTrainingArguments(TrainingArguments):
             accumulation=self.gradient_accumulation_steps,
             world_size=launcher_world_size(),
         )
+
+    def _check_fsdp(self) -> None:
+        """FSDP2 only (transformers' own default); parameter offload only where there is an accelerator to offload
+        from (on a CPU-only machine torch's CPUOffloadPolicy fails after loading: no accelerator device)."""
+        if not self.fsdp:
+            return
+        if isinstance(self.fsdp_config, str) and not os.path.isfile(self.fsdp_config):
+            raise MissingPathError(f"--fsdp_config {self.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
+        settings = fsdp_settings(self.fsdp_config)
+        if str(settings.get("version", 2)) != "2":
+            raise UserError(f"--fsdp_config version {settings['version']}: hf_lora_ds runs FSDP2 (version 2) only")
+        if settings.get("cpu_offload") and torch.accelerator.current_accelerator() is None:
+            raise UserError("FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
+                            "has none: drop cpu_offload (fsdp_configs/fsdp2.json)")  # fmt: skip
 
     def _check_quantization(self) -> None:
         """Combinations that fail (or silently do nothing) with a bitsandbytes base, refused before loading."""

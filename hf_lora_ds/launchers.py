@@ -26,7 +26,14 @@ from typing import Any
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
-__all__ = ["AccelerateLaunch", "accelerate_launch", "adopt_accelerate_launch", "zero_summary", "describe_zero"]
+__all__ = [
+    "AccelerateLaunch",
+    "accelerate_launch",
+    "adopt_accelerate_launch",
+    "zero_summary",
+    "describe_zero",
+    "fsdp_settings",
+]
 
 _TRUE = ("1", "true", "yes")
 # distributed_type values accelerate launch announces through a variable of its own, none of which this package runs.
@@ -180,7 +187,7 @@ def adopt_accelerate_launch(args: Any, deepspeed_file: dict | None) -> None:
         if args.fsdp and not _fsdp_version_2(args.fsdp_config):
             raise UserError(f"{launch.source} asks for FSDP2 and --fsdp_config does not: drop one of them")
         args.fsdp = args.fsdp or "full_shard"
-        args.fsdp_config = {**launch.fsdp, **_fsdp_dict(args.fsdp_config)}
+        args.fsdp_config = {**launch.fsdp, **fsdp_settings(args.fsdp_config)}
     _adopt_number(args, "gradient_accumulation_steps", launch.gradient_accumulation_steps, 1, launch.source)
     _adopt_number(args, "max_grad_norm", launch.gradient_clipping, 1.0, launch.source)
     if launch.mixed_precision in ("bf16", "fp16") and not (args.bf16 or args.fp16):
@@ -196,7 +203,8 @@ def _adopt_number(args: Any, name: str, launched: float | None, default: float, 
     setattr(args, name, type(default)(launched))
 
 
-def _fsdp_dict(config: Any) -> dict:
+def fsdp_settings(config: Any) -> dict:
+    """transformers' ``fsdp_config`` (a dict or a JSON file) as a dict without the optional ``fsdp_`` prefixes."""
     if not config:
         return {}
     if isinstance(config, dict):
@@ -205,4 +213,4 @@ def _fsdp_dict(config: Any) -> dict:
 
 
 def _fsdp_version_2(config: Any) -> bool:
-    return str(_fsdp_dict(config).get("version", 2)) == "2"
+    return str(fsdp_settings(config).get("version", 2)) == "2"

@@ -105,3 +105,30 @@ def test_yaml_list_of_sources_becomes_the_mixture_flag(train_file, tmp_path):
     (args,) = HfArgumentParser(SFTTrainingArguments).parse_dict(config)
     assert args.train_file == f"{train_file}:0.7,org/set:zh:0.3"
     assert args.format_options.columns == {"prompt": "q"}
+
+
+FSDP2_CONFIG = str(__import__("hf_lora_ds.resources", fromlist=["FSDP_CONFIGS"]).FSDP_CONFIGS / "fsdp2.json")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--load_in_4bit", "true"], "--load_in_4bit with FSDP: bitsandbytes' quantized weights cannot be sharded"),
+        (["--deepspeed", "stage3"], "--fsdp and --deepspeed .*stage3.json: choose one of FSDP and DeepSpeed"),
+        (["--fsdp_config", "no_such.json"], "--fsdp_config no_such.json: no such file"),
+    ],
+    ids=["qlora", "deepspeed", "missing-config"],
+)
+def test_fsdp_combinations_refused_before_loading(train_file, tmp_path, flags, message):
+    argv = ["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
+            "--fsdp", "full_shard", "--fsdp_config", FSDP2_CONFIG, *flags]  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        parse(argv)
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="an accelerator can offload")
+def test_fsdp_offload_refused_without_an_accelerator(train_file, tmp_path):
+    offload = FSDP2_CONFIG.replace("fsdp2.json", "fsdp2_offload.json")
+    with pytest.raises(ValueError, match="FSDP cpu_offload moves parameters from an accelerator"):
+        parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
+               "--fsdp", "full_shard", "--fsdp_config", offload])  # fmt: skip

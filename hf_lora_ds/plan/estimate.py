@@ -41,11 +41,14 @@ class DeepSpeedLayout:
     reduce_bucket_size: int | None = None  # elements; None: "auto" (hidden_size², as transformers fills it in)
     prefetch_bucket_size: int | None = None  # ZeRO-3 only; None: "auto" (0.9 · hidden_size²)
     reuse_distance: int = 10**9  # ZeRO-3: a gathered weight used again within this many elements stays gathered
+    fsdp: bool = False  # FSDP2 instead of DeepSpeed: everything sharded, one wrapped unit gathered at a time
 
     @classmethod
     def from_config(cls, config: dict | None) -> DeepSpeedLayout:
         if config is None:
             return cls()
+        if "fsdp" in config:  # the planner's FSDP2 rows: {"fsdp": transformers' fsdp_config}
+            return cls(fsdp=True, offload_param=bool(config["fsdp"].get("cpu_offload", False)))
         zero = config.get("zero_optimization", {})
 
         def elements(key: str) -> int | None:
@@ -103,6 +106,9 @@ def estimate_memory(
 ) -> Estimate:
     """The peak for one configuration. ``weight_bytes`` is the size of one element of the compute dtype;
     ``runtime_bytes`` the fixed per-process cost (a CUDA context, or the measured CPU baseline)."""
+    if layout.fsdp:
+        return _fsdp_estimate(shape, batch, layout, world_size, ranks_per_node, weight_bytes, gradient_checkpointing,
+                              supervised_logits_only, on_accelerator, runtime_bytes)  # fmt: skip
     stage = layout.stage
     frozen = shape.frozen_weight_bytes // (world_size if stage == 3 else 1)
     states = _lora_states(shape.trainable_params, layout, world_size, weight_bytes)
@@ -118,17 +124,48 @@ def estimate_memory(
         host["frozen weights (offloaded)"] = (frozen + states["weights"]) * ranks_per_node
     if moved_optimizer:
         host["optimizer states (offloaded)"] = (states["optimizer"] + states["gradients"]) * ranks_per_node
+    _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only)
+    device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
+    device["runtime"] = runtime_bytes
+    host["model loading"] = _loading_bytes(shape, stage, world_size) * ranks_per_node
+    return _one_memory_on_cpu(device, host, ranks_per_node, on_accelerator)
+
+
+def _add_batch_terms(device: dict[str, int], shape: ModelShape, batch: BatchShape, weight_bytes: int,
+                     gradient_checkpointing: bool, supervised_logits_only: bool) -> None:  # fmt: skip
+    """What no engine partitions: the batch's activations and its logits."""
     device["activations"] = (
         shape.activation_bytes(batch.rows, gradient_checkpointing) * batch.row_tokens // shape.seq_len
     )
     device["logits and loss"] = _logits_bytes(shape, batch, weight_bytes, supervised_logits_only)
-    device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
-    device["runtime"] = runtime_bytes
-    host["model loading"] = _loading_bytes(shape, stage, world_size) * ranks_per_node
+
+
+def _one_memory_on_cpu(device: dict[str, int], host: dict[str, int], ranks_per_node: int, on_accelerator: bool):
     if not on_accelerator:  # one memory: what the estimate calls "device" and "host" live in the same RSS
         device.update({name: value // ranks_per_node for name, value in host.items() if name != "model loading"})
         host = {"all ranks": sum(device.values()) * ranks_per_node}
     return Estimate(device_items=device, host_items=host)
+
+
+def _fsdp_estimate(shape: ModelShape, batch: BatchShape, layout: DeepSpeedLayout, world_size: int,
+                   ranks_per_node: int, weight_bytes: int, gradient_checkpointing: bool,
+                   supervised_logits_only: bool, on_accelerator: bool, runtime_bytes: int) -> Estimate:  # fmt: skip
+    """FSDP2 (``fully_shard`` per decoder layer and the root): frozen and LoRA weights, gradients and Adam states
+    all sharded over the ranks (PEFT keeps the adapters in fp32); during forward and backward one unit is gathered
+    whole and the next one prefetched; parameter offload keeps the shards, their gradients and the optimizer on
+    the host. Every rank reads the whole model at load, before it is sharded."""
+    trainable = shape.trainable_params
+    sharded = {"frozen weights": shape.frozen_weight_bytes // world_size, "LoRA weights": 4 * trainable // world_size,
+               "gradients": 4 * trainable // world_size, "optimizer states": 8 * trainable // world_size}  # fmt: skip
+    device: dict[str, int] = {name: 0 if layout.offload_param else value for name, value in sharded.items()}
+    host: dict[str, int] = {}
+    if layout.offload_param:
+        host["sharded states (offloaded)"] = sum(sharded.values()) * ranks_per_node
+    _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only)
+    device["FSDP gathered units"] = 2 * shape.largest_module_bytes  # the unit in use and the one prefetched
+    device["runtime"] = runtime_bytes
+    host["model loading"] = shape.frozen_weight_bytes * ranks_per_node
+    return _one_memory_on_cpu(device, host, ranks_per_node, on_accelerator)
 
 
 def _lora_states(trainable: int, layout: DeepSpeedLayout, world_size: int, weight_bytes: int) -> dict[str, int]:

@@ -18,7 +18,7 @@ import torch
 from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launchers import describe_zero
+from hf_lora_ds.launchers import describe_zero, fsdp_settings
 from hf_lora_ds.lora import lora_config_from_args
 from hf_lora_ds.plan.model_shape import load_model_config
 from hf_lora_ds.plan.planner import (
@@ -26,6 +26,7 @@ from hf_lora_ds.plan.planner import (
     PlanRow,
     PlanSettings,
     SequenceProfile,
+    is_fsdp,
     make_plan,
     recommend,
     runtime_bytes,
@@ -37,6 +38,7 @@ __all__ = [
     "PlanArguments",
     "config_name",
     "configs_with",
+    "fsdp_config_name",
     "parse_memory",
     "plan_run",
     "check_memory_plan",
@@ -148,7 +150,7 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
         raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")
     configs = configs if configs is not None else shipped_configs()
     for name, config in configs.items():  # unknown stages, batch sizes this world cannot make: refused by key
-        if config is not None:
+        if config is not None and not is_fsdp(config):
             check_deepspeed_config(
                 config,
                 f"ds_configs/{name}",
@@ -234,6 +236,11 @@ def config_name(deepspeed: str | dict | None) -> str:
     return Path(deepspeed).name if isinstance(deepspeed, str) else f"DeepSpeed {describe_zero(deepspeed)}"
 
 
+def fsdp_config_name(args) -> str:
+    """The shipped FSDP2 row an ``--fsdp`` run is planned as: the estimate tells FSDP2 apart only by offload."""
+    return "fsdp2_offload.json" if fsdp_settings(args.fsdp_config).get("cpu_offload") else "fsdp2.json"
+
+
 def configs_with(deepspeed: str | dict | None) -> dict[str, dict | None]:
     """The shipped configurations, plus the run's own DeepSpeed config when it is not one of them."""
     configs = shipped_configs()
@@ -246,7 +253,7 @@ def configs_with(deepspeed: str | dict | None) -> dict[str, dict | None]:
 def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
     """The row of the configuration ``args`` runs (its own DeepSpeed config added when not a shipped one), and
     every row: the alternatives to name when it does not fit."""
-    name = config_name(args.deepspeed)
+    name = fsdp_config_name(args) if args.fsdp else config_name(args.deepspeed)
     rows = plan_run(args, run_world(), profile, configs_with(args.deepspeed))
     chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing))
     return chosen, rows
@@ -256,9 +263,8 @@ def recommended_deepspeed_config(args) -> Path:
     """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
     sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
     rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))
-    candidates = [
-        r for r in rows if r.config != "none" and r.gradient_checkpointing == bool(args.gradient_checkpointing)
-    ]
+    deepspeed_rows = [r for r in rows if r.config != "none" and not r.config.startswith("fsdp")]
+    candidates = [r for r in deepspeed_rows if r.gradient_checkpointing == bool(args.gradient_checkpointing)]
     chosen = recommend(candidates)
     if chosen is None:
         smallest = min(candidates, key=lambda r: r.estimate.device_bytes)

@@ -21,12 +21,23 @@ from transformers import PretrainedConfig
 
 from hf_lora_ds.plan.estimate import CUDA_CONTEXT_BYTES, BatchShape, DeepSpeedLayout, Estimate, estimate_memory
 from hf_lora_ds.plan.model_shape import ModelShape, measure_model_shape
-from hf_lora_ds.resources import DEEPSPEED_CONFIGS
+from hf_lora_ds.resources import DEEPSPEED_CONFIGS, FSDP_CONFIGS
 
-__all__ = ["PlanRow", "PlanSettings", "SequenceProfile", "make_plan", "recommend", "shipped_configs", "runtime_bytes"]
+__all__ = [
+    "PlanRow",
+    "PlanSettings",
+    "SequenceProfile",
+    "make_plan",
+    "recommend",
+    "shipped_configs",
+    "is_fsdp",
+    "runtime_bytes",
+]
 
 SHIPPED_CONFIGS_DIR = DEEPSPEED_CONFIGS
-_SPEED_ORDER = ("none", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload")
+# FSDP2 rows come last: --deepspeed auto and the recommendation pick DeepSpeed first, FSDP is a row to compare.
+_SPEED_ORDER = ("none", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload", "fsdp2",
+                "fsdp2_offload")  # fmt: skip
 _MAX_BATCH_SEARCH = 1 << 14
 
 
@@ -104,11 +115,19 @@ class PlanRow:
 
 
 def shipped_configs(directory: Path = SHIPPED_CONFIGS_DIR) -> dict[str, dict | None]:
-    """``{"none": None, "stage0.json": {...}, ...}`` in the recommendation's order."""
+    """``{"none": None, "stage0.json": {...}, ..., "fsdp2.json": {"fsdp": {...}}}`` in the recommendation's order:
+    the DeepSpeed configs as they are, the FSDP2 ones (``fsdp_configs/``) under an ``fsdp`` key."""
     configs: dict[str, dict | None] = {"none": None}
     for path in sorted(directory.glob("*.json"), key=lambda p: _rank(p.stem)):
         configs[path.name] = json.loads(path.read_text(encoding="utf-8"))
+    for path in sorted(FSDP_CONFIGS.glob("*.json"), key=lambda p: _rank(p.stem)):
+        configs[path.name] = {"fsdp": json.loads(path.read_text(encoding="utf-8"))}
     return configs
+
+
+def is_fsdp(config: dict | None) -> bool:
+    """Whether a planned configuration is FSDP2 (``{"fsdp": settings}``) rather than a DeepSpeed config."""
+    return config is not None and "fsdp" in config
 
 
 def _rank(name: str) -> int:
@@ -125,7 +144,7 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
     """One row per configuration and gradient-checkpointing setting, in the recommendation's order."""
     seq_len = settings.profile.worst_batch(1, padding_free=False).row_tokens
     shapes = {}
-    for under_deepspeed in (False, True):  # DeepSpeed casts the adapters to the compute dtype; plain Trainer does not
+    for under_deepspeed in (False, True):  # DeepSpeed casts the adapters to the compute dtype; Trainer and FSDP do not
         if under_deepspeed and settings.dtype.itemsize == 4:
             shapes[True] = shapes[False]
             continue
@@ -134,7 +153,8 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
             settings.quantization, adapters_in_compute_dtype=under_deepspeed,
         )  # fmt: skip
     rows = [
-        _row(shapes[config is not None], settings, name, DeepSpeedLayout.from_config(config), checkpointing, runtime)
+        _row(shapes[config is not None and not is_fsdp(config)], settings, name, DeepSpeedLayout.from_config(config),
+             checkpointing, runtime)  # fmt: skip
         for name, config in configs.items()
         for checkpointing in (False, True)
     ]

@@ -16,7 +16,9 @@ def format_gib(n_bytes: int) -> str:
 def _config_name(row: PlanRow) -> str:
     if row.config == "none":
         return "no DeepSpeed"
-    return f"ds_configs/{row.config}" if row.config.endswith(".json") else row.config
+    if not row.config.endswith(".json"):
+        return row.config
+    return f"{'fsdp_configs' if row.config.startswith('fsdp') else 'ds_configs'}/{row.config}"
 
 
 def _fits(row: PlanRow) -> str:

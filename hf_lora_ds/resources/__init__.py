@@ -1,6 +1,6 @@
-"""What the package ships besides code: DeepSpeed and Accelerate configs, Qwen2.5 model configs, the demo model and
+"""What the package ships besides code: DeepSpeed, FSDP2 and Accelerate configs, Qwen2.5 model configs, the demo model and
 data. They live inside the package so that a ``pip install`` (not only a clone) has them; the repository's
-top-level ``ds_configs/``, ``accelerate_configs/``, ``examples/model_configs/`` and ``data/tiny-qwen2-sum``,
+top-level ``ds_configs/``, ``fsdp_configs/``, ``accelerate_configs/``, ``examples/model_configs/`` and ``data/tiny-qwen2-sum``,
 ``data/sum_to_x`` are links to these folders, so every file has one source.
 """
 
@@ -14,6 +14,7 @@ __all__ = [
     "RESOURCES",
     "DEEPSPEED_CONFIGS",
     "ACCELERATE_CONFIGS",
+    "FSDP_CONFIGS",
     "MODEL_CONFIGS",
     "DEMO_MODEL",
     "DEMO_DATA",
@@ -24,6 +25,7 @@ __all__ = [
 RESOURCES = Path(__file__).resolve().parent
 DEEPSPEED_CONFIGS = RESOURCES / "ds_configs"
 ACCELERATE_CONFIGS = RESOURCES / "accelerate_configs"
+FSDP_CONFIGS = RESOURCES / "fsdp_configs"
 MODEL_CONFIGS = RESOURCES / "model_configs"
 DEMO_MODEL = RESOURCES / "demo" / "tiny-qwen2-sum"
 DEMO_DATA = RESOURCES / "demo" / "sum_to_x"

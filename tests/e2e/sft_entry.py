@@ -94,14 +94,32 @@ class KillRank(TrainerCallback):
         self._maybe_kill(args, state, "save")
 
 
+class _NaNBackward(torch.autograd.Function):
+    """Identity forward; backward turns the gradient into NaN."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
 class NaNGradient(TrainerCallback):
     def __init__(self, rank: int, step: int):
         self.rank, self.step, self.handle = rank, step, None
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         if state.global_step + 1 == self.step and args.process_index == self.rank:
-            lora_b = next(param for name, param in model.named_parameters() if "lora_B" in name)
-            self.handle = lora_b.register_hook(lambda grad: grad * float("nan"))
+            name, lora_b = next((name, param) for name, param in model.named_parameters() if "lora_B" in name)
+            if hasattr(lora_b, "full_tensor"):
+                # FSDP2: the sharded parameter (a DTensor) never sees the gradient of the unsharded one the forward
+                # uses, so the NaN goes in through the lora_B module's output gradient instead.
+                module = model.get_submodule(name.rsplit(".", 1)[0])
+                self.handle = module.register_forward_hook(lambda module, inputs, output: _NaNBackward.apply(output))
+            else:
+                self.handle = lora_b.register_hook(lambda grad: grad * float("nan"))
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.handle is not None:

@@ -16,7 +16,7 @@ from hf_lora_ds.plan.__main__ import main
 from hf_lora_ds.plan.model_shape import SHIPPED_MODEL_CONFIGS
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(path.name for path in (REPO / "ds_configs").glob("*.json"))
+SHIPPED = sorted(path.name for folder in ("ds_configs", "fsdp_configs") for path in (REPO / folder).glob("*.json"))
 MODEL_7B = str(SHIPPED_MODEL_CONFIGS / "qwen2.5-7b-instruct")
 GPU_FLAGS = [
     "--device",

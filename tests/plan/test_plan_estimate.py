@@ -86,3 +86,15 @@ def test_the_worst_batch_holds_the_longest_samples():
 def test_layout_from_config(config):
     layout = DeepSpeedLayout.from_config(config)
     assert (layout.stage, layout.reduce_bucket_size) == ((2, 500_000_000) if config else (None, None))
+
+
+def test_fsdp2_shards_every_state_and_gathers_a_unit_at_a_time():
+    items = estimate(DeepSpeedLayout(fsdp=True)).device_items
+    assert items["frozen weights"] == 2_000_000_000 // 4
+    assert items["LoRA weights"] == items["gradients"] == 4 * SHAPE.trainable_params // 4  # fp32 adapters
+    assert items["optimizer states"] == 8 * SHAPE.trainable_params // 4
+    assert items["FSDP gathered units"] == 2 * SHAPE.largest_module_bytes
+    assert items["activations"] == estimate().device_items["activations"]  # nothing shards the batch
+    offloaded = estimate(DeepSpeedLayout(fsdp=True, offload_param=True))
+    assert offloaded.device_items["frozen weights"] == offloaded.device_items["optimizer states"] == 0
+    assert offloaded.host_items["sharded states (offloaded)"] == 4 * (items["frozen weights"] + 16 * SHAPE.trainable_params // 4)

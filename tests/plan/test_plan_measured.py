@@ -1,6 +1,6 @@
 """The planner's per-rank figure against the peak MemoryTraceCallback measures, within ±30%, on small models chosen
-so that each term of the estimate is the largest one in at least one case, under no DeepSpeed, ZeRO-2 and ZeRO-3
-with 2 CPU ranks. The runs and the models are bench/memory_plan.py's (which runs every configuration)."""
+so that each term of the estimate is the largest one in at least one case, under no DeepSpeed, ZeRO-2, ZeRO-3 and
+FSDP2 with 2 CPU ranks. The runs and the models are bench/memory_plan.py's (which runs every configuration)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ CASES = [  # (shape, configuration, gradient checkpointing, the term that domina
     ("activations", "none", False, "activations"),
     ("activations", "none", True, "activations"),
     ("logits", "none", False, "logits and loss"),
+    ("states", "fsdp2", False, "FSDP gathered units"),  # FSDP2 over 2 ranks: the root unit (tied embedding) gathered
 ]
 
 
