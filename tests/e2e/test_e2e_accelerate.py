@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from launching import ENTRY, adapter_weights, check_ok, launcher, losses, run, sft_args, trainer_state
+from launching import ENTRY, REPO, RUN_SFT, adapter_weights, check_ok, launcher, losses, run, sft_args, trainer_state
 
 from hf_lora_ds.adapter import verify_adapter
 
@@ -49,13 +49,25 @@ def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model
     assert lora_b and all(weight.abs().sum() > 0 for weight in lora_b), "an untrained lora_B in the saved adapter"
 
 
+REFUSED = {
+    # the same refusal as under --deepspeed ds_configs/stage3_offload.json
+    "4bit": (["--load_in_4bit", "true"], "--load_in_4bit with a DeepSpeed config that offloads parameters "
+             "(DeepSpeed ZeRO-3, offload optimizer cpu, parameters cpu)"),
+    "disagreeing-flag": (["--deepspeed", "stage2"], "stage2.json (ZeRO-2) and the Accelerate config "
+                         f"{REPO / 'accelerate_configs' / 'zero3_offload.yaml'} (ZeRO-3, offload optimizer cpu, "
+                         "parameters cpu) disagree"),
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_4bit_base_refused_under_the_offload_config_like_under_the_deepspeed_flag(tiny_model_dir, sum_data, tmp_path):
-    args = sft_args(tiny_model_dir, sum_data, tmp_path / "out", "--load_in_4bit", "true", eval_file=False)
-    launch = run(launcher("accelerate", 2, "zero3_offload") + [str(ENTRY)] + args, tmp_path / "run.log")
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_under_the_offload_config_before_loading(case, tiny_model_dir, sum_data, tmp_path):
+    flags, message = REFUSED[case]
+    args = sft_args(tiny_model_dir, sum_data, tmp_path / "out", *flags, eval_file=False)
+    launch = run(launcher("accelerate", 2, "zero3_offload") + [str(RUN_SFT)] + args, tmp_path / "run.log")
     assert launch.returncode != 0
     errors = re.findall(r"^error: .*$", launch.log, flags=re.MULTILINE)
-    assert len(errors) == 1 and "--load_in_4bit with a DeepSpeed config that offloads parameters" in errors[0], errors
+    assert len(errors) == 1 and message in errors[0], errors
     # The launcher reports the failed ranks with a traceback of its own; the ranks themselves print none.
     assert not re.search(r"^\[rank\d\]: Traceback", launch.log, flags=re.MULTILINE)
     assert "Loading weights" not in launch.log
