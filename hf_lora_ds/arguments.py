@@ -17,6 +17,7 @@ import torch
 import yaml
 from transformers import TrainingArguments
 
+from hf_lora_ds.argument_checks import check_ranges, check_training_flags
 from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
@@ -225,7 +226,9 @@ class SFTTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         self._check_model_and_data()
+        check_training_flags(self)
         self._check_lora()
         self._check_deepspeed_config()
         self._check_quantization()
