@@ -22,6 +22,7 @@ from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.divergence import DivergenceCallback
 from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
 from hf_lora_ds.resume import CheckpointCompletionCallback, check_resume_world_size, resolve_resume_checkpoint
@@ -88,6 +89,7 @@ class LoraSFTTrainer(Trainer):
         dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
         # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.nonfinite).
         self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
+        self.add_callback(DivergenceCallback(self.args.on_divergence))  # finite but diverging (hf_lora_ds.divergence)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
