@@ -17,6 +17,7 @@ import torch
 import yaml
 from transformers import TrainingArguments
 
+from hf_lora_ds.argument_checks import check_ranges, check_training_flags
 from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
@@ -219,6 +220,15 @@ class SFTTrainingArguments(TrainingArguments):
         },
     )
 
+    on_divergence: Literal["warn", "stop"] = field(
+        default="warn",
+        metadata={
+            "help": "A training loss over 3x its running median, or a gradient norm of exactly 0 after non-zero "
+            "ones (a finite run diverging, hf_lora_ds.divergence): 'warn' prints one line with the step, 'stop' ends "
+            "the run there (exit code 2). The step is recorded as divergence_step in the training logs."
+        },
+    )
+
     # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (hf_lora_ds.resume).
     resume_from_checkpoint: str | None = field(
         default=None,
@@ -229,7 +239,9 @@ class SFTTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         self._check_model_and_data()
+        check_training_flags(self)
         self._check_lora()
         self._check_deepspeed_config()
         self._check_fsdp()

@@ -38,6 +38,7 @@ SHAREGPT_ROLES = {
 COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
 KNOWN_FIELDS = ("instruction", "input", "output", "system", "messages", "conversations", "tools")
 FORMAT_FIELDS = ("instruction", "messages", "conversations")  # a record with one of them has a known format
+ALPACA_FIELDS = {"instruction", "output"}  # both required in an alpaca record
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,20 @@ def _map_columns(record: dict, columns: dict[str, str], where: str) -> dict:
             mapped[COLUMN_ALIASES.get(key, key)] = mapped.pop(column)
         else:
             missing.append((key, column))
-    if missing and not any(name in mapped for name in FORMAT_FIELDS):
-        key, column = missing[0]
+    if unmet := _unmet_columns(missing, mapped):
+        key, column = unmet[0]
         raise DataError(f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}")
     return mapped
+
+
+def _unmet_columns(missing: list[tuple[str, str]], mapped: dict) -> list[tuple[str, str]]:
+    """The missing mapped columns the record needed: all of them when it is in no known format, else the alpaca
+    field (instruction, output) it still lacks, so the user hears of their column, not of 'output' they never wrote."""
+    if not any(name in mapped for name in FORMAT_FIELDS):
+        return missing
+    if "messages" in mapped or "conversations" in mapped:
+        return []
+    return [(key, column) for key, column in missing if COLUMN_ALIASES.get(key, key) in ALPACA_FIELDS - mapped.keys()]
 
 
 def _tools(tools: Any, where: str) -> list[dict] | None:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.arguments import SFTTrainingArguments
+from hf_lora_ds.errors import UserError
 
-__all__ = ["lora_config_from_args", "wrap_with_lora", "trainable_parameters_line"]
+__all__ = ["lora_config_from_args", "wrap_with_lora", "check_target_modules", "trainable_parameters_line"]
+
+# Layer types PEFT's LoRA can adapt (bitsandbytes' 4/8-bit linears are nn.Linear subclasses).
+LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
 
 
 def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
@@ -28,7 +33,24 @@ def wrap_with_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
     """Wrap ``model`` unless it already is a PeftModel (a resumed or user-built adapter is kept as it is)."""
     if isinstance(model, PeftModel):
         return model
+    check_target_modules(model, config)
     return get_peft_model(model, config)
+
+
+def check_target_modules(model: torch.nn.Module, config: LoraConfig) -> None:
+    """Every name in ``--lora_target_modules`` must name a layer LoRA can adapt (PEFT's rule: the module's full name
+    or its last dotted parts). PEFT itself raises a traceback only when no name matches at all, and trains the
+    others silently when one of several is a typo."""
+    if isinstance(config.target_modules, str):  # "all-linear"
+        return
+    adaptable = [name for name, module in model.named_modules() if isinstance(module, LORA_LAYER_TYPES)]
+    unknown = sorted(target for target in config.target_modules
+                     if not any(name == target or name.endswith(f".{target}") for name in adaptable))  # fmt: skip
+    if unknown:
+        choices = ", ".join(sorted({name.rsplit(".", 1)[-1] for name in adaptable}))
+        raise UserError(f"--lora_target_modules {','.join(sorted(config.target_modules))}: {', '.join(unknown)} "
+                        f"matches no layer LoRA can adapt; the model's linear and embedding modules are {choices} "
+                        "(or use 'all-linear')")  # fmt: skip
 
 
 def trainable_parameters_line(model: PeftModel) -> str:

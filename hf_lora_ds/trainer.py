@@ -23,6 +23,7 @@ from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.engine import EngineCallback, full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.divergence import DivergenceCallback
 from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
 from hf_lora_ds.resume import CheckpointCompletionCallback, check_resume_world_size, resolve_resume_checkpoint
@@ -91,6 +92,7 @@ class LoraSFTTrainer(Trainer):
         dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
         # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.nonfinite).
         self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
+        self.add_callback(DivergenceCallback(self.args.on_divergence))  # finite but diverging (hf_lora_ds.divergence)
 
     def create_accelerator_and_postprocess(self) -> None:
         """Trainer's accelerator, then FSDP2 kept on a CPU-only multi-process launch, where accelerate drops the

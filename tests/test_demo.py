@@ -59,3 +59,5 @@ def test_default_job_reaches_the_target(tmp_path):
     report = json.loads((tmp_path / "eval_report.json").read_text())
     assert report["before"]["accuracy"] <= 0.05
     assert report["after"]["accuracy"] >= TARGET
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert not [entry for entry in history if "divergence_step" in entry]  # the divergence guard stays quiet

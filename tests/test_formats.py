@@ -156,6 +156,10 @@ def test_mapped_column_missing_and_bad_flags():
     options = FormatOptions(columns={"prompt": "question", "response": "answer"})
     with pytest.raises(DataError, match=r"^r: missing field 'question' \(mapped to prompt by --columns\)"):
         to_conversation({"answer": "x"}, "r", options=options)
+    # Half mapped: the user's missing column is named, not the 'output' it would have become.
+    with pytest.raises(DataError, match=r"^r: missing field 'answer' \(mapped to response by --columns\)"):
+        to_conversation({"question": "q", "reply": "a"}, "r", options=options)
+    assert to_conversation({"instruction": "q", "output": "a"}, "r", options=options)["messages"][-1]["content"] == "a"
     with pytest.raises(ValueError, match="--columns answer=x: unknown field 'answer'"):
         FormatOptions(columns={"answer": "x"})
     with pytest.raises(ValueError, match="--sharegpt_roles bot=robot: unknown role 'robot'"):

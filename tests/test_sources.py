@@ -41,6 +41,19 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path, chatml_tokenizer):
     assert [from_disk[i] for i in range(3)] == [from_list[i] for i in range(3)]
 
 
+def test_rows_past_the_first_map_batch_keep_their_index(tmp_path, chatml_tokenizer):
+    """More rows than one datasets.map batch (1,000): a row's location is its index in the dataset, not its place in
+    the batch (row 1200 reported as "row 200"), in the record table and in a bad field's message."""
+    records = alpaca(2500, "a")
+    records[1200]["output"] = None  # a null column: the field is absent
+    location = tmp_path / "ds"
+    datasets.Dataset.from_list(records).save_to_disk(location)
+    loaded = load_source(str(location))
+    assert [loaded[i].where for i in (0, 999, 1000, 2499)] == [f"{location}, row {i}" for i in (0, 999, 1000, 2499)]
+    with pytest.raises(DataError, match=f"^{location}, row 1200: missing field 'output'$"):
+        ChatSFTDataset(str(location), chatml_tokenizer, cache_dir=tmp_path / "cache")
+
+
 def test_folder_of_shards_keeps_file_and_line(tmp_path, chatml_tokenizer):
     write_jsonl(tmp_path / "shards" / "a.jsonl", alpaca(2, "a"))
     datasets.Dataset.from_list(alpaca(2, "b")).to_parquet(str(tmp_path / "shards" / "sub" / "b.parquet"))

@@ -20,11 +20,12 @@ from functools import cache
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.lora import wrap_with_lora
 from hf_lora_ds.resources import MODEL_CONFIGS
 
 __all__ = ["ModelShape", "load_model_config", "measure_model_shape"]
@@ -168,7 +169,7 @@ def _meta_peft_model(
     # configured (run_sft plans after its arguments exist), and zero.Init cannot partition meta tensors.
     with set_zero3_state(), torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_meta_attention(attn))
-    model = get_peft_model(model, copy.deepcopy(lora))
+    model = wrap_with_lora(model, copy.deepcopy(lora))
     if adapters_in_compute_dtype:
         for param in model.parameters():
             if param.requires_grad:
