@@ -72,6 +72,26 @@ def test_full_disk_during_a_save(small_disk, tmp_path, capsys):
     assert resume_auto(roomy, capsys) == [3, 4, 5, 6]
 
 
+class ReadOnlyFromStep3(TrainerCallback):
+    """The file system turns read-only after checkpoint-2 (as a permission loss or a remount does)."""
+
+    def __init__(self, mount_point: Path):
+        self.mount_point = mount_point
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            subprocess.run(["mount", "-o", "remount,ro", str(self.mount_point)], check=True)
+
+
+def test_read_only_file_system_during_a_save(small_disk, capsys):
+    output_dir = small_disk / "out"
+    with pytest.raises(SystemExit) as leaving:
+        run_cli(lambda: run_sft.main([*RUN, "--output_dir", str(output_dir)], callbacks=[ReadOnlyFromStep3(small_disk)]))
+    assert leaving.value.code == 2
+    assert (f"error: saving {output_dir}/checkpoint-4 failed: Read-only file system; {output_dir}/checkpoint-2 is the "
+            "last complete checkpoint" in capsys.readouterr().err)  # fmt: skip
+
+
 KILLED_IN_ON_SAVE = """
 import os, signal, sys
 from transformers import TrainerCallback
