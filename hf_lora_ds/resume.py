@@ -18,9 +18,12 @@ note, and refuses up front, with the reason and the rank count to use, where thi
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,9 @@ from hf_lora_ds.universal import universal_refusal, zero_checkpoint_world_size
 
 __all__ = [
     "COMPLETE_MARKER",
+    "CheckpointSaveError",
     "CheckpointCompletionCallback",
+    "save_failures",
     "mark_checkpoint_complete",
     "is_complete_checkpoint",
     "find_latest_complete_checkpoint",
@@ -44,6 +49,48 @@ COMPLETE_MARKER = "checkpoint_complete.json"
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
+class CheckpointSaveError(UserError):
+    """Writing a checkpoint or the final adapter failed (no space, no permission); the last complete checkpoint is
+    intact and named."""
+
+
+_SPACE_PROBE_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def save_failures(target: str | os.PathLike, output_dir: str | os.PathLike) -> Iterator[None]:
+    """Turn a save into ``target`` that fails for lack of space or permission into one line naming the path, the
+    cause and the checkpoint ``--resume_from_checkpoint auto`` will take. torch.save reports a full disk as a
+    ``RuntimeError`` ("unexpected pos"); the cause is then confirmed by writing 1 MiB next to the target, and any
+    failure that is not the file system's is re-raised as it is."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        cause = err.strerror if isinstance(err, OSError) and err.strerror else _write_failure(Path(target))
+        if cause is None:
+            raise
+        latest, _ = find_latest_complete_checkpoint(output_dir)
+        resume = (f"{latest} is the last complete checkpoint (--resume_from_checkpoint auto continues from it)"
+                  if latest else f"no complete checkpoint in {output_dir}")  # fmt: skip
+        raise CheckpointSaveError(f"saving {target} failed: {cause}; {resume}") from err
+
+
+def _write_failure(target: Path) -> str | None:
+    """The file system's reason a write next to ``target`` fails now, or None when writing works."""
+    directory = next((p for p in (target, *target.parents) if p.is_dir()), Path("."))
+    probe = directory / ".hf_lora_ds_write_probe"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * _SPACE_PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as err:
+        return err.strerror or errno.errorcode.get(err.errno or 0, str(err))
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
 class CheckpointCompletionCallback(TrainerCallback):
     """Mark each checkpoint complete once every rank has finished writing it. Add it after any callback whose
     ``on_save`` must run before the checkpoint counts as complete."""
@@ -53,7 +100,8 @@ class CheckpointCompletionCallback(TrainerCallback):
         args.distributed_state.wait_for_everyone()
         checkpoint = Path(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if args.should_save and checkpoint.is_dir():
-            mark_checkpoint_complete(checkpoint, state.global_step, args.world_size)
+            with save_failures(checkpoint, args.output_dir):
+                mark_checkpoint_complete(checkpoint, state.global_step, args.world_size)
 
 
 def mark_checkpoint_complete(checkpoint: str | os.PathLike, global_step: int, world_size: int) -> Path:

@@ -8,11 +8,13 @@ Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``repo
 from __future__ import annotations
 
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_lora_ds.adapter import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.arguments import SFTTrainingArguments
@@ -21,12 +23,17 @@ from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
+from hf_lora_ds.divergence import DivergenceCallback
 from hf_lora_ds.engine import EngineCallback, full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
-from hf_lora_ds.divergence import DivergenceCallback
 from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
-from hf_lora_ds.resume import CheckpointCompletionCallback, check_resume_world_size, resolve_resume_checkpoint
+from hf_lora_ds.resume import (
+    CheckpointCompletionCallback,
+    check_resume_world_size,
+    resolve_resume_checkpoint,
+    save_failures,
+)
 from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
 from hf_lora_ds.universal import enable_universal_loading
 
@@ -267,13 +274,21 @@ class LoraSFTTrainer(Trainer):
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves
         zero-size tensors without any error, and the run only fails later, at merge or load time. Under FSDP2 the
         adapter is always written whole, whatever the checkpoint's state dict type."""
-        super().save_model(output_dir, _internal_call)
-        if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
-            # A sharded state dict (Accelerate's FSDP default) is for resuming; Trainer then writes no adapter at
-            # all, so gather the full one (a collective: every rank) as Trainer does for FULL_STATE_DICT.
-            self._save(output_dir, state_dict=full_adapter_state_dict(self.model))
+        with save_failures(output_dir or self.args.output_dir, self.args.output_dir):
+            super().save_model(output_dir, _internal_call)
+            if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+                # A sharded state dict (Accelerate's FSDP default) is for resuming; Trainer then writes no adapter
+                # at all, so gather the full one (a collective: every rank) as Trainer does for FULL_STATE_DICT.
+                self._save(output_dir, state_dict=full_adapter_state_dict(self.model))
         if self.args.should_save:
             verify_adapter(output_dir or self.args.output_dir, base_model=self.model.get_base_model().config)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """A checkpoint that cannot be written (full disk, no permission) ends the run with one line naming it, the
+        cause and the last complete checkpoint, which stays intact (hf_lora_ds.resume)."""
+        checkpoint = Path(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        with save_failures(checkpoint, self.args.output_dir):
+            super()._save_checkpoint(model, trial)
 
     def _print_main(self, message: str) -> None:
         if self.is_world_process_zero():
