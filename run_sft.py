@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         return ChatSFTDataset(data, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
                               assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
                               cache_dir=args.dataset_cache_dir, formats=args.format_options,
-                              num_proc=args.preprocessing_num_workers)
+                              num_proc=args.preprocessing_num_workers, thinking=args.thinking_options)
 
     def load(spec: str) -> LoadedData:
         return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,

@@ -22,6 +22,7 @@ from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, 
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
+from hf_lora_ds.thinking import ThinkingOptions
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
 
@@ -93,6 +94,22 @@ class SFTTrainingArguments(TrainingArguments):
     max_length: int = field(default=2048, metadata={"help": "Samples longer than this many tokens are truncated."})
     assistant_turns: Literal["all", "last"] = field(
         default="all", metadata={"help": "Train on every assistant turn of a conversation, or on the last one only."}
+    )
+    train_reasoning: bool = field(
+        default=True,
+        metadata={
+            "help": "Thinking models: train the reasoning of assistant turns that carry it (reasoning_content, <think> "
+            "in the content, alpaca 'reasoning'), or mask it and train the answer after it only."
+        },
+    )
+    empty_think: Literal["train", "mask"] = field(
+        default="mask",
+        metadata={
+            "help": "Thinking models: the empty <think></think> block the template writes for a turn without "
+            "reasoning. mask (default): kept in the input, as in the enable_thinking=False prompt at inference, but "
+            "not learnt, so answers without reasoning do not teach a thinking model to stop thinking; train: the "
+            "model learns to write it, i.e. to answer without thinking unless asked."
+        },
     )
     on_empty_labels: Literal["drop", "error"] = field(
         default="drop",
@@ -241,6 +258,10 @@ class SFTTrainingArguments(TrainingArguments):
     @property
     def format_options(self) -> FormatOptions:
         return FormatOptions.from_flags(self.columns, self.sharegpt_roles)
+
+    @property
+    def thinking_options(self) -> ThinkingOptions:
+        return ThinkingOptions(self.train_reasoning, self.empty_think)
 
     @property
     def torch_dtype(self) -> torch.dtype:

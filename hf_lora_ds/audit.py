@@ -19,6 +19,7 @@ from hf_lora_ds.errors import run_cli
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
 from hf_lora_ds.sources import load_data
+from hf_lora_ds.thinking import ThinkingOptions
 
 __all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision", "main"]
 
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     parser.add_argument("--max_length", type=int, default=None, help="Truncate samples to this many tokens.")
     parser.add_argument("--system_prompt", default=None, help="System turn for records that have none.")
     parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
+    parser.add_argument("--train_reasoning", choices=["true", "false"], default="true", help="As run_sft.py's.")
+    parser.add_argument("--empty_think", choices=["train", "mask"], default="mask", help="As run_sft.py's.")
     parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
     parser.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes that tokenize.")
     args = parser.parse_args(argv)
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
         assistant_turns=args.assistant_turns,
         formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
         num_proc=args.preprocessing_num_workers,
+        thinking=ThinkingOptions(args.train_reasoning == "true", args.empty_think),
     )
     report = audit_dataset(dataset)
     print(data.summary())
