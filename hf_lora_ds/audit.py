@@ -3,7 +3,7 @@
 ``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
 mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
 no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
-learns to stop).
+learns to stop), trained turns whose inference prompt is not the start of their training text (``hf_lora_ds.round_trip``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.round_trip import RoundTrip, round_trip
 from hf_lora_ds.sources import load_data
 from hf_lora_ds.thinking import ThinkingOptions
 
@@ -38,6 +39,7 @@ class MaskAudit:
     spans_ending_in_eot: int
     spans_cut_by_truncation: int
     example: str
+    round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.round_trip)
 
     @property
     def all_spans_end_in_eot(self) -> bool:
@@ -50,6 +52,7 @@ class MaskAudit:
             f"{self.dropped_empty} dropped with no supervised token, "
             f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
             + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
+            + (f"; {self.round_trip.line()}" if self.round_trip else "")
         )
 
     def __str__(self) -> str:
@@ -63,6 +66,7 @@ class MaskAudit:
                 f"dropped, no supervised token:     {self.dropped_empty}",
                 f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
                 f"{self.spans_cut_by_truncation} cut by truncation)",
+                *([self.round_trip.line()] if self.round_trip else []),
                 f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
                 self.example,
             ]
@@ -167,6 +171,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
         thinking=ThinkingOptions(args.train_reasoning == "true", args.empty_think),
     )
     report = audit_dataset(dataset)
+    report.round_trip = round_trip(dataset)
     print(data.summary())
     print(report)
     if len(dataset.source_counts) > 1:
