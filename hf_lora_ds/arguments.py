@@ -174,6 +174,13 @@ class SFTTrainingArguments(TrainingArguments):
         default="all-linear",
         metadata={"help": "Comma-separated module names to adapt, or 'all-linear' for every linear layer but the head."},
     )
+    lora_allow_partial: bool = field(
+        default=False,
+        metadata={
+            "help": "Train even when the LoRA targets leave whole decoder layers, or the experts most layers have, "
+            "without an adapter (the coverage table printed at start shows where the adapters are)."
+        },
+    )
     use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA: scale by alpha / sqrt(r)."})
     use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
     # ---- memory plan (hf_lora_ds.plan) ----

@@ -7,7 +7,7 @@ from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 
 from hf_lora_ds.arguments import SFTTrainingArguments
 
-__all__ = ["lora_config_from_args", "wrap_with_lora", "trainable_parameters_line"]
+__all__ = ["lora_config_from_args", "wrap_with_lora", "trainable_parameters_line", "targets_text"]
 
 
 def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
@@ -35,3 +35,9 @@ def trainable_parameters_line(model: PeftModel) -> str:
     """PEFT's count, which also sees ZeRO-3 partitioned parameters (their local numel is 0)."""
     trainable, total = model.get_nb_trainable_parameters()
     return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
+
+
+def targets_text(config: LoraConfig) -> str:
+    """The config's target modules as the flag writes them (``all-linear`` or ``q_proj,v_proj``)."""
+    targets = config.target_modules
+    return targets if isinstance(targets, str) else ",".join(sorted(targets or []))
