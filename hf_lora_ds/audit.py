@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from hf_lora_ds.coverage import meta_coverage
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.formats import FormatOptions
@@ -153,6 +154,9 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
     parser.add_argument("--train_reasoning", choices=["true", "false"], default="true", help="As run_sft.py's.")
     parser.add_argument("--empty_think", choices=["train", "mask"], default="mask", help="As run_sft.py's.")
+    parser.add_argument("--model", default=None, help="Also show the LoRA coverage for this model (directory, "
+                        "config.json or hub id; built on the meta device, no weights read).")
+    parser.add_argument("--lora_target_modules", default="all-linear", help="As run_sft.py's, for --model.")
     parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
     parser.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes that tokenize.")
     args = parser.parse_args(argv)
@@ -177,6 +181,10 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     if len(dataset.source_counts) > 1:
         for name, source_report in audit_by_source(dataset).items():
             print(f"\n--- source {name} ---\n{source_report}")
+    if args.model:
+        coverage = meta_coverage(args.model, args.lora_target_modules, args.trust_remote_code)
+        note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
+        print("\n" + coverage.table() + (f"\n{note}" if note else ""))
     return report
 
 

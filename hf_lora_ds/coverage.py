@@ -17,11 +17,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+from peft import LoraConfig, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
+from transformers import AutoModelForCausalLM
 
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.lora import parse_targets
+from hf_lora_ds.plan.model_shape import load_model_config
 
-__all__ = ["LoraCoverage", "Site", "lora_coverage", "COVERAGE_FILE"]
+__all__ = ["LoraCoverage", "Site", "lora_coverage", "meta_coverage", "COVERAGE_FILE"]
 
 COVERAGE_FILE = "lora_coverage.txt"  # in output_dir, for the run report
 KINDS = ("attention", "mlp", "experts", "other")
@@ -55,6 +59,15 @@ def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
             name = "/".join(fused) + " (fused)" if fused else _name(match.group(2))
             sites.append(Site(int(match.group(1)), _kind(match.group(2)), name, adapted))
     return LoraCoverage(sites)
+
+
+def meta_coverage(model: str, targets: str, trust_remote_code: bool = False) -> LoraCoverage:
+    """The coverage ``targets`` would give the model at ``model`` (a directory, a config.json or a hub id), built
+    from its config on the meta device: no weights are read, so the audit can show it for any model size."""
+    config = load_model_config(model, trust_remote_code)
+    with torch.random.fork_rng(), torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return lora_coverage(get_peft_model(base, LoraConfig(r=8, target_modules=parse_targets(targets))))
 
 
 def _kind(rest: str) -> str:

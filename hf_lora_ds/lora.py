@@ -7,21 +7,26 @@ from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 
 from hf_lora_ds.arguments import SFTTrainingArguments
 
-__all__ = ["lora_config_from_args", "wrap_with_lora", "trainable_parameters_line", "targets_text"]
+__all__ = ["lora_config_from_args", "wrap_with_lora", "trainable_parameters_line", "targets_text", "parse_targets"]
 
 
 def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
     """``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
-    targets = args.lora_target_modules.strip()
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        target_modules=parse_targets(args.lora_target_modules),
         use_rslora=args.use_rslora,
         use_dora=args.use_dora,
     )
+
+
+def parse_targets(text: str) -> str | list[str]:
+    """``--lora_target_modules`` as PEFT takes it: ``all-linear`` as it is, else the list of names."""
+    targets = text.strip()
+    return targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
 
 
 def wrap_with_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:

@@ -8,6 +8,7 @@ from peft import LoraConfig
 from test_trainer import make_trainer
 from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
+from hf_lora_ds import audit
 from hf_lora_ds.coverage import COVERAGE_FILE, lora_coverage
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.lora import wrap_with_lora
@@ -91,3 +92,12 @@ def test_run_report_shows_the_saved_table(tmp_path):
     (tmp_path / COVERAGE_FILE).write_text(DENSE_ALL + "\n")
     html = write_report(tmp_path, []).read_text(encoding="utf-8")
     assert "<h2>LoRA coverage</h2>\n<pre>" + DENSE_ALL in html
+
+
+def test_audit_shows_the_coverage_for_a_model(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "data.jsonl").write_text('{"instruction": "1=", "output": "1"}\n')
+    argv = ["--data", str(tmp_path / "data.jsonl"), "--tokenizer", str(tiny_model_dir), "--model", str(tiny_model_dir)]
+    audit.main([*argv, "--lora_target_modules", "q_proj,v_proj"])
+    out = capsys.readouterr().out
+    assert "\nLoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4        0/3\n" in out
+    assert out.rstrip().endswith("LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)")
