@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from test_formats import expected
 
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.formats import FormatOptions
@@ -43,16 +44,6 @@ TOOL_CONVERSATION = {
     ],
     "tools": [TOOL],
 }
-
-
-def expected(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
-    """Token ids and labels of a text given as (piece, trained?) pairs, each piece tokenized on its own."""
-    input_ids, labels = [], []
-    for text, trained in pieces:
-        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
-        input_ids += piece
-        labels += piece if trained else [IGNORE_INDEX] * len(piece)
-    return input_ids, labels
 
 
 def samples(records, tokenizer, tmp_path, **kwargs) -> list[tuple[list[int], list[int]]]:
