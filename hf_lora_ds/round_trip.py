@@ -18,6 +18,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data import ChatSFTDataset, TemplateError
+from hf_lora_ds.spans import token_difference
 
 __all__ = ["RoundTrip", "round_trip", "check_round_trip", "turn_difference"]
 
@@ -55,15 +56,8 @@ def turn_difference(
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if train_ids[: len(prompt_ids)] == prompt_ids:
         return None
-    k = next((j for j, (a, b) in enumerate(zip(prompt_ids, train_ids)) if a != b), min(len(prompt_ids), len(train_ids)))
-
-    def tokens(ids: list[int]) -> list[str]:
-        return [tokenizer.decode([t]) for t in ids[k : k + 4]]
-
-    return (
-        f"assistant turn {turn} (enable_thinking={thinking}): token {k} of the inference prompt differs from the "
-        f"training text: inference {tokens(prompt_ids)} vs training {tokens(train_ids)}"
-    )
+    difference = token_difference(tokenizer, prompt_ids, train_ids, "training text")
+    return f"assistant turn {turn} (enable_thinking={thinking}): {difference}"
 
 
 def round_trip(dataset: ChatSFTDataset, limit: int | None = None) -> RoundTrip:

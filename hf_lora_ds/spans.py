@@ -17,7 +17,15 @@ from transformers import PreTrainedTokenizerBase
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.thinking import ThinkingOptions, think_block
 
-__all__ = ["AssistantTurns", "IGNORE_INDEX", "Sample", "TemplateError", "render_samples", "tokenize_conversation"]
+__all__ = [
+    "AssistantTurns",
+    "IGNORE_INDEX",
+    "Sample",
+    "TemplateError",
+    "render_samples",
+    "tokenize_conversation",
+    "token_difference",
+]
 
 IGNORE_INDEX = -100
 AssistantTurns = Literal["all", "last"]
@@ -69,14 +77,30 @@ def render_samples(
                 spans += turn_spans
                 trained.append(i)
         if anchor not in trained:
+            prompt = _render(tokenizer, messages[:anchor], add_generation_prompt=True, tools=tools)
             raise TemplateError(
-                f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it, "
+                f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it "
+                f"({token_difference(tokenizer, _ids(tokenizer, prompt), _ids(tokenizer, text), 'rendered turn')}), "
                 "so the turn's tokens cannot be located exactly; use a template whose generation prompt starts the "
                 "assistant turn it writes"
             )
         samples.append(Sample(text, spans, trained))
         pending = left
     return samples[::-1]
+
+
+def token_difference(tokenizer: PreTrainedTokenizerBase, prompt: list[int], text: list[int], name: str) -> str:
+    """Where a prompt's tokens first differ from a text's: the index and a few tokens of each, decoded."""
+    k = next((j for j, (a, b) in enumerate(zip(prompt, text)) if a != b), min(len(prompt), len(text)))
+
+    def tokens(ids: list[int]) -> list[str]:
+        return [tokenizer.decode([t]) for t in ids[k : k + 4]]
+
+    return f"token {k}: prompt {tokens(prompt)} vs {name} {tokens(text)}"
+
+
+def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _turn_spans(

@@ -60,8 +60,8 @@ def test_broken_template_is_named_by_its_first_differing_tokens(qwen3_tokenizer,
     data = dataset([{"messages": TWO_TURNS}, ALPACA], tokenizer, tmp_path)  # turns with reasoning still round-trip
     at = len(tokenizer(USER.format("12="), add_special_tokens=False)["input_ids"])
     difference = (
-        f"record 1, assistant turn 1 (enable_thinking=False): token {at} of the inference prompt differs from the "
-        "training text: inference ['<think>', '\\n', '\\n', '</think>'] vs training ['3', ' ', '+', ' ']"
+        f"record 1, assistant turn 1 (enable_thinking=False): token {at}: prompt ['<think>', '\\n', '\\n', '</think>'] "
+        "vs training text ['3', ' ', '+', ' ']"
     )
     with pytest.raises(TemplateError, match="inference prompt is not the start of the training text") as err:
         check_round_trip(data)
@@ -74,3 +74,19 @@ def test_broken_template_is_named_by_its_first_differing_tokens(qwen3_tokenizer,
     assert report.round_trip.turns == 3 and report.round_trip.failures == 3
     assert "round trip: 0/3 trained turns' inference prompts start their training text" in str(report)
     assert round_trip(data, limit=1).failures == 0
+
+
+def test_generation_prompt_that_is_not_the_turn_header_is_named(chatml_tokenizer, tmp_path):
+    bot = (
+        "{%- for m in messages %}{{ '<|im_start|>' + (m['role'] if m['role'] != 'assistant' else 'bot') + '\\n' + "
+        "m['content'] + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+        "{%- endif %}"
+    )
+    tokenizer = chatml_tokenizer.__class__(
+        tokenizer_object=chatml_tokenizer.backend_tokenizer, eos_token="<|im_end|>", chat_template=bot
+    )
+    at = len(tokenizer(USER.format("12=").removesuffix("assistant\n"), add_special_tokens=False)["input_ids"])
+    difference = f"(token {at}: prompt ['a', 'ss', 'istan', 't'] vs rendered turn ['b', 'o', 't', '\\n'])"
+    with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 1 as it renders it ") as err:
+        dataset([ALPACA], tokenizer, tmp_path)
+    assert difference in str(err.value)
