@@ -44,6 +44,7 @@ from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.resources import DEMO_DATA, DEMO_MODEL
 from hf_lora_ds.resume import resolve_resume_checkpoint
+from hf_lora_ds.round_trip import check_round_trip
 from hf_lora_ds.sources import LoadedData, load_data
 from hf_lora_ds.universal import run_deepspeed_config
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         return ChatSFTDataset(data, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
                               assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
                               cache_dir=args.dataset_cache_dir, formats=args.format_options,
-                              num_proc=args.preprocessing_num_workers)
+                              num_proc=args.preprocessing_num_workers, thinking=args.thinking_options)
 
     def load(spec: str) -> LoadedData:
         return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     if args.process_index == 0:
         print(train_data.summary(), flush=True)
     train_dataset = sft_dataset(train_data)
+    round_trip = check_round_trip(train_dataset)  # inference prompts start the training texts, on a sample
+    if args.process_index == 0:
+        print(round_trip.line(), flush=True)
     check_memory_plan(args, profile_from_dataset(train_dataset))
     task = get_task(args.eval_task)
     eval_data = load(args.eval_file) if args.eval_file else None

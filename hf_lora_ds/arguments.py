@@ -25,6 +25,7 @@ from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.launchers import adopt_accelerate_launch, describe_zero, fsdp_settings
 from hf_lora_ds.resources import resolve_deepspeed_name
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
+from hf_lora_ds.thinking import ThinkingOptions
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
 
@@ -97,6 +98,22 @@ class SFTTrainingArguments(TrainingArguments):
     assistant_turns: Literal["all", "last"] = field(
         default="all", metadata={"help": "Train on every assistant turn of a conversation, or on the last one only."}
     )
+    train_reasoning: bool = field(
+        default=True,
+        metadata={
+            "help": "Thinking models: train the reasoning of assistant turns that carry it (reasoning_content, <think> "
+            "in the content, alpaca 'reasoning'), or mask it and train the answer after it only."
+        },
+    )
+    empty_think: Literal["train", "mask"] = field(
+        default="mask",
+        metadata={
+            "help": "Thinking models: the empty <think></think> block the template writes for a turn without "
+            "reasoning. mask (default): kept in the input, as in the enable_thinking=False prompt at inference, but "
+            "not learnt, so answers without reasoning do not teach a thinking model to stop thinking; train: the "
+            "model learns to write it, i.e. to answer without thinking unless asked."
+        },
+    )
     on_empty_labels: Literal["drop", "error"] = field(
         default="drop",
         metadata={"help": "A sample that truncation leaves with no supervised token is dropped (and counted) or an error."},
@@ -159,6 +176,13 @@ class SFTTrainingArguments(TrainingArguments):
     lora_target_modules: str = field(
         default="all-linear",
         metadata={"help": "Comma-separated module names to adapt, or 'all-linear' for every linear layer but the head."},
+    )
+    lora_allow_partial: bool = field(
+        default=False,
+        metadata={
+            "help": "Train even when the LoRA targets leave whole decoder layers, or the experts most layers have, "
+            "without an adapter (the coverage table printed at start shows where the adapters are)."
+        },
     )
     use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA: scale by alpha / sqrt(r)."})
     use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
@@ -258,6 +282,10 @@ class SFTTrainingArguments(TrainingArguments):
     @property
     def format_options(self) -> FormatOptions:
         return FormatOptions.from_flags(self.columns, self.sharegpt_roles)
+
+    @property
+    def thinking_options(self) -> ThinkingOptions:
+        return ThinkingOptions(self.train_reasoning, self.empty_think)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -3,7 +3,7 @@
 ``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
 mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
 no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
-learns to stop).
+learns to stop), trained turns whose inference prompt is not the start of their training text (``hf_lora_ds.round_trip``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from hf_lora_ds.coverage import meta_coverage
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.round_trip import RoundTrip, round_trip
 from hf_lora_ds.sources import load_data
+from hf_lora_ds.thinking import ThinkingOptions
 
 __all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision", "main"]
 
@@ -37,6 +40,7 @@ class MaskAudit:
     spans_ending_in_eot: int
     spans_cut_by_truncation: int
     example: str
+    round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.round_trip)
 
     @property
     def all_spans_end_in_eot(self) -> bool:
@@ -49,6 +53,7 @@ class MaskAudit:
             f"{self.dropped_empty} dropped with no supervised token, "
             f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
             + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
+            + (f"; {self.round_trip.line()}" if self.round_trip else "")
         )
 
     def __str__(self) -> str:
@@ -62,6 +67,7 @@ class MaskAudit:
                 f"dropped, no supervised token:     {self.dropped_empty}",
                 f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
                 f"{self.spans_cut_by_truncation} cut by truncation)",
+                *([self.round_trip.line()] if self.round_trip else []),
                 f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
                 self.example,
             ]
@@ -146,6 +152,11 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     parser.add_argument("--max_length", type=int, default=None, help="Truncate samples to this many tokens.")
     parser.add_argument("--system_prompt", default=None, help="System turn for records that have none.")
     parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
+    parser.add_argument("--train_reasoning", choices=["true", "false"], default="true", help="As run_sft.py's.")
+    parser.add_argument("--empty_think", choices=["train", "mask"], default="mask", help="As run_sft.py's.")
+    parser.add_argument("--model", default=None, help="Also show the LoRA coverage for this model (directory, "
+                        "config.json or hub id; built on the meta device, no weights read).")
+    parser.add_argument("--lora_target_modules", default="all-linear", help="As run_sft.py's, for --model.")
     parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
     parser.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes that tokenize.")
     args = parser.parse_args(argv)
@@ -161,13 +172,19 @@ def main(argv: list[str] | None = None) -> MaskAudit:
         assistant_turns=args.assistant_turns,
         formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
         num_proc=args.preprocessing_num_workers,
+        thinking=ThinkingOptions(args.train_reasoning == "true", args.empty_think),
     )
     report = audit_dataset(dataset)
+    report.round_trip = round_trip(dataset)
     print(data.summary())
     print(report)
     if len(dataset.source_counts) > 1:
         for name, source_report in audit_by_source(dataset).items():
             print(f"\n--- source {name} ---\n{source_report}")
+    if args.model:
+        coverage = meta_coverage(args.model, args.lora_target_modules, args.trust_remote_code)
+        note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
+        print("\n" + coverage.table() + (f"\n{note}" if note else ""))
     return report
 
 

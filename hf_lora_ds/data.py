@@ -8,14 +8,17 @@ through turn i, and what lies between is exactly the assistant content followed 
 Those character spans are mapped to tokens with the fast tokenizer's offsets, and each decoded span is checked
 against ``content + end_of_turn``. An assistant turn with tool calls is trained whole, as the template writes it
 (Qwen2.5: ``<tool_call>`` JSON), through its end-of-turn special token; every call's name must appear in it.
-Whatever the template does that breaks this (reformatting history, merging the header into the content) raises a
-``TemplateError`` instead of training on a wrong mask.
+A thinking template's ``<think>`` block is trained or not by ``hf_lora_ds.thinking``'s options. A template that
+renders earlier turns differently once the conversation goes on (Qwen3 drops their reasoning) gives such a turn a
+training text of its own, ending with it, so every turn is trained after the prompt it gets at inference
+(``hf_lora_ds.spans``). Whatever the template does that breaks this (a generation prompt that does not start the
+turn, merging the header into the content) raises a ``TemplateError`` instead of training on a wrong mask.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,16 +31,22 @@ from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.distributed import main_process_first
-from hf_lora_ds.errors import UserError
 from hf_lora_ds.formats import FormatOptions, to_conversation
 from hf_lora_ds.record_table import cache_root
 from hf_lora_ds.records import DataError, decode_record
 from hf_lora_ds.sources import LoadedData, load_data
+from hf_lora_ds.spans import (
+    IGNORE_INDEX,
+    AssistantTurns,
+    Sample,
+    TemplateError,
+    render_samples,
+    tokenize_conversation,
+)
+from hf_lora_ds.thinking import ThinkingOptions, move_inline_reasoning, renders_reasoning
 
-__all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "supervised_char_spans", "tokenize_conversation"]
+__all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "tokenize_conversation"]
 
-IGNORE_INDEX = -100
-AssistantTurns = Literal["all", "last"]
 # Compact columns: labels as int32 like the token ids (datasets would infer int64 for them), the mask as int8.
 _SAMPLE_FEATURES = datasets.Features(
     {
@@ -52,127 +61,6 @@ _SAMPLE_FEATURES = datasets.Features(
     }
 )
 EmptyLabelsPolicy = Literal["drop", "error"]
-
-
-class TemplateError(UserError):
-    """The chat template renders conversations in a way that no exact assistant mask can be derived from."""
-
-
-def supervised_char_spans(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[dict[str, Any]],
-    assistant_turns: AssistantTurns = "all",
-    tools: list[dict] | None = None,
-) -> tuple[str, list[tuple[int, int]]]:
-    """Render ``messages`` (with ``tools``, if any) and return the text with the character spans to train on:
-    content + end-of-turn, and for a turn with tool calls everything the template writes for them too."""
-    text = _render(tokenizer, messages, tools=tools)
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if assistant_turns == "last":
-        turns = turns[-1:]
-    spans = []
-    for i in turns:
-        prompt = _render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
-        # The conversation through its last turn is the whole of it, already rendered.
-        through = text if i == len(messages) - 1 else _render(tokenizer, messages[: i + 1], tools=tools)
-        if not (through.startswith(prompt) and text.startswith(through)):
-            raise TemplateError(
-                f"the chat template renders assistant turn {i} differently once later turns follow it (or the "
-                "generation prompt is not a prefix of the rendered turn), so its tokens cannot be located exactly; "
-                "train on the last assistant turn only (assistant_turns='last') or use a template that keeps history"
-            )
-        content = messages[i]["content"]
-        reply = through[len(prompt) :]
-        if not reply.startswith(content):
-            raise TemplateError(
-                f"the chat template changes the content of assistant turn {i} (rendered {reply[:60]!r}, "
-                f"expected it to start with {content[:60]!r}); strip or normalise the content in your data first"
-            )
-        calls = messages[i].get("tool_calls")
-        if calls:
-            trained = _tool_call_reply(tokenizer, reply, calls, i)
-        else:
-            trained = content + _end_of_turn_after(tokenizer, reply[len(content) :])
-        start = len(prompt)
-        spans.append((start, start + len(trained)))
-    return text, spans
-
-
-def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list[dict], turn: int) -> str:
-    """The trained part of an assistant turn with tool calls: the reply up to its end-of-turn token, inclusive.
-
-    The template serialises the calls its own way (``<tool_call>`` JSON for Qwen2.5), so what the model must learn
-    to write is whatever it rendered; a template that drops the calls (one without tool support) is refused.
-    """
-    body = reply.rstrip()
-    # Special tokens only: Qwen2.5's <tool_call>/</tool_call> are added (non-special) tokens and end no turn.
-    if not any(body.endswith(token) for token in tokenizer.all_special_tokens):
-        raise TemplateError(
-            f"the chat template ends the tool calls of assistant turn {turn} with {body[-30:]!r} instead of an "
-            "end-of-turn special token; the model would never learn to stop"
-        )
-    for call in calls:
-        name = call["function"]["name"]
-        if name not in body:
-            raise TemplateError(
-                f"the chat template does not render the tool call {name!r} of assistant turn {turn}; use a model "
-                "whose chat template supports tools (Qwen2.5's does)"
-            )
-    return body
-
-
-def tokenize_conversation(
-    tokenizer: PreTrainedTokenizerBase,
-    text: str,
-    spans: Sequence[tuple[int, int]],
-    offsets: Sequence[tuple[int, int]],
-    input_ids: Sequence[int],
-) -> list[int]:
-    """Labels for one tokenized text: the token id inside a supervised span, -100 elsewhere.
-
-    A token that straddles a span boundary means the tokenizer merged template text into the answer (or the
-    answer into the template), so no exact mask exists for it: that is an error, not a guess.
-    """
-    labels = [IGNORE_INDEX] * len(input_ids)
-    for start, end in spans:
-        picked = []
-        for j, (token_start, token_end) in enumerate(offsets):
-            if token_end <= start or token_start >= end:
-                continue
-            if token_start < start or token_end > end:
-                raise TemplateError(
-                    f"token {tokenizer.convert_ids_to_tokens(input_ids[j])!r} crosses the boundary of an assistant "
-                    f"turn (chars {start}-{end}); the tokenizer merges template and content here"
-                )
-            labels[j] = input_ids[j]
-            picked.append(input_ids[j])
-        decoded = tokenizer.decode(picked, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if decoded != text[start:end]:
-            raise TemplateError(f"supervised tokens decode to {decoded!r}, expected {text[start:end]!r}")
-    return labels
-
-
-def _render(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[dict],
-    add_generation_prompt: bool = False,
-    tools: list[dict] | None = None,
-) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-
-
-def _end_of_turn_after(tokenizer: PreTrainedTokenizerBase, rest: str) -> str:
-    """The special token the template puts right after an assistant message (``<|im_end|>``, ``<|eot_id|>``...)."""
-    specials = sorted(set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens), key=len, reverse=True)
-    for token in specials:
-        if rest.startswith(token):
-            return token
-    raise TemplateError(
-        f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
-        "the model would never learn to stop"
-    )
 
 
 class ChatSFTDataset(torch.utils.data.Dataset):
@@ -195,6 +83,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         cache_dir: where record tables and tokenized arrow files are cached; None uses the datasets cache.
         formats: column mapping and ShareGPT role names (``FormatOptions``); None: the defaults.
         num_proc: processes that validate and tokenize (``--preprocessing_num_workers``); None: this one.
+        thinking: which ``<think>`` blocks of a thinking template are trained (``ThinkingOptions``); None: defaults.
     """
 
     def __init__(
@@ -208,6 +97,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         cache_dir: str | Path | None = None,
         formats: FormatOptions | None = None,
         num_proc: int | None = None,
+        thinking: ThinkingOptions | None = None,
     ):
         if not tokenizer.is_fast:
             raise TemplateError("a fast tokenizer is required (its offsets locate the assistant spans exactly)")
@@ -218,7 +108,10 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         self.assistant_turns = assistant_turns
         loaded = data if isinstance(data, LoadedData) else load_data(data, cache_dir=cache_dir)
         self.source_counts = loaded.counts()
-        encoder = _Encoder(tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions())
+        encoder = _Encoder(
+            tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions(), thinking or ThinkingOptions()
+        )
+        self.encoder, self.records = encoder, loaded.table
         # Locations and sources are part of the cached output, so the table's fingerprint keys the cache with them.
         key = Hasher.hash([loaded.table._fingerprint, encoder.settings(), _code_version()])
         workers = min(num_proc or 1, len(loaded.table))  # datasets runs no more workers than rows
@@ -233,7 +126,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
                 encoder,
                 batched=True,
                 num_proc=num_proc,
-                remove_columns=["record"],
+                remove_columns=loaded.table.column_names,  # a conversation may give several samples
                 features=_SAMPLE_FEATURES,
                 new_fingerprint=key,
                 cache_file_name=str(cache_file),
@@ -285,12 +178,15 @@ class _Encoder:
         system_prompt: str | None,
         assistant_turns: AssistantTurns,
         formats: FormatOptions,
+        thinking: ThinkingOptions,
     ):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.system_prompt = system_prompt
         self.assistant_turns = assistant_turns
         self.formats = formats
+        self.thinking = thinking
+        self.renders_reasoning = renders_reasoning(tokenizer)
 
     def settings(self) -> list[Any]:
         """Everything besides the records that decides the output: vocabulary, template and options."""
@@ -302,12 +198,22 @@ class _Encoder:
             self.assistant_turns,
             self.formats.columns,
             self.formats.sharegpt_roles,
+            vars(self.thinking),
         ]
 
     def conversations(self, batch: dict[str, list]) -> Iterator[dict[str, Any]]:
         """Each record of the batch validated and normalised; the first bad one raises, naming its location."""
         for text, where in zip(batch["record"], batch["where"]):
-            yield to_conversation(decode_record(text, where), where, self.system_prompt, self.formats)
+            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, self.formats)
+            if self.renders_reasoning:
+                conversation["messages"] = move_inline_reasoning(conversation["messages"])
+            yield conversation
+
+    def samples(self, conversation: dict[str, Any]) -> list[Sample]:
+        """The training texts and spans of one conversation (``hf_lora_ds.spans.render_samples``)."""
+        return render_samples(
+            self.tokenizer, conversation["messages"], self.assistant_turns, conversation["tools"], self.thinking
+        )
 
     def validate(self, batch: dict[str, list]) -> None:
         """The validation pass: a ``map`` function that returns nothing, so datasets writes nothing."""
@@ -315,15 +221,16 @@ class _Encoder:
             pass
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        rendered = []
-        for conversation in self.conversations(batch):
-            rendered.append(
-                supervised_char_spans(self.tokenizer, conversation["messages"], self.assistant_turns, conversation["tools"])
-            )
+        rendered, places = [], []
+        for conversation, where, source in zip(self.conversations(batch), batch["where"], batch["source"]):
+            for sample in self.samples(conversation):
+                rendered.append((sample.text, sample.spans))
+                places.append((where, source))
         texts = [text for text, _ in rendered]
         encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
         out: dict[str, list] = {k: [] for k in ("input_ids", "attention_mask", "labels", "length")}
-        out.update(num_supervised=[], truncated=[])
+        out.update(num_supervised=[], truncated=[], where=[where for where, _ in places])
+        out["source"] = [source for _, source in places]
         for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
             labels = tokenize_conversation(self.tokenizer, text, spans, offsets, ids)
             truncated = self.max_length is not None and len(ids) > self.max_length
@@ -354,4 +261,5 @@ def _count_values(column: pa.ChunkedArray) -> Counter:
 def _code_version() -> str:
     """A hash of the modules that decide the tokenized output, so a changed hf_lora_ds does not reuse old caches."""
     package = Path(__file__).parent
-    return Hasher.hash([(package / name).read_bytes() for name in ("data.py", "formats.py", "records.py")])
+    modules = ("data.py", "formats.py", "records.py", "spans.py", "thinking.py")
+    return Hasher.hash([(package / name).read_bytes() for name in modules])

@@ -10,6 +10,9 @@ recognised by its fields and turned into ``{"messages": [...], "tools": [...] | 
 - any other column names, mapped onto the known fields with ``--columns prompt=question,response=answer``;
 - alpaca and plain messages, validated by ``hf_lora_ds.records.to_messages`` as before.
 
+Assistant turns may carry reasoning for thinking models: ``reasoning_content`` on a message or ShareGPT turn,
+``<think>...</think>`` inside the content, or alpaca's ``reasoning`` field (``--columns reasoning=thought``).
+
 Every error names the record's location and the field, like the ones in ``hf_lora_ds.records``.
 """
 
@@ -19,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_lora_ds.records import ROLES, DataError, to_messages
+from hf_lora_ds.records import ROLES, DataError, reasoning_field, to_messages
 
 __all__ = ["FormatOptions", "SHAREGPT_ROLES", "COLUMN_ALIASES", "parse_mapping", "to_conversation"]
 
@@ -36,7 +39,7 @@ SHAREGPT_ROLES = {
 }
 # --columns keys that are other names for the alpaca fields.
 COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
-KNOWN_FIELDS = ("instruction", "input", "output", "system", "messages", "conversations", "tools")
+KNOWN_FIELDS = ("instruction", "input", "output", "system", "reasoning", "messages", "conversations", "tools")
 FORMAT_FIELDS = ("instruction", "messages", "conversations")  # a record with one of them has a known format
 ALPACA_FIELDS = {"instruction", "output"}  # both required in an alpaca record
 
@@ -168,10 +171,12 @@ def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[
         if not isinstance(value, str):
             raise DataError(f"{where}: field '{name}.value' must be a string, got {type(value).__name__}")
         role = roles[speaker]
+        reasoning = {"reasoning_content": turn["reasoning_content"]} if "reasoning_content" in turn else {}
         if role == "function_call":
-            messages.append({"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(value, where, name)]})
+            call = _sharegpt_call(value, where, name)
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call], **reasoning})
         else:
-            messages.append({"role": role, "content": value})
+            messages.append({"role": role, "content": value, **reasoning})
     messages = _tool_messages(messages, where, "conversations", validate_calls=False, content_field="value")
     system = record.get("system")
     if system:  # prepended after validation, so errors index the record's own turns
@@ -221,7 +226,7 @@ def _tool_messages(
             raise DataError(f"{where}: field '{name}.{content_field}' must be a string, got {type(content).__name__}")
         if not content.strip() and not calls:
             raise DataError(f"{where}: field '{name}.{content_field}' is empty")
-        out: dict[str, Any] = {"role": role, "content": content}
+        out: dict[str, Any] = {"role": role, "content": content, **reasoning_field(message, role, where, name)}
         if calls:
             if not isinstance(calls, list):
                 raise DataError(f"{where}: field '{name}.tool_calls' must be a list")

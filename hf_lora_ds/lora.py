@@ -9,7 +9,14 @@ from transformers.pytorch_utils import Conv1D
 from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 
-__all__ = ["lora_config_from_args", "wrap_with_lora", "check_target_modules", "trainable_parameters_line"]
+__all__ = [
+    "lora_config_from_args",
+    "wrap_with_lora",
+    "check_target_modules",
+    "trainable_parameters_line",
+    "targets_text",
+    "parse_targets",
+]
 
 # Layer types PEFT's LoRA can adapt (bitsandbytes' 4/8-bit linears are nn.Linear subclasses).
 LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
@@ -17,16 +24,21 @@ LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.
 
 def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
     """``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
-    targets = args.lora_target_modules.strip()
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        target_modules=parse_targets(args.lora_target_modules),
         use_rslora=args.use_rslora,
         use_dora=args.use_dora,
     )
+
+
+def parse_targets(text: str) -> str | list[str]:
+    """``--lora_target_modules`` as PEFT takes it: ``all-linear`` as it is, else the list of names."""
+    targets = text.strip()
+    return targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
 
 
 def wrap_with_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
@@ -57,3 +69,9 @@ def trainable_parameters_line(model: PeftModel) -> str:
     """PEFT's count, which also sees ZeRO-3 partitioned parameters (their local numel is 0)."""
     trainable, total = model.get_nb_trainable_parameters()
     return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
+
+
+def targets_text(config: LoraConfig) -> str:
+    """The config's target modules as the flag writes them (``all-linear`` or ``q_proj,v_proj``)."""
+    targets = config.target_modules
+    return targets if isinstance(targets, str) else ",".join(sorted(targets or []))

@@ -6,8 +6,9 @@ Every error raised here names the file, the line (or row / record index) and the
 Two record formats are accepted and normalised to one conversation shape (a list of ``{role, content}``):
 
 - alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
-  "system" (optional)}``;
-- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``.
+  "system" (optional), "reasoning" (optional: the output's reasoning, for thinking models)}``;
+- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``; an assistant
+  message may carry its reasoning as ``reasoning_content`` (``hf_lora_ds.thinking``).
 
 Files are read one record at a time (``iter_record_texts``): training data goes from there into a memory-mapped
 Arrow table (``hf_lora_ds.record_table``) and is validated there in parallel, so a large file is never held whole.
@@ -23,7 +24,16 @@ from typing import Any
 
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 
-__all__ = ["DataError", "Record", "load_records", "iter_record_texts", "decode_record", "to_messages", "ROLES"]
+__all__ = [
+    "DataError",
+    "Record",
+    "load_records",
+    "iter_record_texts",
+    "decode_record",
+    "to_messages",
+    "reasoning_field",
+    "ROLES",
+]
 
 ROLES = ("system", "user", "assistant", "tool")
 _BOM = b"\xef\xbb\xbf"
@@ -272,9 +282,11 @@ def _alpaca_record(record: dict, where: str) -> list[dict[str, str]]:
     output = _string_field(record, "output", where)
     extra = _string_field(record, "input", where, required=False, allow_empty=True)
     system = _string_field(record, "system", where, required=False, allow_empty=True)
+    reasoning = _string_field(record, "reasoning", where, required=False, allow_empty=True)
     messages = [{"role": "system", "content": system}] if system else []
     user = f"{instruction}\n{extra}" if extra else instruction
-    return messages + [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
+    answer = {"role": "assistant", "content": output} | ({"reasoning_content": reasoning} if reasoning else {})
+    return messages + [{"role": "user", "content": user}, answer]
 
 
 def _messages_record(messages: Any, where: str) -> list[dict[str, str]]:
@@ -291,10 +303,22 @@ def _messages_record(messages: Any, where: str) -> list[dict[str, str]]:
         if role == "system" and i != 0:
             raise DataError(f"{where}: field '{field_name}.role': a system turn may only come first")
         content = _string_field(message, "content", where, prefix=field_name)
-        result.append({"role": role, "content": content})
+        result.append({"role": role, "content": content, **reasoning_field(message, role, where, field_name)})
     if not any(m["role"] == "assistant" for m in result):
         raise DataError(f"{where}: field 'messages': no assistant turn, so there is nothing to train on")
     return result
+
+
+def reasoning_field(message: dict, role: str, where: str, name: str) -> dict[str, str]:
+    """``{"reasoning_content": ...}`` for an assistant message that carries its reasoning, else ``{}``."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None or reasoning == "":
+        return {}
+    if not isinstance(reasoning, str):
+        raise DataError(f"{where}: field '{name}.reasoning_content' must be a string, got {type(reasoning).__name__}")
+    if role != "assistant":
+        raise DataError(f"{where}: field '{name}.reasoning_content': only assistant turns carry reasoning")
+    return {"reasoning_content": reasoning}
 
 
 def _string_field(

@@ -22,10 +22,11 @@ from hf_lora_ds.audit import audit_by_source, audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
-from hf_lora_ds.distributed import gather_from_ranks
+from hf_lora_ds.coverage import COVERAGE_FILE, lora_coverage
+from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
 from hf_lora_ds.divergence import DivergenceCallback
 from hf_lora_ds.engine import EngineCallback, full_adapter_state_dict, full_grad_norm, shard_on_cpu
-from hf_lora_ds.lora import lora_config_from_args, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.lora import lora_config_from_args, targets_text, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.nonfinite import NonFiniteGuard
 from hf_lora_ds.preemption import PreemptionCallback
 from hf_lora_ds.resume import (
@@ -76,8 +77,16 @@ class LoraSFTTrainer(Trainer):
         lora_config: LoraConfig | None = None,
         **trainer_kwargs: Any,
     ):
-        model = wrap_with_lora(model, lora_config or lora_config_from_args(args))
+        config = lora_config or lora_config_from_args(args)
+        model = wrap_with_lora(model, config)
+        # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.coverage).
+        self.lora_coverage = lora_coverage(model)
+        if rank_and_world()[0] == 0:
+            print(self.lora_coverage.table(), flush=True)
+        coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config))
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        if coverage_note:
+            self._print_main(coverage_note)
         if "swanlab" in self.args.report_to:
             # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
             use_swanlab(self)
@@ -129,6 +138,9 @@ class LoraSFTTrainer(Trainer):
         ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.universal)
             universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
             self._print_main(f"resume: loading the DeepSpeed universal checkpoint {universal}")
+        if self.is_world_process_zero():  # for the run report
+            Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(self.args.output_dir) / COVERAGE_FILE).write_text(self.lora_coverage.table() + "\n")
         if isinstance(self.train_dataset, ChatSFTDataset):
             self._print_main(audit_dataset(self.train_dataset).line())
             if len(self.train_dataset.source_counts) > 1:

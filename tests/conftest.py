@@ -9,6 +9,8 @@ from hf_lora_ds.tiny import (
     CHATML_DEFAULT_SYSTEM_TEMPLATE,
     CHATML_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
+    QWEN3_ADDED_TOKENS,
+    QWEN3_TEMPLATE,
     QWEN_TOOLS_TEMPLATE,
     build_tiny_qwen2,
     train_chat_tokenizer,
@@ -53,6 +55,14 @@ def qwen_style_tokenizer():
 def tools_tokenizer():
     """Qwen2.5-like template that renders ``tools`` and assistant ``tool_calls``."""
     return _tokenizer(QWEN_TOOLS_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    """Qwen3's own chat template (thinking, reasoning dropped from history, tools), with its added tokens."""
+    tokenizer = _tokenizer(QWEN3_TEMPLATE)
+    tokenizer.add_tokens(QWEN3_ADDED_TOKENS)
+    return tokenizer
 
 
 @pytest.fixture

@@ -152,8 +152,9 @@ def test_template_without_end_of_turn_token_is_refused(chatml_tokenizer, tmp_pat
         build([{"instruction": "1=", "output": "0 + 1"}], _with_template(chatml_tokenizer, plain), tmp_path)
 
 
-def test_template_that_rewrites_history_needs_last_turn_only(chatml_tokenizer, tmp_path):
-    # Like Qwen3's template: earlier assistant turns are rendered without their content once the conversation goes on.
+def test_template_that_rewrites_history_trains_each_turn_in_its_own_text(chatml_tokenizer, tmp_path):
+    # Like Qwen3's template: earlier assistant turns are rendered differently (here: emptied) once the conversation
+    # goes on, so each turn is trained in the text that ends with it, as inference prompts it.
     history = (
         "{%- for m in messages %}{%- if m['role'] == 'assistant' and not loop.last %}"
         "{{ '<|im_start|>assistant\\n<|im_end|>\\n' }}{%- else %}"
@@ -161,11 +162,17 @@ def test_template_that_rewrites_history_needs_last_turn_only(chatml_tokenizer, t
         "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
     )
     tokenizer = _with_template(chatml_tokenizer, history)
-    with pytest.raises(TemplateError, match="assistant turn 1 differently"):
-        build([MULTI_TURN], tokenizer, tmp_path)
-    ds = build([MULTI_TURN], tokenizer, tmp_path, assistant_turns="last")
-    trained = [t for t, label in zip(ds[0]["input_ids"], ds[0]["labels"]) if label != IGNORE_INDEX]
-    assert tokenizer.decode(trained) == "cats.<|im_end|>"
+    ds = build([MULTI_TURN], tokenizer, tmp_path)
+    first = [("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", False), ("Bonjour!<|im_end|>", True),
+             ("\n", False)]
+    second = [("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+               "<|im_start|>user\nTell me a joke<|im_end|>\n<|im_start|>assistant\n", False),
+              ("cats.<|im_end|>", True), ("\n", False)]
+    assert [(ds[i]["input_ids"], ds[i]["labels"]) for i in range(len(ds))] == [
+        expected(tokenizer, first), expected(tokenizer, second)
+    ]
+    last = build([MULTI_TURN], tokenizer, tmp_path, assistant_turns="last")
+    assert len(last) == 1 and (last[0]["input_ids"], last[0]["labels"]) == expected(tokenizer, second)
 
 
 def test_file_inputs_json_jsonl_parquet(chatml_tokenizer, tmp_path):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hf_lora_ds import data, record_table
-from hf_lora_ds.data import ChatSFTDataset, supervised_char_spans, tokenize_conversation
+from hf_lora_ds.data import ChatSFTDataset, render_samples, tokenize_conversation
 from hf_lora_ds.formats import FormatOptions, to_conversation
 from hf_lora_ds.records import DataError
 from hf_lora_ds.sources import load_data
@@ -42,7 +42,8 @@ def alpaca_lines(n: int) -> list[str]:
 def reference(tokenizer, record: dict) -> tuple[list[int], list[int]]:
     """One record's ids and labels computed directly, with no datasets map and no Arrow table."""
     conversation = to_conversation(record, "record")
-    text, spans = supervised_char_spans(tokenizer, conversation["messages"], tools=conversation["tools"])
+    [sample] = render_samples(tokenizer, conversation["messages"], tools=conversation["tools"])
+    text, spans = sample.text, sample.spans
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = encoded["input_ids"]
     return ids, tokenize_conversation(tokenizer, text, spans, encoded["offset_mapping"], ids)
@@ -78,7 +79,7 @@ def test_bad_record_near_the_end_is_named_by_file_and_line(
     lines[289] = bad_line
     path = write_jsonl(tmp_path / "train.jsonl", lines)
     rendered = []
-    monkeypatch.setattr(data, "supervised_char_spans", lambda *args: rendered.append(args))
+    monkeypatch.setattr(data, "render_samples", lambda *args: rendered.append(args))
     with pytest.raises(DataError) as err:
         ChatSFTDataset(path, chatml_tokenizer, cache_dir=tmp_path / "cache", num_proc=num_proc)
     assert str(err.value).startswith(f"{path}, {message}")

@@ -46,6 +46,9 @@ def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, 
         p.name for p in out.iterdir()}
     printed = capsys.readouterr().out
     assert "mask audit: 32 samples" in printed and "before" in printed and "after" in printed
+    coverage = "layers   attention  mlp\n0-1      4/4        3/3\n"
+    assert "train-to-inference round trip: 32/32 trained turns" in printed and coverage in printed
+    assert coverage in (out / "report.html").read_text()
 
 
 def test_config_file_overrides_only_what_it_sets(tiny_model_dir, sum_files, tmp_path):

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.data import TemplateError, supervised_char_spans
+from hf_lora_ds.data import TemplateError, render_samples
 
 __all__ = ["Generation", "generate", "stop_token_ids", "length_order"]
 
@@ -55,10 +55,10 @@ def _end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     content = "ok"
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]
     try:
-        text, spans = supervised_char_spans(tokenizer, conversation)
+        [sample] = render_samples(tokenizer, conversation)
     except TemplateError:
         return None
-    start, end = spans[-1]
+    text, (start, end) = sample.text, sample.spans[-1]
     return tokenizer.convert_tokens_to_ids(text[start + len(content) : end])
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from ..coverage import COVERAGE_FILE
 from .arguments import split_arguments
 
 __all__ = ["write_report"]
@@ -38,6 +39,10 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["fmt"] = _fmt
     return env
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 def _load_json(path: Path) -> Any:
@@ -107,6 +112,7 @@ def write_report(
             changed_arguments=changed_arguments,
             other_arguments=other_arguments,
             deepspeed_config=deepspeed_config,
+            lora_coverage=_read_text(output_dir / COVERAGE_FILE),  # written by LoraSFTTrainer.train
             plots={
                 "loss": plots.loss_plot(log_history),
                 "memory": plots.memory_plot(memory_records),

@@ -109,6 +109,7 @@ def test_sections_show_the_numbers(full_report):
         "Loss",
         "Memory per phase and rank",
         "Throughput",
+        "LoRA coverage",
         "Arguments",
         "DeepSpeed config",
     ]

@@ -1,0 +1,218 @@
+"""The supervised spans of a chat, derived from the template itself (see ``hf_lora_ds.data``), and their tokens.
+
+For assistant turn i, the conversation rendered up to turn i with the generation prompt must be a prefix of the
+conversation rendered through turn i, and what lies between is the trained reply: the think block a thinking
+template writes (trained or not, ``hf_lora_ds.thinking``), the content (or the tool calls as the template writes
+them), and the end-of-turn special token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.thinking import ThinkingOptions, think_block
+
+__all__ = [
+    "AssistantTurns",
+    "IGNORE_INDEX",
+    "Sample",
+    "TemplateError",
+    "render_samples",
+    "tokenize_conversation",
+    "token_difference",
+]
+
+IGNORE_INDEX = -100
+AssistantTurns = Literal["all", "last"]
+
+
+class TemplateError(UserError):
+    """The chat template renders conversations in a way that no exact assistant mask can be derived from."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training text, the character spans trained in it, and the assistant turns (message indices) they belong
+    to."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    turns: list[int]
+
+
+def render_samples(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    assistant_turns: AssistantTurns = "all",
+    tools: list[dict] | None = None,
+    thinking: ThinkingOptions | None = None,
+) -> list[Sample]:
+    """Render ``messages`` (with ``tools``, if any) as the training texts of their trained assistant turns.
+
+    Each turn is trained in the text the template writes for the conversation up to it, so the model learns it
+    after exactly the prompt it gets at inference. One text serves every turn whose rendering it contains; a template
+    that renders a turn differently once the conversation goes on (Qwen3 drops earlier turns' reasoning) gives that
+    turn a text of its own, ending with it, in conversation order.
+    """
+    thinking = thinking or ThinkingOptions()
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    pending = turns[-1:] if assistant_turns == "last" else turns
+    samples: list[Sample] = []
+    text = _render(tokenizer, messages, tools=tools)
+    while pending:
+        anchor = pending[-1]
+        if samples:  # the turns left are rendered differently in the longer text: this text ends with them
+            text = _render(tokenizer, messages[: anchor + 1], tools=tools)
+        spans, trained, left = [], [], []
+        for i in pending:
+            turn_spans = _turn_spans(tokenizer, messages, i, text, tools, thinking)
+            if turn_spans is None:
+                left.append(i)
+            else:
+                spans += turn_spans
+                trained.append(i)
+        if anchor not in trained:
+            prompt = _render(tokenizer, messages[:anchor], add_generation_prompt=True, tools=tools)
+            raise TemplateError(
+                f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it "
+                f"({token_difference(tokenizer, _ids(tokenizer, prompt), _ids(tokenizer, text), 'rendered turn')}), "
+                "so the turn's tokens cannot be located exactly; use a template whose generation prompt starts the "
+                "assistant turn it writes"
+            )
+        samples.append(Sample(text, spans, trained))
+        pending = left
+    return samples[::-1]
+
+
+def token_difference(tokenizer: PreTrainedTokenizerBase, prompt: list[int], text: list[int], name: str) -> str:
+    """Where a prompt's tokens first differ from a text's: the index and a few tokens of each, decoded."""
+    k = next((j for j, (a, b) in enumerate(zip(prompt, text)) if a != b), min(len(prompt), len(text)))
+
+    def tokens(ids: list[int]) -> list[str]:
+        return [tokenizer.decode([t]) for t in ids[k : k + 4]]
+
+    return f"token {k}: prompt {tokens(prompt)} vs {name} {tokens(text)}"
+
+
+def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _turn_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    i: int,
+    text: str,
+    tools: list[dict] | None,
+    thinking: ThinkingOptions,
+) -> list[tuple[int, int]] | None:
+    """The spans of ``text`` that train assistant turn ``i``: its think block (if trained), its answer and its
+    end-of-turn token; None when ``text`` does not hold the turn as the template renders it last."""
+    prompt = _render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+    through = _render(tokenizer, messages[: i + 1], tools=tools)
+    if not (through.startswith(prompt) and text.startswith(through)):
+        return None
+    reply = through[len(prompt) :]
+    message = messages[i]
+    block = think_block(reply, message["content"])
+    reasoning = message.get("reasoning_content")
+    if reasoning and reasoning.strip() not in block:
+        raise TemplateError(
+            f"the chat template does not render the reasoning (reasoning_content) of assistant turn {i}; use a "
+            "thinking model's template (Qwen3's), or put the reasoning into the content to train it as written"
+        )
+    body = reply[len(block) :]
+    content = message["content"].lstrip("\n") if block else message["content"]
+    if not body.startswith(content):
+        raise TemplateError(
+            f"the chat template changes the content of assistant turn {i} (rendered {body[:60]!r}, "
+            f"expected it to start with {content[:60]!r}); strip or normalise the content in your data first"
+        )
+    calls = message.get("tool_calls")
+    if calls:
+        answer = _tool_call_reply(tokenizer, body, calls, i)
+    else:
+        answer = content + _end_of_turn_after(tokenizer, body[len(content) :])
+    start, end = len(prompt), len(prompt) + len(block) + len(answer)
+    return [(start if thinking.trains(block) or not block else start + len(block), end)]
+
+def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list[dict], turn: int) -> str:
+    """The trained part of an assistant turn with tool calls: the reply up to its end-of-turn token, inclusive.
+
+    The template serialises the calls its own way (``<tool_call>`` JSON for Qwen2.5), so what the model must learn
+    to write is whatever it rendered; a template that drops the calls (one without tool support) is refused.
+    """
+    body = reply.rstrip()
+    # Special tokens only: Qwen2.5's <tool_call>/</tool_call> are added (non-special) tokens and end no turn.
+    if not any(body.endswith(token) for token in tokenizer.all_special_tokens):
+        raise TemplateError(
+            f"the chat template ends the tool calls of assistant turn {turn} with {body[-30:]!r} instead of an "
+            "end-of-turn special token; the model would never learn to stop"
+        )
+    for call in calls:
+        name = call["function"]["name"]
+        if name not in body:
+            raise TemplateError(
+                f"the chat template does not render the tool call {name!r} of assistant turn {turn}; use a model "
+                "whose chat template supports tools (Qwen2.5's does)"
+            )
+    return body
+
+
+def tokenize_conversation(
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    spans: Sequence[tuple[int, int]],
+    offsets: Sequence[tuple[int, int]],
+    input_ids: Sequence[int],
+) -> list[int]:
+    """Labels for one tokenized text: the token id inside a supervised span, -100 elsewhere.
+
+    A token that straddles a span boundary means the tokenizer merged template text into the answer (or the
+    answer into the template), so no exact mask exists for it: that is an error, not a guess.
+    """
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for start, end in spans:
+        picked = []
+        for j, (token_start, token_end) in enumerate(offsets):
+            if token_end <= start or token_start >= end:
+                continue
+            if token_start < start or token_end > end:
+                raise TemplateError(
+                    f"token {tokenizer.convert_ids_to_tokens(input_ids[j])!r} crosses the boundary of an assistant "
+                    f"turn (chars {start}-{end}); the tokenizer merges template and content here"
+                )
+            labels[j] = input_ids[j]
+            picked.append(input_ids[j])
+        decoded = tokenizer.decode(picked, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if decoded != text[start:end]:
+            raise TemplateError(f"supervised tokens decode to {decoded!r}, expected {text[start:end]!r}")
+    return labels
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    add_generation_prompt: bool = False,
+    tools: list[dict] | None = None,
+) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def _end_of_turn_after(tokenizer: PreTrainedTokenizerBase, rest: str) -> str:
+    """The special token the template puts right after an assistant message (``<|im_end|>``, ``<|eot_id|>``...)."""
+    specials = sorted(set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens), key=len, reverse=True)
+    for token in specials:
+        if rest.startswith(token):
+            return token
+    raise TemplateError(
+        f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
+        "the model would never learn to stop"
+    )
