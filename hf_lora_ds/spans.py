@@ -142,8 +142,9 @@ def _turn_spans(
         answer = _tool_call_reply(tokenizer, body, calls, i)
     else:
         answer = content + _end_of_turn_after(tokenizer, body[len(content) :])
-    start, end = len(prompt), len(prompt) + len(block) + len(answer)
-    return [(start if thinking.trains(block) or not block else start + len(block), end)]
+    start, stop = len(prompt), len(prompt) + len(block) + len(answer)
+    return [(start if thinking.trains(block) or not block else start + len(block), stop)]
+
 
 def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list[dict], turn: int) -> str:
     """The trained part of an assistant turn with tool calls: the reply up to its end-of-turn token, inclusive.
