@@ -63,14 +63,15 @@ def render_samples(
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     pending = turns[-1:] if assistant_turns == "last" else turns
     samples: list[Sample] = []
-    text = _render(tokenizer, messages, tools=tools)
+    text, end = _render(tokenizer, messages, tools=tools), len(messages)  # text renders messages[:end]
     while pending:
         anchor = pending[-1]
         if samples:  # the turns left are rendered differently in the longer text: this text ends with them
-            text = _render(tokenizer, messages[: anchor + 1], tools=tools)
+            end = anchor + 1
+            text = _render(tokenizer, messages[:end], tools=tools)
         spans, trained, left = [], [], []
         for i in pending:
-            turn_spans = _turn_spans(tokenizer, messages, i, text, tools, thinking)
+            turn_spans = _turn_spans(tokenizer, messages, i, (text, end), tools, thinking)
             if turn_spans is None:
                 left.append(i)
             else:
@@ -107,14 +108,17 @@ def _turn_spans(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
     i: int,
-    text: str,
+    rendered: tuple[str, int],
     tools: list[dict] | None,
     thinking: ThinkingOptions,
 ) -> list[tuple[int, int]] | None:
-    """The spans of ``text`` that train assistant turn ``i``: its think block (if trained), its answer and its
-    end-of-turn token; None when ``text`` does not hold the turn as the template renders it last."""
+    """The spans of ``text`` (the rendering of ``messages[:end]``, given as ``rendered``) that train assistant turn
+    ``i``: its think block (if trained), its answer and its end-of-turn token; None when ``text`` does not hold the
+    turn as the template renders it last."""
+    text, end = rendered
     prompt = _render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
-    through = _render(tokenizer, messages[: i + 1], tools=tools)
+    # The conversation through the text's last message is the text itself, already rendered.
+    through = text if i + 1 == end else _render(tokenizer, messages[: i + 1], tools=tools)
     if not (through.startswith(prompt) and text.startswith(through)):
         return None
     reply = through[len(prompt) :]
@@ -138,8 +142,9 @@ def _turn_spans(
         answer = _tool_call_reply(tokenizer, body, calls, i)
     else:
         answer = content + _end_of_turn_after(tokenizer, body[len(content) :])
-    start, end = len(prompt), len(prompt) + len(block) + len(answer)
-    return [(start if thinking.trains(block) or not block else start + len(block), end)]
+    start, stop = len(prompt), len(prompt) + len(block) + len(answer)
+    return [(start if thinking.trains(block) or not block else start + len(block), stop)]
+
 
 def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list[dict], turn: int) -> str:
     """The trained part of an assistant turn with tool calls: the reply up to its end-of-turn token, inclusive.

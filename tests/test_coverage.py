@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from peft import LoraConfig
 from test_trainer import make_trainer
-from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 from hf_lora_ds import audit
 from hf_lora_ds.coverage import COVERAGE_FILE, lora_coverage
@@ -76,6 +76,12 @@ def test_moe_experts_skipped_by_all_linear_stop_and_targeted_experts_pass():
     targeted = coverage(tiny_moe(), target_modules="all-linear", target_parameters=experts)
     assert targeted.table().splitlines()[2] == "0-1      4/4        4/4        1/1"
     assert targeted.check(False, "all-linear") is None
+    # PEFT reaches Mixtral's fused experts (and router) with all-linear on its own: nothing to stop there.
+    mixtral = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=8, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, num_local_experts=4)
+    covered = coverage(MixtralForCausalLM(mixtral), target_modules="all-linear")
+    assert covered.table().splitlines()[2] == "0-1      4/4        1/1        1/1"
+    assert covered.check(False, "all-linear") is None
 
 
 def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
