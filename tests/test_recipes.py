@@ -23,9 +23,10 @@ import yaml
 
 import run_sft
 
-EXAMPLES = Path(run_sft.ROOT, "examples")
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = Path(REPO, "examples")
 RECIPES = sorted(EXAMPLES.glob("*.yaml"))
-BUNDLED = Path(run_sft.ROOT, "data")
+BUNDLED = Path(REPO, "data")
 LAUNCH = re.compile(r"^# Launch: (?P<launcher>.+?) run_sft\.py (?P<recipe>\S+\.yaml)(?P<flags>.*)$")
 
 
@@ -46,7 +47,7 @@ def test_every_recipe_is_listed_with_its_launch_command():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
 def test_recipe_parses_as_launched(recipe, monkeypatch):
-    monkeypatch.chdir(run_sft.ROOT)  # recipes name the bundled data and ds_configs relative to the repository
+    monkeypatch.chdir(REPO)  # recipes name the bundled data and ds_configs relative to the repository
     config = yaml.safe_load(recipe.read_text(encoding="utf-8"))
     args = run_sft.parse_args([str(recipe), *launch_line(recipe)["flags"].split(), "--use_cpu", "true"])
     for key, value in config.items():
@@ -56,7 +57,7 @@ def test_recipe_parses_as_launched(recipe, monkeypatch):
 
 
 def test_flags_after_a_recipe_override_it_and_unknown_keys_are_refused(tmp_path, monkeypatch):
-    monkeypatch.chdir(run_sft.ROOT)
+    monkeypatch.chdir(REPO)
     recipe = EXAMPLES / "qwen2.5-14b-instruct_2x32gb.yaml"
     args = run_sft.parse_args([str(recipe), "--lora_rank", "4", "--use_cpu", "true"])
     assert (args.lora_rank, args.lora_alpha) == (4, 32)  # the flag wins; the rest of the recipe stays
@@ -98,14 +99,14 @@ def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path):
     if "load_in_4bit: true" in recipe.read_text(encoding="utf-8"):
         pytest.importorskip("bitsandbytes")
     out = tmp_path / "out"
-    command = [sys.executable, str(run_sft.ROOT / "run_sft.py"), f"examples/{recipe.name}",
+    command = [sys.executable, str(REPO / "run_sft.py"), f"examples/{recipe.name}",
                *launch_line(recipe)["flags"].split(), *adapted_flags(recipe, small_sum_to_x, out)]  # fmt: skip
     # Without this test process's launcher variables: an in-process run_sft earlier in the suite leaves MASTER_PORT
     # set (and may still listen on it), and the recipe's own process would then fail to bind it (EADDRINUSE).
     inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
     env = {**inherited, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(run_sft.ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    done = subprocess.run(command, cwd=run_sft.ROOT, env=env, capture_output=True, text=True, timeout=600)
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{recipe.name}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2
