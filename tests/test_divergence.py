@@ -24,6 +24,7 @@ def test_signs():
     assert spike[:5] == [None] * 5 and spike[5][0] == "loss" and "12.4 is over 3x its running median 4" in spike[5][1]
     assert signs([4.0] * 4, [0.0, 0.2, 0.0, 0.0])[2][0] == "grad_norm"
     assert signs([4.0] * 2, [0.0, 0.0]) == [None, None]  # zero from the start: nothing to compare with
+    assert signs([4.0, float("nan"), 4.1, 13.0], [0.5] * 4)[3][0] == "loss"  # a skipped NaN step is no history
 
 
 DIVERGING = ["--eval_file", "", "--logging_steps", "1", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
