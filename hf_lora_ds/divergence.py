@@ -15,6 +15,7 @@ code 2, one line, naming the last complete checkpoint). Either way the step is r
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Literal
 
@@ -46,7 +47,7 @@ class DivergenceCallback(TrainerCallback):
     def sign(self, loss: float | None, grad_norm: float | None) -> tuple[str, str] | None:
         """``(kind, description)`` of the divergence these values show, or None; updates the history."""
         found = None
-        if loss is not None:
+        if loss is not None and math.isfinite(loss):  # NaN/inf: the non-finite guard's (a skipped step's loss)
             if len(self.losses) >= MIN_HISTORY and loss > LOSS_FACTOR * (median := statistics.median(self.losses)):
                 found = ("loss", f"training loss {loss:.4g} is over {LOSS_FACTOR:g}x its running median {median:.4g}")
             self.losses.append(loss)

@@ -70,6 +70,7 @@ def _exit_on_user_error(err: UserError) -> NoReturn:
     rank may not have reached the error, and waiting for it would hang.
     """
     if int(os.environ.get("RANK", "0")) == 0:
+        _close_progress_bars()
         print(f"error: {one_line(str(err))}", file=sys.stderr, flush=True)
     else:
         # Launchers (torchrun's elastic agent, accelerate, deepspeed) end every rank once one exits; a rank that
@@ -78,3 +79,11 @@ def _exit_on_user_error(err: UserError) -> NoReturn:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     sys.exit(USER_ERROR_EXIT_CODE)
+
+
+def _close_progress_bars() -> None:
+    """An error raised during training would otherwise be printed after the progress bar, on its line."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

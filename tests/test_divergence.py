@@ -24,6 +24,7 @@ def test_signs():
     assert spike[:5] == [None] * 5 and spike[5][0] == "loss" and "12.4 is over 3x its running median 4" in spike[5][1]
     assert signs([4.0] * 4, [0.0, 0.2, 0.0, 0.0])[2][0] == "grad_norm"
     assert signs([4.0] * 2, [0.0, 0.0]) == [None, None]  # zero from the start: nothing to compare with
+    assert signs([4.0, float("nan"), 4.1, 13.0], [0.5] * 4)[3][0] == "loss"  # a skipped NaN step is no history
 
 
 DIVERGING = ["--eval_file", "", "--logging_steps", "1", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
@@ -51,7 +52,6 @@ def test_on_divergence_stop(tmp_path, capsys):
         run_cli(lambda: run_sft.main([*DIVERGING, "--max_steps", "4", "--learning_rate", "1e6",
                                                  "--output_dir", str(tmp_path), "--on_divergence", "stop"]))
     assert leaving.value.code == 2
-    # after the progress bar's last update, on the same terminal line
-    error = [line[line.index("error: "):] for line in capsys.readouterr().err.splitlines() if "error: " in line]
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]  # not after the bar
     assert error == [f"error: divergence at step 2: {GRADIENT_STOPS}; lower --learning_rate (or raise --warmup_steps); "
                      "stopped by --on_divergence stop, no complete checkpoint yet"]  # fmt: skip

@@ -62,7 +62,7 @@ def test_full_disk_during_a_save(small_disk, tmp_path, capsys):
     with pytest.raises(SystemExit) as leaving:
         run_cli(lambda: run_sft.main([*RUN, "--output_dir", str(output_dir)]))
     assert leaving.value.code == 2
-    errors = [line[line.index("error: "):] for line in capsys.readouterr().err.splitlines() if "error: " in line]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert errors == [f"error: saving {output_dir}/checkpoint-4 failed: No space left on device; {output_dir}/"
                       "checkpoint-2 is the last complete checkpoint (--resume_from_checkpoint auto continues from "
                       "it)"]  # fmt: skip
