@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 import run_sft
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.eval.__main__ import main as eval_main
 from hf_lora_ds.gguf_export import export_gguf
 from hf_lora_ds.gguf_source import model_source, plain_model
 from hf_lora_ds.merge import main as merge_main
@@ -91,6 +92,18 @@ def test_gguf_base_to_tuned_gguf_with_run_sft_and_merge(qwen_style_tokenizer, tm
         run_sft.main(["--model_name_or_path", str(tmp_path), "--gguf_file", "other.gguf", *flags])
 
 
+def test_eval_cli_reads_a_gguf_model(qwen_style_tokenizer, tmp_path, capsys):
+    _tiny("llama", qwen_style_tokenizer).save_pretrained(tmp_path / "hf")
+    qwen_style_tokenizer.save_pretrained(tmp_path / "hf")
+    model = export_gguf(tmp_path / "hf", tmp_path / "gguf" / "model.gguf", "f16")
+    data = tmp_path / "eval.json"
+    data.write_text(json.dumps([{"instruction": "7=", "input": "", "output": "5 + 2"}]))
+    argv = ["--model", str(model.parent), "--gguf_file", model.name, "--data", str(data), "--max_new_tokens", "4"]
+    assert eval_main([*argv, "--output_dir", str(tmp_path / "report")]) == 0
+    assert json.loads((tmp_path / "report" / "eval_report.json").read_text())["eval"]["num_samples"] == 1
+    assert "accuracy" in capsys.readouterr().out
+
+
 def _unsupported_architecture(path):
     writer = gguf.GGUFWriter(str(path), "rwkv6")
     writer.add_block_count(1)
@@ -111,7 +124,8 @@ def test_bad_gguf_files_are_one_line_naming_the_flag(tmp_path, monkeypatch):
         model_source(str(tmp_path / "absent.gguf"))
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    hide_gguf = lambda name, *rest: None if name == "gguf" else real_find_spec(name, *rest)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", hide_gguf)
     with pytest.raises(UserError, match=r"needs the gguf package.*hf_lora_ds\[gguf\]"):
         model_source(str(tmp_path / "junk.gguf"))
 
