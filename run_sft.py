@@ -38,7 +38,8 @@ from hf_lora_ds.callbacks import (
 from hf_lora_ds.distributed import describe_world, release_process_group
 from hf_lora_ds.errors import UserError, run_cli
 from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
-from hf_lora_ds.model_source import check_model_source, hub_load_errors
+from hf_lora_ds.gguf_source import model_source, plain_model
+from hf_lora_ds.model_source import hub_load_errors
 from hf_lora_ds.plan import check_memory_plan, profile_from_dataset
 from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
@@ -105,9 +106,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
             print(resume_note, flush=True)
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
-    check_model_source(args.model_name_or_path)
+    source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)  # checked; gguf_file=... or {}
     with hub_load_errors(args.model_name_or_path):
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
     def sft_dataset(data: LoadedData) -> ChatSFTDataset:
         return ChatSFTDataset(data, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
                               assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
@@ -137,13 +138,14 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     memory = MemoryTraceCallback()
     with memory.phase("load"), hub_load_errors(args.model_name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
-            args.model_name_or_path,
+            source,
             dtype=args.torch_dtype,
             attn_implementation=args.attn_implementation,
             trust_remote_code=args.trust_remote_code,
             **quantized_load_kwargs(args),
+            **source_kwargs,
         )
-        model = prepare_quantized_model(model, args)
+        model = prepare_quantized_model(plain_model(model), args)
     if args.process_index == 0 and (quantized := quantized_layers_line(model)):
         print(quantized, flush=True)
     trainer = LoraSFTTrainer(

@@ -49,6 +49,14 @@ class SFTTrainingArguments(TrainingArguments):
     attn_implementation: str | None = field(
         default=None, metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."}
     )
+    gguf_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A GGUF base (llama.cpp, Ollama): the file's name inside --model_name_or_path DIR (or pass the "
+            ".gguf path as --model_name_or_path). Loaded dequantized to --dtype, with its tokenizer and chat "
+            "template; needs the gguf package (pip install 'hf_lora_ds[gguf]')."
+        },
+    )
     # ---- quantized base (QLoRA) ----
     load_in_4bit: bool = field(
         default=False,

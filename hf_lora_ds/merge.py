@@ -1,6 +1,7 @@
 """Merge a LoRA adapter into its base and export a standalone HF model (safetensors + tokenizer), verified.
 
     python -m hf_lora_ds.merge --base BASE_DIR --adapter ADAPTER_DIR --out OUT_DIR
+    python -m hf_lora_ds.merge --base DIR --gguf_file BASE.gguf --adapter ADAPTER_DIR --out OUT_DIR --gguf OUT.gguf
 
 The export is only useful if it computes what base + adapter computed, so the command checks that itself: it
 records base + adapter logits on a few prompts, merges, saves, reloads the saved model from disk and compares. The
@@ -17,11 +18,12 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_lora_ds.adapter import verify_adapter
 from hf_lora_ds.errors import UserError, run_cli
-from hf_lora_ds.model_source import check_model_source
+from hf_lora_ds.gguf_export import GGUF_OUTTYPES, export_gguf
+from hf_lora_ds.gguf_source import model_source, plain_model
 
 __all__ = ["DEFAULT_PROMPTS", "MergeMismatchError", "merge_adapter", "main"]
 
@@ -49,18 +51,21 @@ def merge_adapter(
     prompts: tuple[str, ...] | list[str] = DEFAULT_PROMPTS,
     atol: float | None = None,
     device: str = "cpu",
+    gguf_file: str | None = None,
 ) -> float:
     """Write the merged model to ``out`` and return the max abs logit difference against base + adapter.
 
     ``dtype`` is the precision of the load, the merge and the saved weights ("auto": the base's stored dtype).
     Raises ``MergeMismatchError`` when the difference exceeds ``atol`` (default by dtype, relative to the largest
     logit: see ``_DEFAULT_RTOL``).
+    ``gguf_file``: the base is that GGUF file in directory ``base`` (the export is still a Hugging Face directory).
     Only one model is held in memory at a time.
     """
-    verify_adapter(adapter, base_model=base)
-    tokenizer = _tokenizer(Path(adapter), Path(base))
+    source, kwargs = model_source(str(base), gguf_file, "--base", need_tokenizer=False)
+    verify_adapter(adapter, base_model=AutoConfig.from_pretrained(source, **kwargs))
+    tokenizer = _tokenizer(Path(adapter), source, kwargs)
     torch_dtype = "auto" if dtype == "auto" else _DTYPES[dtype]
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype).to(device)
+    model = plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)).to(device)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))  # the adapter was trained on a tokenizer with added tokens
     model = PeftModel.from_pretrained(model, str(adapter)).eval()
@@ -88,10 +93,11 @@ def merge_adapter(
     return diff
 
 
-def _tokenizer(adapter: Path, base: Path) -> PreTrainedTokenizerBase:
+def _tokenizer(adapter: Path, base: str, base_kwargs: dict) -> PreTrainedTokenizerBase:
     """The adapter's own tokenizer when it saved one (it may hold added tokens), else the base's."""
-    source = adapter if (adapter / "tokenizer_config.json").is_file() else base
-    return AutoTokenizer.from_pretrained(source)
+    if (adapter / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(adapter)
+    return AutoTokenizer.from_pretrained(base, **base_kwargs)
 
 
 @torch.no_grad()
@@ -115,6 +121,8 @@ def _render(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hf_lora_ds.merge", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="Base model directory the adapter was trained on.")
+    parser.add_argument("--gguf_file", default=None,
+                        help="The base is this GGUF file inside --base DIR (or pass the .gguf path as --base).")
     parser.add_argument("--adapter", required=True, help="Adapter directory (adapter_config.json + weights).")
     parser.add_argument("--out", required=True, help="Output directory for the merged model and tokenizer.")
     parser.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES], help="Load/merge/save precision.")
@@ -122,17 +130,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--atol", type=float, default=None,
                         help="Max abs logit difference allowed (default: 1e-4 of the largest |logit| in float32, "
                         "5e-2 in float16, 1e-1 in bfloat16, and at least those values).")
+    parser.add_argument("--gguf", default=None, type=Path,
+                        help="Also write the merged model as this GGUF file (Llama and Qwen2), for llama.cpp/Ollama.")
+    parser.add_argument("--gguf_type", default="f16", choices=GGUF_OUTTYPES,
+                        help="Tensor type of the --gguf file (1-D tensors stay f32); default: %(default)s.")
     parser.add_argument("--device", default="cpu", help="Device for merge and check, e.g. cpu, cuda, cuda:1.")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    check_model_source(args.base, "--base", need_tokenizer=False)  # the adapter may carry the tokenizer
     prompts = tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS
-    diff = merge_adapter(args.base, args.adapter, args.out, args.dtype, prompts, args.atol, args.device)
+    diff = merge_adapter(args.base, args.adapter, args.out, args.dtype, prompts, args.atol, args.device, args.gguf_file)
     print(f"merged {args.adapter} into {args.base} -> {args.out}")
     print(f"max abs logit diff vs base + adapter: {diff:.3g} over {len(prompts)} prompts")
+    if args.gguf is not None:
+        print(f"GGUF ({args.gguf_type}) written to {export_gguf(args.out, args.gguf, args.gguf_type)}")
     return 0
 
 

@@ -92,3 +92,15 @@ def test_a_merge_that_loses_the_adapter_is_refused(tiny_model_dir, trained_adapt
     monkeypatch.setattr(LoraModel, "merge_and_unload", LoraModel.unload)  # the base alone, the adapter dropped
     with pytest.raises(MergeMismatchError, match="differs from base \\+ adapter"):
         merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "lost")
+
+
+def test_cli_also_writes_a_gguf_that_loads_back_as_the_merged_model(tiny_model_dir, trained_adapter, tmp_path):
+    pytest.importorskip("gguf", reason="GGUF export needs the gguf package: pip install 'hf_lora_ds[gguf]'")
+    out, gguf_file = tmp_path / "merged", tmp_path / "gguf" / "merged.gguf"
+    argv = ["--base", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]
+    assert main([*argv, "--gguf", str(gguf_file), "--gguf_type", "f32"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    exported = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+    for prompt in PROMPTS:
+        torch.testing.assert_close(_logits(exported.eval(), tokenizer, prompt), _logits(merged, tokenizer, prompt))

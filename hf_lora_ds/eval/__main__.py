@@ -20,6 +20,7 @@ from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.report import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
+from hf_lora_ds.gguf_source import model_source, plain_model
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
 from hf_lora_ds.records import load_records
 
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Scoring only: python -m hf_lora_ds.eval score --help",
     )
     parser.add_argument("--model", required=True, help="base model directory (or hub id already in the local cache)")
+    parser.add_argument("--gguf_file", default=None,
+                        help="the model is this GGUF file inside --model DIR (or pass the .gguf path as --model)")
     parser.add_argument("--adapter", default=None, help="LoRA adapter directory to load on top of --model")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
     _add_task_arguments(parser)
@@ -121,14 +124,14 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
     state = PartialState()  # joins the process group when launched by torchrun; picks this rank's device
     records = load_records(args.data)[: args.max_samples]
     load_samples(records, task, args.system_prompt)  # every record checked before a model is loaded
+    source, kwargs = model_source(args.model, args.gguf_file, "--model", need_tokenizer=not args.tokenizer)
     tokenizer_source, tokenizer_flag = (args.tokenizer, "--tokenizer") if args.tokenizer else (args.model, "--model")
-    check_model_source(args.model, "--model", need_tokenizer=not args.tokenizer)
     if args.tokenizer:
         check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
     with hub_load_errors(tokenizer_source, tokenizer_flag):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or source, **({} if args.tokenizer else kwargs))
     with hub_load_errors(args.model, "--model"):
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=args.dtype).to(state.device)
+        model = plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=args.dtype, **kwargs)).to(state.device)
     options = dict(batch_size=args.batch_size, system_prompt=args.system_prompt, max_new_tokens=args.max_new_tokens)
     results: dict[str, EvalResult] = {}
     if args.adapter:

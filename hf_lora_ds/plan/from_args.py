@@ -18,6 +18,7 @@ import torch
 from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.gguf_source import gguf_config
 from hf_lora_ds.launchers import describe_zero, fsdp_settings
 from hf_lora_ds.lora import lora_config_from_args
 from hf_lora_ds.plan.model_shape import load_model_config
@@ -129,7 +130,8 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
     on_accelerator = _plans_accelerator(plan_args.device, args)
     world_size, per_node = _world(plan_args, on_accelerator)
     settings = PlanSettings(
-        model_config=load_model_config(args.model_name_or_path, args.trust_remote_code),
+        model_config=gguf_config(args.model_name_or_path, getattr(args, "gguf_file", None))
+        or load_model_config(args.model_name_or_path, args.trust_remote_code),
         lora=lora_config_from_args(args),
         dtype=_compute_dtype(args.dtype, on_accelerator),
         batch_size=args.per_device_train_batch_size,
