@@ -12,6 +12,7 @@ and file-backed pages (the memory-mapped Arrow tables and libraries, page cache 
 Then the bad record's error.
 
     python bench/data_scale.py [--records 200000] [--large_records 1000000] [--workdir DIR] [--memory_limit GIB]
+                               [--tokenizer DIR]   # a real one, e.g. SmolLM2's 49k BPE (tests/real_model's cache)
 """
 
 from __future__ import annotations
@@ -168,7 +169,9 @@ def main() -> None:
                         help="Also run the large file (2 workers, cold) in a memory cgroup capped at this many GiB, "
                         "page cache included (Linux, as root).")  # fmt: skip
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", default=None,
+                        help="A saved tokenizer directory to tokenize with (a real model's 49k-token BPE is slower "
+                        "than the default: a tiny word-level one built here).")
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     parser.add_argument("--num_proc", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,8 +181,10 @@ def main() -> None:
     from hf_lora_ds.tiny import train_chat_tokenizer
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="data_scale-"))
-    tokenizer_dir = workdir / "tokenizer"
-    train_chat_tokenizer([" ".join(WORDS)] * 20 + ["You are a helpful assistant."] * 5).save_pretrained(tokenizer_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir = Path(args.tokenizer) if args.tokenizer else workdir / "tokenizer"
+    if not args.tokenizer:
+        train_chat_tokenizer([" ".join(WORDS)] * 20 + ["You are a helpful assistant."] * 5).save_pretrained(tokenizer_dir)
     print(f"{'':>38} {'peak GiB of the process tree':>37}")
     print(f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} {'RSS sum':>9} {'PSS':>6} {'PSS anon':>9} {'PSS file':>9}", flush=True)
     small, large = args.records, args.large_records
