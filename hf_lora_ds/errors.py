@@ -25,7 +25,7 @@ __all__ = ["USER_ERROR_EXIT_CODE", "DEBUG_VARIABLE", "UserError", "MissingPathEr
 
 USER_ERROR_EXIT_CODE = 2
 DEBUG_VARIABLE = "HF_LORA_DS_DEBUG"
-_OTHER_RANKS_GRACE_S = 3.0
+_OTHER_RANKS_GRACE_S = 5.0
 
 
 class UserError(ValueError):
@@ -63,19 +63,21 @@ def _debugging() -> bool:
 
 
 def _exit_on_user_error(err: UserError) -> NoReturn:
-    """Print the one line from the first rank only (every rank usually hits the same error), then leave.
+    """Print the one line, then leave: rank 0 at once; any other rank only after a grace period, prefixed with
+    its rank. Every rank usually hits the same error, and launchers (torchrun's elastic agent, accelerate,
+    deepspeed) end every rank once one exits, so rank 0's line is the only one; a rank that failed first would
+    otherwise get rank 0 killed before it printed (seen under accelerate launch). An error of one rank alone (its
+    partition of a checkpoint did not fit the disk) is still printed, by that rank, while rank 0 waits for it.
 
     The process group is torn down first: a gloo group alive at interpreter exit can abort the process
     (``terminate called without an active exception``) and turn exit code 2 into a SIGABRT. No barrier: another
     rank may not have reached the error, and waiting for it would hang.
     """
-    if int(os.environ.get("RANK", "0")) == 0:
-        _close_progress_bars()
-        print(f"error: {one_line(str(err))}", file=sys.stderr, flush=True)
-    else:
-        # Launchers (torchrun's elastic agent, accelerate, deepspeed) end every rank once one exits; a rank that
-        # failed first would get rank 0 killed before it printed the line (seen under accelerate launch).
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
         time.sleep(_OTHER_RANKS_GRACE_S)
+    _close_progress_bars()
+    print(f"error: {'' if rank == 0 else f'(rank {rank}) '}{one_line(str(err))}", file=sys.stderr, flush=True)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     sys.exit(USER_ERROR_EXIT_CODE)

@@ -60,12 +60,15 @@ _SPACE_PROBE_BYTES = 1 << 20
 @contextlib.contextmanager
 def save_failures(target: str | os.PathLike, output_dir: str | os.PathLike) -> Iterator[None]:
     """Turn a save into ``target`` that fails for lack of space or permission into one line naming the path, the
-    cause and the checkpoint ``--resume_from_checkpoint auto`` will take. torch.save reports a full disk as a
-    ``RuntimeError`` ("unexpected pos"); the cause is then confirmed by writing 1 MiB next to the target, and any
-    failure that is not the file system's is re-raised as it is."""
+    cause and the checkpoint ``--resume_from_checkpoint auto`` will take. Only OSErrors carry the cause: torch.save
+    reports a full disk as a ``RuntimeError`` ("unexpected pos"), the tokenizers library's writer as a bare
+    ``Exception`` ("os error 28", seen in a 2-rank ZeRO-3 save); for those the cause is confirmed by writing 1 MiB
+    next to the target, and any failure that is not the file system's is re-raised as it is."""
     try:
         yield
-    except (OSError, RuntimeError) as err:
+    except CheckpointSaveError:
+        raise  # already said by a save nested inside this one
+    except Exception as err:
         cause = err.strerror if isinstance(err, OSError) and err.strerror else _write_failure(Path(target))
         if cause is None:
             raise
@@ -87,7 +90,8 @@ def _write_failure(target: Path) -> str | None:
     except OSError as err:
         return err.strerror or errno.errorcode.get(err.errno or 0, str(err))
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses the unlink too
+            probe.unlink(missing_ok=True)
     return None
 
 

@@ -31,12 +31,19 @@ def test_missing_path_is_a_user_error_and_still_a_file_not_found_error(capsys):
     assert issubclass(MissingPathError, FileNotFoundError)
 
 
-def test_only_rank_zero_prints(capsys, monkeypatch):
+def test_other_ranks_print_late_and_name_their_rank(capsys, monkeypatch):
+    """Rank 0 prints at once; another rank waits first (a launcher ends it as soon as rank 0 exits with the same
+    error, so rank 0's line is the only one), and prints an error of its own, prefixed with its rank."""
+    import hf_lora_ds.errors
+
+    waited = []
+    monkeypatch.setattr(hf_lora_ds.errors.time, "sleep", waited.append)
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(SystemExit) as exited:
-        run_cli(_fail(UserError("same on every rank")))
+        run_cli(_fail(UserError("a disk full on this rank only")))
     assert exited.value.code == 2
-    assert capsys.readouterr().err == ""
+    assert waited == [hf_lora_ds.errors._OTHER_RANKS_GRACE_S] and waited[0] > 0
+    assert capsys.readouterr().err == "error: (rank 1) a disk full on this rank only\n"
 
 
 def test_debug_variable_keeps_the_traceback(monkeypatch):
