@@ -1,6 +1,7 @@
 """Under 2-rank ZeRO-3 (the LM head's weight partitioned across ranks) the supervised-position loss (the fused
-head-and-loss, gathered and released by DeepSpeed's module hooks) must train exactly as the full-logits loss: the same train and eval losses at every step and the same adapter, with gradient
-accumulation and tokens averaged across ranks (Trainer's default)."""
+head-and-loss, its weight gathered and released by DeepSpeed's module hooks) must train exactly as the full-logits
+loss: the same train and eval losses at every step and the same adapter, with gradient accumulation and tokens
+averaged across ranks (Trainer's default)."""
 
 from __future__ import annotations
 
