@@ -40,8 +40,8 @@ from hf_lora_ds.tiny import train_chat_tokenizer  # noqa: E402
 # batch size or None for --batch_size, longest answer in words or None for the 40-word sentences of every turn).
 # Sized for ~10 minutes on 2 CPU cores; the Qwen-vocabulary shapes get fewer chats because TRL runs at ~10 tokens/s
 # there. With fewer than 4 x 8 batches, length grouping sorts only within each batch (transformers' mega-batches).
-# qwen_vocab_batch16 is the shape where full logits cost most: batch 16, answers up to ~260 tokens (a word is one
-# token of the benchmark's tokenizer), so ~2,500 supervised positions x 151,936 rows a batch.
+# qwen_vocab_batch16 is the shape where full logits cost most: batch 16, 1-4 turns with answers up to ~250 tokens (a
+# word is one token of the benchmark's tokenizer): ~11,400 supervised positions x 151,936 rows a batch (measured).
 SHAPES = {
     "small": (None, 128, 2, 128, None, None),
     "qwen_vocab": (151_936, 64, 2, 32, None, None),
@@ -169,14 +169,15 @@ def print_table(shape: str, results: dict[str, dict]) -> None:
     first = next(iter(results.values()), {"samples": 0, "supervised_per_batch": 0})
     print(f"\n{shape}: vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers, {first['samples']} chats, "
           f"batch {batch_size or 'as --batch_size'}, {first['supervised_per_batch']:.0f} supervised tokens a batch")
+    bases = [base for base in ("plain", "trl") if base in results]
+    headers = {"plain": f"{'CPU-s ratio vs plain':>21}", "trl": f"{'CPU-s vs trl':>13}{'RSS vs trl':>11}"}
     print(f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'wall s':>8}{'CPU s':>8}{'real/padded':>12}"
-          f"{'peak RSS GiB':>13}{'CPU-s ratio vs plain':>21}{'vs trl':>8}{'RSS vs trl':>11}")  # fmt: skip
+          f"{'peak RSS GiB':>13}" + "".join(headers[base] for base in bases))  # fmt: skip
     for variant, r in results.items():
         ratios = ""
-        for base in ("plain", "trl"):
-            if base in results:
-                width = 20 if base == "plain" else 7
-                ratios += f"{r['supervised_tok_cpu_s'] / results[base]['supervised_tok_cpu_s']:>{width}.2f}x"
+        for base in bases:
+            width = 20 if base == "plain" else 12
+            ratios += f"{r['supervised_tok_cpu_s'] / results[base]['supervised_tok_cpu_s']:>{width}.2f}x"
         rss = f"{r['peak_rss_gib'] / results['trl']['peak_rss_gib']:>10.2f}x" if "trl" in results else ""
         print(f"{variant:<12}{r['supervised_tok_s']:>11.0f}{r['supervised_tok_cpu_s']:>10.0f}{r['wall_s']:>8.0f}"
               f"{r['cpu_s']:>8.0f}{r['efficiency']:>12.3f}{r['peak_rss_gib']:>13.2f}{ratios}{rss}")  # fmt: skip
