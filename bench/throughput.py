@@ -36,31 +36,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator  # noqa: E402
 from hf_lora_ds.tiny import train_chat_tokenizer  # noqa: E402
 
-# name: (vocab_size, or None for the tokenizer's 300, hidden_size, num_hidden_layers, default number of chats).
-# Sized for ~10 minutes on 2 CPU cores; the Qwen-vocabulary shape gets fewer chats because TRL runs at ~10 tokens/s
+# name: (vocab_size, or None for the tokenizer's 300, hidden_size, num_hidden_layers, default number of chats,
+# batch size or None for --batch_size, longest answer in words or None for the 40-word sentences of every turn).
+# Sized for ~10 minutes on 2 CPU cores; the Qwen-vocabulary shapes get fewer chats because TRL runs at ~10 tokens/s
 # there. With fewer than 4 x 8 batches, length grouping sorts only within each batch (transformers' mega-batches).
+# qwen_vocab_batch16 is the shape where full logits cost most: batch 16, 1-4 turns with answers up to ~250 tokens (a
+# word is one token of the benchmark's tokenizer): ~11,400 supervised positions x 151,936 rows a batch (measured).
 SHAPES = {
-    "small": (None, 128, 2, 128),
-    "qwen_vocab": (151_936, 64, 2, 32),
+    "small": (None, 128, 2, 128, None, None),
+    "qwen_vocab": (151_936, 64, 2, 32, None, None),
+    "qwen_vocab_batch16": (151_936, 64, 2, 32, 16, 250),
 }
 VARIANTS = ("plain", "trl", "hf_lora_ds")
 WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
 
 
-def make_conversations(n: int, seed: int) -> list[dict]:
-    """1-4 turn chats whose turn lengths vary 20x (as in bench/padding.py), with a system prompt every other one."""
+def make_conversations(n: int, seed: int, answer_words: int | None = None) -> list[dict]:
+    """1-4 turn chats whose turn lengths vary 20x (as in bench/padding.py), with a system prompt every other one;
+    with ``answer_words``, answers of 1/8 to all of that many words."""
     import random
 
     rng = random.Random(seed)
 
-    def sentence() -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 4, 8, 16, 40])))
+    def sentence(longest: int | None = None) -> str:
+        lengths = [longest // 8, longest // 4, longest // 2, longest] if longest else [2, 4, 8, 16, 40]
+        return " ".join(rng.choice(WORDS) for _ in range(rng.choice(lengths)))
 
     conversations = []
     for i in range(n):
         messages = [{"role": "system", "content": sentence()}] if i % 2 else []
         for _ in range(rng.randint(1, 4)):
-            messages += [{"role": "user", "content": sentence()}, {"role": "assistant", "content": sentence()}]
+            messages += [{"role": "user", "content": sentence()},
+                         {"role": "assistant", "content": sentence(answer_words)}]  # fmt: skip
         conversations.append({"messages": messages})
     return conversations
 
@@ -68,7 +75,7 @@ def make_conversations(n: int, seed: int) -> list[dict]:
 def build_model(tokenizer, shape: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    vocab_size, hidden, layers, _ = SHAPES[shape]
+    vocab_size, hidden, layers, *_ = SHAPES[shape]
     config = Qwen2Config(
         vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -116,10 +123,11 @@ def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
     """One variant in this process: one epoch, timed; token counts from the batches its dataloader yields."""
     tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50, vocab_size=300)
     with tempfile.TemporaryDirectory() as workdir:
-        samples = args.samples or SHAPES[shape][3]
-        dataset = ChatSFTDataset(make_conversations(samples, args.seed), tokenizer, max_length=512,
-                                 cache_dir=workdir)  # fmt: skip
-        trainer = make_trainer(variant, build_model(tokenizer, shape), tokenizer, dataset, workdir, args.batch_size)
+        _, _, _, chats, batch_size, answer_words = SHAPES[shape]
+        dataset = ChatSFTDataset(make_conversations(args.samples or chats, args.seed, answer_words), tokenizer,
+                                 max_length=2048 if answer_words else 512, cache_dir=workdir)  # fmt: skip
+        trainer = make_trainer(variant, build_model(tokenizer, shape), tokenizer, dataset, workdir,
+                               batch_size or args.batch_size)  # fmt: skip
         real = padded = supervised = 0
         for batch in trainer.get_train_dataloader():
             padded += batch["input_ids"].numel()
@@ -130,7 +138,8 @@ def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
         trainer.train()
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return {"supervised_tok_s": supervised / clock.seconds, "supervised_tok_cpu_s": supervised / clock.cpu_seconds,
-            "efficiency": real / padded, "peak_rss_gib": peak_gib, "samples": len(dataset)}  # fmt: skip
+            "efficiency": real / padded, "peak_rss_gib": peak_gib, "samples": len(dataset), "wall_s": clock.seconds,
+            "cpu_s": clock.cpu_seconds, "supervised_per_batch": supervised / len(trainer.get_train_dataloader())}  # fmt: skip
 
 
 class TrainClock(TrainerCallback):
@@ -156,27 +165,30 @@ def run_variant(variant: str, shape: str, args: argparse.Namespace) -> dict | No
 
 
 def print_table(shape: str, results: dict[str, dict]) -> None:
-    vocab, hidden, layers, _ = SHAPES[shape]
-    chats = next(iter(results.values()))["samples"] if results else 0
-    print(f"\n{shape}: vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers, {chats} chats")
-    print(f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'real/padded':>12}{'peak RSS GiB':>13}"
-          f"{'CPU-s ratio vs plain':>21}{'vs trl':>8}{'RSS vs trl':>11}")  # fmt: skip
+    vocab, hidden, layers, _, batch_size, _ = SHAPES[shape]
+    first = next(iter(results.values()), {"samples": 0, "supervised_per_batch": 0})
+    print(f"\n{shape}: vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers, {first['samples']} chats, "
+          f"batch {batch_size or 'as --batch_size'}, {first['supervised_per_batch']:.0f} supervised tokens a batch")
+    bases = [base for base in ("plain", "trl") if base in results]
+    headers = {"plain": f"{'CPU-s ratio vs plain':>21}", "trl": f"{'CPU-s vs trl':>13}{'RSS vs trl':>11}"}
+    print(f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'wall s':>8}{'CPU s':>8}{'real/padded':>12}"
+          f"{'peak RSS GiB':>13}" + "".join(headers[base] for base in bases))  # fmt: skip
     for variant, r in results.items():
         ratios = ""
-        for base in ("plain", "trl"):
-            if base in results:
-                width = 20 if base == "plain" else 7
-                ratios += f"{r['supervised_tok_cpu_s'] / results[base]['supervised_tok_cpu_s']:>{width}.2f}x"
+        for base in bases:
+            width = 20 if base == "plain" else 12
+            ratios += f"{r['supervised_tok_cpu_s'] / results[base]['supervised_tok_cpu_s']:>{width}.2f}x"
         rss = f"{r['peak_rss_gib'] / results['trl']['peak_rss_gib']:>10.2f}x" if "trl" in results else ""
-        print(f"{variant:<12}{r['supervised_tok_s']:>11.0f}{r['supervised_tok_cpu_s']:>10.0f}{r['efficiency']:>12.3f}"
-              f"{r['peak_rss_gib']:>13.2f}{ratios}{rss}")  # fmt: skip
+        print(f"{variant:<12}{r['supervised_tok_s']:>11.0f}{r['supervised_tok_cpu_s']:>10.0f}{r['wall_s']:>8.0f}"
+              f"{r['cpu_s']:>8.0f}{r['efficiency']:>12.3f}{r['peak_rss_gib']:>13.2f}{ratios}{rss}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=0,
                         help="Conversations to generate and train on (one epoch); 0: each shape's own count.")  # fmt: skip
-    parser.add_argument("--batch_size", type=int, default=8, help="Per-device train batch size.")
+    parser.add_argument("--batch_size", type=int, default=8,
+                        help="Per-device train batch size of the shapes that do not set their own.")  # fmt: skip
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated, from {list(SHAPES)}.")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Comma-separated, from {list(VARIANTS)}.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the generated conversations.")

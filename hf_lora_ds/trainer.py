@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from peft import LoraConfig
 from transformers import Trainer, TrainerCallback
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_lora_ds.adapter import UntrainedAdapterError, check_adapter_trained, verify_adapter
@@ -35,7 +36,14 @@ from hf_lora_ds.resume import (
     resolve_resume_checkpoint,
     save_failures,
 )
-from hf_lora_ds.supervised_logits import accepts_position_mask, shifted_labels, supervised_cross_entropy
+from hf_lora_ds.supervised_logits import (
+    accepts_position_mask,
+    fused_head,
+    head_computes_loss,
+    normalised_loss,
+    shifted_labels,
+    supervised_cross_entropy,
+)
 from hf_lora_ds.universal import enable_universal_loading
 
 __all__ = ["LoraSFTTrainer"]
@@ -102,6 +110,7 @@ class LoraSFTTrainer(Trainer):
         self._print_main(trainable_parameters_line(self.model))
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
+        self._fused_head_loss = True  # off for good once a model is seen to change its head's output
         if self.args.supervised_logits_only and full_logits_reason:
             self._print_main(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
@@ -226,20 +235,43 @@ class LoraSFTTrainer(Trainer):
     ):
         """The causal-LM loss with the LM head applied only where the shifted label is not -100.
 
-        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.supervised_logits). The returned
-        ``outputs.logits`` are ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
+        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.supervised_logits). With the
+        fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
+        ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
         """
         targets = shifted_labels(inputs)
         keep = targets != IGNORE_INDEX
         forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
-        outputs = model(**forward_inputs, logits_to_keep=keep)
-        loss = supervised_cross_entropy(outputs.logits, targets[keep], num_items_in_batch)
+        outputs = self._fused_loss_forward(model, forward_inputs, keep, targets[keep])
+        if outputs is None:
+            outputs = model(**forward_inputs, logits_to_keep=keep)
+            outputs.loss = supervised_cross_entropy(outputs.logits, targets[keep])
+        loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
         if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             # Trainer's own scaling: num_items_in_batch counts every rank's tokens, and DDP/DeepSpeed average gradients.
             replicas = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
             loss = loss * replicas
         outputs.loss = loss
         return (loss, outputs) if return_outputs else loss
+
+    def _fused_loss_forward(self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor,
+                            targets: torch.Tensor) -> CausalLMOutputWithPast | None:  # fmt: skip
+        """The model's forward with its head computing the summed loss chunk by chunk (no logits at all), or None
+        where the head cannot (then and for the rest of the run, with one line if the model changed its head's
+        output: this batch's forward is thrown away and redone on the logits path)."""
+        head = fused_head(self.model) if self._fused_head_loss else None
+        if head is None:
+            return None
+        with head_computes_loss(head, targets) as produced:
+            outputs = model(**forward_inputs, logits_to_keep=keep)
+        loss = produced.get("loss")
+        # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
+        if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
+            return CausalLMOutputWithPast(loss=outputs.logits)
+        self._fused_head_loss = False
+        self._print_main(f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
+                         "head's output; the loss uses supervised-position logits")  # fmt: skip
+        return None
 
     def prediction_step(
         self,

@@ -8,9 +8,9 @@ weights train in 16 bits (DeepSpeed casts the model to bf16/fp16; without DeepSp
 and gradients, each partitioned from the stage that partitions it (1: optimizer state, 2: + gradients,
 3: + weights).
 
-Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.supervised_logits): the LM head output at supervised
-positions only, its fp32 upcast and log-softmax, and their gradients; above ``CHUNK_ELEMENTS`` the fp32 part is
-recomputed chunk by chunk, so only one chunk of it is alive at a time.
+Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.supervised_logits): the LM head fused with the loss over
+the supervised rows (hf_lora_ds.fused_head_loss), so only the hidden rows and one chunk of logits, sized from a
+memory budget, are alive at a time; with ``supervised_logits_only`` off, every position's logits and gradients.
 
 On a CPU-only machine the "device" is the process's host memory: offload moves nothing anywhere, and the runtime
 baseline is the resident memory of a process that has imported the training stack (measured, not assumed).
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from hf_lora_ds.ds_config import offloads
 from hf_lora_ds.plan.model_shape import ModelShape
-from hf_lora_ds.supervised_logits import CHUNK_ELEMENTS
+from hf_lora_ds.fused_head_loss import chunk_rows
 
 __all__ = ["BatchShape", "DeepSpeedLayout", "Estimate", "estimate_memory", "CUDA_CONTEXT_BYTES"]
 
@@ -190,14 +190,20 @@ def _lora_states(trainable: int, layout: DeepSpeedLayout, world_size: int, weigh
 
 
 def _logits_bytes(shape: ModelShape, batch: BatchShape, weight_bytes: int, supervised_only: bool) -> int:
-    """Head output at the kept positions (compute dtype), the fp32 upcast (when the head is not fp32) and the
-    log-softmax the loss keeps, then in backward the gradients of the fp32 part and of the head output."""
-    positions = batch.supervised_tokens if supervised_only else batch.rows * batch.row_tokens
-    elements = positions * shape.vocab_size
+    """Full logits: the head output (compute dtype), the fp32 upcast (when the head is not fp32) and the
+    log-softmax the loss keeps, then in backward the gradients of the fp32 part and of the head output.
+
+    Supervised positions only (the fused head-and-loss): the hidden rows and their gradient (compute dtype), one
+    fp32 log-normaliser a row, and one chunk's logits at a time: the head output, its fp32 upcast and one fp32
+    temporary (log-sum-exp in forward, the softmax in backward)."""
+    if not supervised_only:
+        elements = batch.rows * batch.row_tokens * shape.vocab_size
+        upcast = 4 if weight_bytes < 4 else 0
+        return elements * (2 * weight_bytes + upcast + 4 + 4 + upcast)
+    positions = batch.supervised_tokens
     upcast = 4 if weight_bytes < 4 else 0
-    if supervised_only and elements > CHUNK_ELEMENTS:  # checkpointed chunks: one chunk's fp32 work at a time
-        return elements * 2 * weight_bytes + CHUNK_ELEMENTS * (upcast + 4 + 8)
-    return elements * (2 * weight_bytes + upcast + 4 + 4 + upcast)
+    rows = min(positions, chunk_rows(shape.vocab_size, weight_bytes))
+    return positions * (2 * shape.hidden_size * weight_bytes + 4) + rows * shape.vocab_size * (weight_bytes + upcast + 4)
 
 
 def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int) -> int:

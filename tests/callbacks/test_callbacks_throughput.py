@@ -101,10 +101,38 @@ def test_rates_efficiency_and_mfu_are_exact_on_a_fake_clock(make_trainer, qwen_s
     assert callback.peak_flops_source == "given"
 
 
-def test_cpu_peak_is_measured():
+def test_cpu_peak_is_measured(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     flops, source = peak_flops_per_device(torch.device("cpu"), torch.float32)
     assert flops > 1e8  # even a slow shared core does more than 0.1 GFLOP/s
     assert "measured" in source
+
+
+def test_cpu_peak_is_the_best_measurement_this_machine_ever_made(monkeypatch, tmp_path):
+    """A measurement on a busy machine (3.0 after 5.0) does not lower the peak; a better one raises it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measurements = iter([5.0, 3.0, 7.0])
+    monkeypatch.setattr(throughput, "_measure_matmul_flops", lambda device, dtype: next(measurements))
+    peaks = [peak_flops_per_device(torch.device("cpu"), torch.float32) for _ in range(3)]
+    assert [flops for flops, _ in peaks] == [5.0, 5.0, 7.0]
+    assert str(tmp_path / "hf_lora_ds" / "cpu_peak_flops.json") in peaks[0][1]
+
+
+def test_an_mfu_above_one_warns_once_naming_the_assumed_peak(qwen_style_tokenizer, caplog):
+    callback = ThroughputCallback(peak_flops=1e3)
+    callback._shape = throughput._model_shape(lora_model(qwen_style_tokenizer))
+    counts = {"supervised": 10, "real": 100, "padded": 100, "sequences": 1}
+    with caplog.at_level("WARNING", logger=throughput.__name__):
+        assert callback._rates(counts, 1.0, "")["throughput/mfu"] > 1
+        callback._rates(counts, 1.0, "run_")
+    warnings = [record.getMessage() for record in caplog.records if "above 1" in record.getMessage()]
+    assert len(warnings) == 1 and "assumed peak of 1000 FLOP/s per device (given)" in warnings[0]
+    caplog.clear()
+    callback = ThroughputCallback(peak_flops=1e30)
+    callback._shape = throughput._model_shape(lora_model(qwen_style_tokenizer))
+    with caplog.at_level("WARNING", logger=throughput.__name__):
+        assert callback._rates(counts, 1.0, "")["throughput/mfu"] < 1
+    assert not caplog.records
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
-"""Under 2-rank ZeRO-3 (the LM head's weight partitioned across ranks) the supervised-position loss must train exactly
-as the full-logits loss: the same train and eval losses at every step and the same adapter, with gradient
-accumulation and tokens averaged across ranks (Trainer's default)."""
+"""Under 2-rank ZeRO-3 (the LM head's weight partitioned across ranks) the supervised-position loss (the fused
+head-and-loss, its weight gathered and released by DeepSpeed's module hooks) must train exactly as the full-logits
+loss: the same train and eval losses at every step and the same adapter, with gradient accumulation and tokens
+averaged across ranks (Trainer's default)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def test_zero3_two_ranks_supervised_logits_train_as_full_logits(tiny_model_dir, 
         launch = run(launcher("deepspeed", 2) + [str(RUN_SFT)] + args, tmp_path / f"launch-{supervised}.log")
         check_ok(launch)
         assert "supervised-position logits: off" not in launch.log  # no fallback: both paths ran as asked
+        assert "fused LM head loss: off" not in launch.log  # the supervised run's head computed the loss itself
         history = trainer_state(out)["log_history"]
         runs[supervised] = (losses(out), [entry["eval_loss"] for entry in history if "eval_loss" in entry],
                             adapter_weights(out))  # fmt: skip

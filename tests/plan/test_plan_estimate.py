@@ -7,7 +7,7 @@ import pytest
 from hf_lora_ds.plan.estimate import BatchShape, DeepSpeedLayout, estimate_memory
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.plan.planner import SequenceProfile
-from hf_lora_ds.supervised_logits import CHUNK_ELEMENTS
+from hf_lora_ds.fused_head_loss import CHUNK_BYTES, chunk_rows
 
 SHAPE = ModelShape(
     frozen_params=1_000_000_000, trainable_params=10_000_000, frozen_weight_bytes=2_000_000_000,
@@ -67,12 +67,19 @@ def test_gradient_checkpointing_trades_activations():
 
 
 def test_logits_follow_the_supervised_positions_and_the_chunking():
-    small = BatchShape(rows=2, row_tokens=64, supervised_tokens=50)
-    assert estimate(batch=small).device_items["logits and loss"] == 50 * 150_000 * (2 * 2 + 4 + 4 + 4 + 4)
+    """Fused head-and-loss: the hidden rows and their gradient, a log-normaliser a row, and one chunk of logits
+    (bf16 output, fp32 upcast, one fp32 temporary); a chunk is capped by the budget, not by the batch."""
+    hidden_rows = 2 * SHAPE.hidden_size * 2 + 4
+    small = BatchShape(rows=2, row_tokens=64, supervised_tokens=50)  # fewer rows than a chunk
+    assert estimate(batch=small).device_items["logits and loss"] == 50 * hidden_rows + 50 * 150_000 * (2 + 4 + 4)
     full = estimate(batch=small, supervised_only=False).device_items["logits and loss"]
     assert full == 128 * 150_000 * 20
-    chunked = estimate().device_items["logits and loss"]  # 600 x 150k > one chunk: the fp32 part chunk by chunk
-    assert chunked == 600 * 150_000 * 4 + CHUNK_ELEMENTS * 16
+    rows = chunk_rows(150_000, 2)
+    assert rows < 600 and rows * 150_000 * (2 * 2 + 8) <= CHUNK_BYTES
+    chunked = estimate().device_items["logits and loss"]  # 600 rows: one chunk of them at a time
+    assert chunked == 600 * hidden_rows + rows * 150_000 * (2 + 4 + 4)
+    eightfold = estimate(batch=BatchShape(rows=16, row_tokens=1024, supervised_tokens=4800))
+    assert eightfold.device_items["logits and loss"] - chunked == 4200 * hidden_rows
 
 
 def test_the_worst_batch_holds_the_longest_samples():
