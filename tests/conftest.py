@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
 
@@ -108,3 +110,20 @@ def _save_with_tokenizer(model, tokenizer, path):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def small_disk(request, tmp_path):
+    """A tmpfs of ``size`` (``@pytest.mark.parametrize("small_disk", ["1600k"], indirect=True)``; default 32m)
+    mounted for the test, for saves that meet a full or read-only file system; skipped where it cannot be mounted."""
+    size = getattr(request, "param", "32m")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    yield mount_point
+    # lazy: a failed save's file stays open until its traceback is collected
+    unmounted = subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, text=True)
+    assert unmounted.returncode == 0, unmounted.stderr

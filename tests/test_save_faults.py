@@ -43,20 +43,7 @@ def resume_auto(output_dir: Path, capsys) -> list[int]:
     return counter.steps
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a 1,600 KiB tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
-    yield mount_point
-    # lazy: the failed save's file stays open until its traceback is collected
-    unmounted = subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, text=True)
-    assert unmounted.returncode == 0, unmounted.stderr
-
-
+@pytest.mark.parametrize("small_disk", ["1600k"], indirect=True)
 def test_full_disk_during_a_save(small_disk, tmp_path, capsys):
     output_dir = small_disk / "out"
     with pytest.raises(SystemExit) as leaving:
@@ -83,6 +70,7 @@ class ReadOnlyFromStep3(TrainerCallback):
             subprocess.run(["mount", "-o", "remount,ro", str(self.mount_point)], check=True)
 
 
+@pytest.mark.parametrize("small_disk", ["1600k"], indirect=True)
 def test_read_only_file_system_during_a_save(small_disk, capsys):
     output_dir = small_disk / "out"
     with pytest.raises(SystemExit) as leaving:

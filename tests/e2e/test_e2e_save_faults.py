@@ -6,7 +6,6 @@ ZeRO-3 save is test_e2e_resume.py's; the same faults without DeepSpeed are tests
 from __future__ import annotations
 
 import re
-import subprocess
 import textwrap
 
 import pytest
@@ -32,18 +31,6 @@ class FillDisk(TrainerCallback):
 
 run_cli(lambda: run_sft.main(sys.argv[1:], callbacks=[FillDisk()]))
 """
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
-    yield mount_point
-    subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, text=True)
 
 
 @pytest.mark.slow
