@@ -21,6 +21,8 @@ from typing import Any, NoReturn
 
 import torch
 
+from hf_lora_ds.distributed import exit_launched_rank
+
 __all__ = ["USER_ERROR_EXIT_CODE", "DEBUG_VARIABLE", "UserError", "MissingPathError", "one_line", "run_cli"]
 
 USER_ERROR_EXIT_CODE = 2
@@ -55,7 +57,7 @@ def run_cli(main: Callable[[], Any]) -> NoReturn:
         if _debugging():
             raise
         _exit_on_user_error(err)
-    sys.exit(result if isinstance(result, int) else 0)
+    exit_launched_rank(result if isinstance(result, int) else 0)
 
 
 def _debugging() -> bool:

@@ -142,3 +142,25 @@ def test_process_group_released_at_the_end(tmp_path):
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     distributed.release_process_group()  # and without a group: nothing to do, no error
+
+
+def test_a_launched_rank_exits_without_interpreter_teardown(monkeypatch):
+    """Teardown can run C++ thread destructors of gloo/DeepSpeed that abort a finished rank; a single process exits
+    normally (so in-process callers still see SystemExit)."""
+    import hf_lora_ds.distributed as distributed
+
+    class LeftAtOnce(Exception):
+        pass
+
+    def fake_exit(code):
+        raise LeftAtOnce(code)
+
+    monkeypatch.setattr(distributed.os, "_exit", fake_exit)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as normal:
+        distributed.exit_launched_rank(3)
+    assert normal.value.code == 3
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(LeftAtOnce) as immediate:
+        distributed.exit_launched_rank(0)
+    assert immediate.value.args == (0,)

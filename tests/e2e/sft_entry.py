@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import run_sft  # noqa: E402  (needs the repository root on sys.path)
+from hf_lora_ds.distributed import exit_launched_rank  # noqa: E402
 
 
 class SampleRecorder(TrainerCallback):
@@ -172,6 +173,7 @@ def main() -> None:
     output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
     left = {"process_group_alive": torch.distributed.is_initialized()}
     Path(output_dir, f"e2e_exit_rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(left))
+    exit_launched_rank(0)  # as run_sft.py's run_cli leaves
 
 
 if __name__ == "__main__":
