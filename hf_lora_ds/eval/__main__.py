@@ -18,7 +18,7 @@ from pathlib import Path
 from hf_lora_ds.distributed import release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
-from hf_lora_ds.eval.report import format_comparison, print_comparison, write_eval_report, write_predictions
+from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
 from hf_lora_ds.gguf_source import model_source, plain_model
 from hf_lora_ds.model_source import check_model_source, hub_load_errors

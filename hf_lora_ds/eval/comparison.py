@@ -1,4 +1,4 @@
-"""The before/after report: a table like the one people publish for this task, and the files behind it.
+"""The before/after comparison: a table like the one people publish for this task, and the files behind it.
 
 The table puts each eval in a column (base, base + adapter) and each measure in a row: accuracy, samples, total
 time, generated tokens/s, peak accelerator memory, peak host RSS, then how many completions failed for each reason,
