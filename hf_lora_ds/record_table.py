@@ -26,7 +26,7 @@ from datasets.fingerprint import Hasher
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.records import Record, decode_record, iter_record_texts
 
-__all__ = ["COLUMNS", "Records", "cache_root", "read_file", "from_rows", "from_list"]
+__all__ = ["COLUMNS", "RecordTable", "cache_root", "read_file", "from_rows", "from_list"]
 
 COLUMNS = datasets.Features(
     {"record": datasets.Value("string"), "where": datasets.Value("string"), "source": datasets.Value("string")}
@@ -42,7 +42,7 @@ def cache_root(cache_dir: str | Path | None) -> Path:
     return root
 
 
-class Records(Sequence[Record]):
+class RecordTable(Sequence[Record]):
     """A list-like view of a record table that decodes rows on access, for callers that want Python records
     (eval sets, tests) without the whole table being converted."""
 

@@ -25,7 +25,7 @@ import datasets
 import numpy as np
 
 from hf_lora_ds.distributed import main_process_first
-from hf_lora_ds.record_table import Records, from_list, from_rows, read_file
+from hf_lora_ds.record_table import RecordTable, from_list, from_rows, read_file
 from hf_lora_ds.records import DataError
 
 __all__ = ["Source", "LoadedData", "parse_sources", "load_source", "load_data", "mix"]
@@ -52,8 +52,8 @@ class LoadedData:
     source_counts: dict[str, int]
 
     @property
-    def records(self) -> Records:
-        return Records(self.table)
+    def records(self) -> RecordTable:
+        return RecordTable(self.table)
 
     def counts(self) -> dict[str, int]:
         """Samples per source, in the order the sources were given."""
@@ -102,9 +102,9 @@ def _weight(value: Any, location: Any, mixture: bool) -> float | None:
     return weight
 
 
-def load_source(location: str, trust_remote_code: bool = False, cache_dir: str | Path | None = None) -> Records:
+def load_source(location: str, trust_remote_code: bool = False, cache_dir: str | Path | None = None) -> RecordTable:
     """All records of one source, each with its location (see the module docstring for the lookup order)."""
-    return Records(_load_table(location, trust_remote_code, cache_dir))
+    return RecordTable(_load_table(location, trust_remote_code, cache_dir))
 
 
 def _load_table(location: str, trust_remote_code: bool, cache_dir: str | Path | None) -> datasets.Dataset:
