@@ -52,6 +52,7 @@ __all__ = [
     "unlink_deepspeed_shm_buffers",
     "release_process_group",
     "exit_launched_rank",
+    "print0",
     "effective_global_batch",
     "describe_world",
     "process_group_exists",
@@ -265,6 +266,13 @@ def rank_and_world() -> tuple[int, int]:
     if process_group_exists():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), 1
+
+
+def print0(*lines: str) -> None:
+    """Print on global rank 0 only, flushed: the one way the package talks to the user, so a 2-rank run shows each
+    line once and in order with the launcher's own output."""
+    if rank_and_world()[0] == 0:
+        print(*lines, sep="\n", flush=True)
 
 
 def gather_from_ranks(obj: Any) -> list[Any]:

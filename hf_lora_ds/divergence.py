@@ -21,7 +21,7 @@ from typing import Literal
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hf_lora_ds.distributed import rank_and_world
+from hf_lora_ds.distributed import print0
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.resume import find_latest_complete_checkpoint
 
@@ -70,5 +70,4 @@ class DivergenceCallback(TrainerCallback):
             checkpoint, _ = find_latest_complete_checkpoint(args.output_dir)
             where = f"last complete checkpoint: {checkpoint}" if checkpoint else "no complete checkpoint yet"
             raise DivergenceError(f"{message}; stopped by --on_divergence stop, {where}")
-        if rank_and_world()[0] == 0:
-            print(f"warning: {message} (--on_divergence stop ends the run here)", flush=True)
+        print0(f"warning: {message} (--on_divergence stop ends the run here)")

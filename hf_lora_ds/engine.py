@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from hf_lora_ds.distributed import process_group_exists
+from hf_lora_ds.distributed import print0, process_group_exists
 
 __all__ = [
     "EngineMismatchError",
@@ -128,8 +128,7 @@ class EngineCallback(TrainerCallback):
         record = engine_record(self.trainer)
         check_engine_honoured(self.trainer, record)
         line = engine_line(record)
-        if state.is_world_process_zero:
-            print(line, flush=True)
+        print0(line)
         state.log_history.append({"engine": line.removeprefix("engine: "), "step": state.global_step})
 
 

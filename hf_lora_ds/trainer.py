@@ -22,9 +22,9 @@ from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.audit import audit_by_source, audit_dataset
 from hf_lora_ds.callbacks import MemoryTraceCallback, use_swanlab
 from hf_lora_ds.collator import LengthGroupedEpochSampler
-from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.coverage import COVERAGE_FILE, lora_coverage
-from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
+from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.distributed import gather_from_ranks, print0
 from hf_lora_ds.divergence import DivergenceCallback
 from hf_lora_ds.engine import EngineCallback, full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.lora import lora_config_from_args, targets_text, trainable_parameters_line, wrap_with_lora
@@ -89,12 +89,11 @@ class LoraSFTTrainer(Trainer):
         model = wrap_with_lora(model, config)
         # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.coverage).
         self.lora_coverage = lora_coverage(model)
-        if rank_and_world()[0] == 0:
-            print(self.lora_coverage.table(), flush=True)
+        print0(self.lora_coverage.table())
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config))
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if coverage_note:
-            self._print_main(coverage_note)
+            print0(coverage_note)
         if "swanlab" in self.args.report_to:
             # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
             use_swanlab(self)
@@ -107,12 +106,12 @@ class LoraSFTTrainer(Trainer):
         self.add_callback(self.preemption)
         # Before the first step: the engine the run really got, checked against what it asked for (hf_lora_ds.engine).
         self.add_callback(EngineCallback(self))
-        self._print_main(trainable_parameters_line(self.model))
+        print0(trainable_parameters_line(self.model))
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
         self._fused_head_loss = True  # off for good once a model is seen to change its head's output
         if self.args.supervised_logits_only and full_logits_reason:
-            self._print_main(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
+            print0(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
         dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
         # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.nonfinite).
@@ -141,27 +140,27 @@ class LoraSFTTrainer(Trainer):
             resume_from_checkpoint, note = resolve_resume_checkpoint(
                 "auto", self.args.output_dir, self.args.world_size, deepspeed_config
             )
-            self._print_main(note)
+            print0(note)
         if resume_from_checkpoint and check_resume_world_size(
             resume_from_checkpoint, self.args.world_size, deepspeed_config
         ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.universal)
             universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
-            self._print_main(f"resume: loading the DeepSpeed universal checkpoint {universal}")
+            print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if self.is_world_process_zero():  # for the run report
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(self.args.output_dir) / COVERAGE_FILE).write_text(self.lora_coverage.table() + "\n")
         if isinstance(self.train_dataset, ChatSFTDataset):
-            self._print_main(audit_dataset(self.train_dataset).line())
+            print0(audit_dataset(self.train_dataset).line())
             if len(self.train_dataset.source_counts) > 1:
                 for name, audit in audit_by_source(self.train_dataset).items():
-                    self._print_main(f"  {name}: {audit.line()}")
+                    print0(f"  {name}: {audit.line()}")
             self.add_callback(SourceCountsLog(self.train_dataset.source_counts))
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.preemption.restore_handlers()
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
-            self._print_main(
+            print0(
                 f"preempted (signal {self.preemption.signal_received or 'on another rank'}): saved "
                 f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
             )
@@ -269,7 +268,7 @@ class LoraSFTTrainer(Trainer):
         if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
             return CausalLMOutputWithPast(loss=outputs.logits)
         self._fused_head_loss = False
-        self._print_main(f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
+        print0(f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
                          "head's output; the loss uses supervised-position logits")  # fmt: skip
         return None
 
@@ -333,7 +332,3 @@ class LoraSFTTrainer(Trainer):
         checkpoint = Path(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         with save_failures(checkpoint, self.args.output_dir):
             super()._save_checkpoint(model, trial)
-
-    def _print_main(self, message: str) -> None:
-        if self.is_world_process_zero():
-            print(message, flush=True)

@@ -164,3 +164,10 @@ def test_a_launched_rank_exits_without_interpreter_teardown(monkeypatch):
     with pytest.raises(LeftAtOnce) as immediate:
         distributed.exit_launched_rank(0)
     assert immediate.value.args == (0,)
+
+
+@pytest.mark.parametrize(("rank", "shown"), [("0", "one\ntwo\n"), ("1", "")])
+def test_print0_talks_on_global_rank_0_only(monkeypatch, capsys, rank, shown):
+    monkeypatch.setenv("RANK", rank)  # before the process group exists, the launcher's RANK says which rank this is
+    distributed.print0("one", "two")
+    assert capsys.readouterr().out == shown

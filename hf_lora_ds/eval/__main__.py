@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hf_lora_ds.distributed import release_process_group
+from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
+from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
 from hf_lora_ds.gguf_source import model_source, plain_model
 from hf_lora_ds.model_source import check_model_source, hub_load_errors
@@ -143,16 +143,14 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
                 results["before"] = evaluate(model, tokenizer, records, task, **options)
     results["after" if args.compare else "eval"] = evaluate(model, tokenizer, records, task, **options)
 
-    if state.is_main_process:
-        if args.compare:
-            print(f"before: {args.model}\nafter:  {args.model} + adapter {args.adapter}")
-        print_comparison(results)
+    if args.compare:
+        print0(f"before: {args.model}", f"after:  {args.model} + adapter {args.adapter}")
+    print_comparison(results)
     if args.output_dir is not None:
         for label, result in results.items():
             write_predictions(result, args.output_dir / f"predictions_{label}.jsonl")
         write_eval_report(results, args.output_dir / "eval_report.json")
-        if state.is_main_process:
-            print(f"predictions and eval_report.json written to {args.output_dir}")
+        print0(f"predictions and eval_report.json written to {args.output_dir}")
     release_process_group()
     return 0
 

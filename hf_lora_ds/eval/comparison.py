@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hf_lora_ds.distributed import rank_and_world
+from hf_lora_ds.distributed import print0, rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult
 
 __all__ = ["format_comparison", "print_comparison", "write_predictions", "write_eval_report"]
@@ -54,8 +54,7 @@ def _align(rows: list[list[str]]) -> list[str]:
 
 def print_comparison(results: Mapping[str, EvalResult]) -> None:
     """Print :func:`format_comparison` on rank 0 only."""
-    if _is_main():
-        print(format_comparison(results), flush=True)
+    print0(format_comparison(results))
 
 
 def write_predictions(result: EvalResult, path: str | Path) -> Path:
