@@ -1,19 +1,22 @@
-"""Record formats beyond alpaca and plain messages, all converted to one validated conversation.
+"""What a record must hold, in every format it may come in, converted to one validated conversation.
 
 Users bring SFT data in the shape it was published in. Rather than asking for a conversion script, each record is
 recognised by its fields and turned into ``{"messages": [...], "tools": [...] | None}``:
 
+- alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
+  "system" (optional), "reasoning" (optional: the output's reasoning)}``;
+- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``;
 - ShareGPT: ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}], "system": ..., "tools": ...}``
   (``from`` names are mapped to roles by ``SHAREGPT_ROLES``, extendable with ``--sharegpt_roles``);
 - tool calling: ``messages`` whose assistant turns carry ``tool_calls`` and whose ``tool`` turns hold the results,
   with a ``tools`` list (JSON schemas) per record, rendered by the model's own chat template;
-- any other column names, mapped onto the known fields with ``--columns prompt=question,response=answer``;
-- alpaca and plain messages, validated by ``hf_lora_ds.records.to_messages`` as before.
+- any other column names, mapped onto the known fields with ``--columns prompt=question,response=answer``.
 
 Assistant turns may carry reasoning for thinking models: ``reasoning_content`` on a message or ShareGPT turn,
 ``<think>...</think>`` inside the content, or alpaca's ``reasoning`` field (``--columns reasoning=thought``).
 
-Every error names the record's location and the field, like the ones in ``hf_lora_ds.records``.
+Every turn of every format goes through one validator (``_messages``), so a bad turn gets the same message whatever
+the record's other turns hold; every error names the record's location and the field the user wrote.
 """
 
 from __future__ import annotations
@@ -22,10 +25,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_lora_ds.records import ROLES, DataError, reasoning_field, to_messages
+from hf_lora_ds.records import DataError
 
-__all__ = ["FormatOptions", "SHAREGPT_ROLES", "COLUMN_ALIASES", "parse_mapping", "to_conversation"]
+__all__ = [
+    "FormatOptions",
+    "ROLES",
+    "SHAREGPT_ROLES",
+    "COLUMN_ALIASES",
+    "parse_mapping",
+    "to_conversation",
+    "to_messages",
+]
 
+ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT ``from`` values as LLaMA-Factory and axolotl write them.
 SHAREGPT_ROLES = {
     "human": "user",
@@ -85,7 +97,8 @@ def parse_mapping(text: str | dict | None, flag: str) -> dict[str, str]:
 def to_conversation(
     record: Any, where: str, system_prompt: str | None = None, options: FormatOptions | None = None
 ) -> dict[str, Any]:
-    """Validate one record of any supported format and return ``{"messages": [...], "tools": list | None}``."""
+    """Validate one record of any supported format and return ``{"messages": [...], "tools": list | None}``, with
+    ``system_prompt`` first when the record brings no system turn of its own (its own wins)."""
     options = options or FormatOptions()
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -94,13 +107,23 @@ def to_conversation(
     tools = _tools(record.get("tools"), where)
     if "conversations" in record:
         messages = _sharegpt_messages(record, where, {**SHAREGPT_ROLES, **options.sharegpt_roles})
-    elif "messages" in record and (tools or _has_tool_calls(record["messages"])):
-        messages = _tool_messages(record["messages"], where, "messages")
+    elif "messages" in record:
+        messages = _messages(record["messages"], where, "messages")
+    elif "instruction" in record or "output" in record:
+        messages = _alpaca_messages(record, where)
     else:
-        return {"messages": to_messages(record, system_prompt, where), "tools": None}
+        raise DataError(
+            f"{where}: missing field: a record needs 'messages' (chat format) "
+            f"or 'instruction' and 'output' (alpaca format); found fields {sorted(record)}"
+        )
     if system_prompt is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})
     return {"messages": messages, "tools": tools}
+
+
+def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, Any]]:
+    """The conversation of one record (any format), validated, without its tools: what an eval prompt needs."""
+    return to_conversation(record, where, system_prompt)["messages"]
 
 
 def _map_columns(record: dict, columns: dict[str, str], where: str) -> dict:
@@ -146,12 +169,6 @@ def _tools(tools: Any, where: str) -> list[dict] | None:
     return tools
 
 
-def _has_tool_calls(messages: Any) -> bool:
-    return isinstance(messages, list) and any(
-        isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages
-    )
-
-
 def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[dict[str, Any]]:
     """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call."""
     turns = record["conversations"]
@@ -177,7 +194,7 @@ def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[
             messages.append({"role": "assistant", "content": "", "tool_calls": [call], **reasoning})
         else:
             messages.append({"role": role, "content": value, **reasoning})
-    messages = _tool_messages(messages, where, "conversations", validate_calls=False, content_field="value")
+    messages = _messages(messages, where, "conversations", validate_calls=False, content_field="value")
     system = record.get("system")
     if system:  # prepended after validation, so errors index the record's own turns
         if not isinstance(system, str):
@@ -198,10 +215,23 @@ def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
     return _tool_call({"function": call} if isinstance(call, dict) else call, where, f"{name}.value")
 
 
-def _tool_messages(
+def _alpaca_messages(record: dict, where: str) -> list[dict[str, Any]]:
+    instruction = _string_field(record, "instruction", where)
+    output = _string_field(record, "output", where)
+    extra = _string_field(record, "input", where, required=False, allow_empty=True)
+    system = _string_field(record, "system", where, required=False, allow_empty=True)
+    reasoning = _string_field(record, "reasoning", where, required=False, allow_empty=True)
+    messages = [{"role": "system", "content": system}] if system else []
+    user = f"{instruction}\n{extra}" if extra else instruction
+    answer = {"role": "assistant", "content": output} | ({"reasoning_content": reasoning} if reasoning else {})
+    return messages + [{"role": "user", "content": user}, answer]
+
+
+def _messages(
     messages: Any, where: str, list_name: str, validate_calls: bool = True, content_field: str = "content"
 ) -> list[dict[str, Any]]:
-    """Messages that may hold tool calls: roles as in ``records.ROLES``, an assistant turn has content or calls.
+    """The one validator of turns: roles as in ``ROLES``, a system turn only first, content a non-empty string except
+    beside tool calls (which only assistant turns make), reasoning only on assistant turns, some assistant turn.
 
     ``list_name`` and ``content_field`` are the record's own names (``conversations`` / ``value`` for ShareGPT), so
     errors point at the field the user wrote."""
@@ -212,7 +242,7 @@ def _tool_messages(
         name = f"{list_name}[{i}]"
         if not isinstance(message, dict):
             raise DataError(f"{where}: field '{name}' must be an object with 'role' and 'content'")
-        role, content = message.get("role"), message.get("content")
+        role = _string_field(message, "role", where, label=f"{name}.role")
         if role not in ROLES:
             raise DataError(f"{where}: field '{name}.role': unknown role {role!r}; use one of {list(ROLES)}")
         if role == "system" and i != 0:
@@ -220,13 +250,10 @@ def _tool_messages(
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
             raise DataError(f"{where}: field '{name}.tool_calls': only assistant turns make tool calls")
-        if content is None and calls:
-            content = ""
-        if not isinstance(content, str):
-            raise DataError(f"{where}: field '{name}.{content_field}' must be a string, got {type(content).__name__}")
-        if not content.strip() and not calls:
-            raise DataError(f"{where}: field '{name}.{content_field}' is empty")
-        out: dict[str, Any] = {"role": role, "content": content, **reasoning_field(message, role, where, name)}
+        content = "" if calls and message.get("content") is None else _string_field(
+            message, "content", where, allow_empty=bool(calls), label=f"{name}.{content_field}"
+        )
+        out: dict[str, Any] = {"role": role, "content": content, **_reasoning(message, role, where, name)}
         if calls:
             if not isinstance(calls, list):
                 raise DataError(f"{where}: field '{name}.tool_calls' must be a list")
@@ -238,6 +265,35 @@ def _tool_messages(
     if not any(m["role"] == "assistant" for m in result):
         raise DataError(f"{where}: field '{list_name}': no assistant turn, so there is nothing to train on")
     return result
+
+
+def _reasoning(message: dict, role: str, where: str, name: str) -> dict[str, str]:
+    """``{"reasoning_content": ...}`` for an assistant message that carries its reasoning, else ``{}``."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None or reasoning == "":
+        return {}
+    if not isinstance(reasoning, str):
+        raise DataError(f"{where}: field '{name}.reasoning_content' must be a string, got {type(reasoning).__name__}")
+    if role != "assistant":
+        raise DataError(f"{where}: field '{name}.reasoning_content': only assistant turns carry reasoning")
+    return {"reasoning_content": reasoning}
+
+
+def _string_field(
+    obj: dict, name: str, where: str, *, required: bool = True, allow_empty: bool = False, label: str | None = None
+) -> str:
+    """``obj[name]`` as a string; ``label`` is the field as the user wrote it (``messages[2].content``)."""
+    label = label or name
+    value = obj.get(name)
+    if value is None:
+        if required:
+            raise DataError(f"{where}: missing field '{label}'")
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{label}' must be a string, got {type(value).__name__} ({value!r:.40})")
+    if not allow_empty and not value.strip():
+        raise DataError(f"{where}: field '{label}' is empty")
+    return value
 
 
 def _tool_call(call: Any, where: str, name: str) -> dict[str, Any]:

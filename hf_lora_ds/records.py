@@ -3,12 +3,8 @@
 A bad record found deep inside Trainer costs a user a GPU allocation and a traceback that names no line.
 Every error raised here names the file, the line (or row / record index) and the field, and says what to fix.
 
-Two record formats are accepted and normalised to one conversation shape (a list of ``{role, content}``):
-
-- alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
-  "system" (optional), "reasoning" (optional: the output's reasoning, for thinking models)}``;
-- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``; an assistant
-  message may carry its reasoning as ``reasoning_content`` (``hf_lora_ds.thinking``).
+This module reads files; what a record must hold, and the one message for each way it can be wrong, is
+``hf_lora_ds.formats``.
 
 Files are read one record at a time (``iter_record_texts``): training data goes from there into a memory-mapped
 Arrow table (``hf_lora_ds.record_table``) and is validated there in parallel, so a large file is never held whole.
@@ -30,12 +26,8 @@ __all__ = [
     "load_records",
     "iter_record_texts",
     "decode_record",
-    "to_messages",
-    "reasoning_field",
-    "ROLES",
 ]
 
-ROLES = ("system", "user", "assistant", "tool")
 _BOM = b"\xef\xbb\xbf"
 _CHUNK = 1 << 20  # bytes a JSON array file is read by
 _MAX_RECORD = 1 << 28  # characters of one JSON array record before it is called malformed
@@ -254,90 +246,3 @@ def _decode_next(window: _TextWindow, decoder: json.JSONDecoder, pos: int, path:
                 raise DataError(f"{path}, line {line}: malformed JSON ({err.msg} at column {err.colno})") from None
         while not window.at_end and len(window.text) - pos < 2 * held + 1:
             pos -= window.read_more(pos)
-
-
-def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, str]]:
-    """Validate one record and return its conversation, with ``system_prompt`` prepended when it has no system turn.
-
-    A system turn in the record (alpaca ``system`` or a leading ``system`` message) wins over ``system_prompt``.
-    """
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if "messages" in record:
-        messages = _messages_record(record["messages"], where)
-    elif "instruction" in record or "output" in record:
-        messages = _alpaca_record(record, where)
-    else:
-        raise DataError(
-            f"{where}: missing field: a record needs 'messages' (chat format) "
-            f"or 'instruction' and 'output' (alpaca format); found fields {sorted(record)}"
-        )
-    if system_prompt is not None and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages
-
-
-def _alpaca_record(record: dict, where: str) -> list[dict[str, str]]:
-    instruction = _string_field(record, "instruction", where)
-    output = _string_field(record, "output", where)
-    extra = _string_field(record, "input", where, required=False, allow_empty=True)
-    system = _string_field(record, "system", where, required=False, allow_empty=True)
-    reasoning = _string_field(record, "reasoning", where, required=False, allow_empty=True)
-    messages = [{"role": "system", "content": system}] if system else []
-    user = f"{instruction}\n{extra}" if extra else instruction
-    answer = {"role": "assistant", "content": output} | ({"reasoning_content": reasoning} if reasoning else {})
-    return messages + [{"role": "user", "content": user}, answer]
-
-
-def _messages_record(messages: Any, where: str) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: field 'messages' must be a non-empty list of {{role, content}} objects")
-    result = []
-    for i, message in enumerate(messages):
-        field_name = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise DataError(f"{where}: field '{field_name}' must be an object with 'role' and 'content'")
-        role = _string_field(message, "role", where, prefix=field_name)
-        if role not in ROLES:
-            raise DataError(f"{where}: field '{field_name}.role': unknown role {role!r}; use one of {list(ROLES)}")
-        if role == "system" and i != 0:
-            raise DataError(f"{where}: field '{field_name}.role': a system turn may only come first")
-        content = _string_field(message, "content", where, prefix=field_name)
-        result.append({"role": role, "content": content, **reasoning_field(message, role, where, field_name)})
-    if not any(m["role"] == "assistant" for m in result):
-        raise DataError(f"{where}: field 'messages': no assistant turn, so there is nothing to train on")
-    return result
-
-
-def reasoning_field(message: dict, role: str, where: str, name: str) -> dict[str, str]:
-    """``{"reasoning_content": ...}`` for an assistant message that carries its reasoning, else ``{}``."""
-    reasoning = message.get("reasoning_content")
-    if reasoning is None or reasoning == "":
-        return {}
-    if not isinstance(reasoning, str):
-        raise DataError(f"{where}: field '{name}.reasoning_content' must be a string, got {type(reasoning).__name__}")
-    if role != "assistant":
-        raise DataError(f"{where}: field '{name}.reasoning_content': only assistant turns carry reasoning")
-    return {"reasoning_content": reasoning}
-
-
-def _string_field(
-    obj: dict,
-    name: str,
-    where: str,
-    *,
-    required: bool = True,
-    allow_empty: bool = False,
-    prefix: str = "",
-) -> str:
-    label = f"{prefix}.{name}" if prefix else name
-    value = obj.get(name)
-    if value is None:
-        if required:
-            raise DataError(f"{where}: missing field '{label}'")
-        return ""
-    if not isinstance(value, str):
-        raise DataError(f"{where}: field '{label}' must be a string, got {type(value).__name__} ({value!r:.40})")
-    if not allow_empty and not value.strip():
-        raise DataError(f"{where}: field '{label}' is empty")
-    return value

@@ -152,6 +152,29 @@ def test_bad_records_name_source_record_and_field(record, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "bad_turn, message",
+    [
+        ({"role": None, "content": "hi"}, r"^r: missing field 'messages\[0\].role'$"),
+        ({"role": 3, "content": "hi"}, r"^r: field 'messages\[0\].role' must be a string, got int"),
+        ({"role": "robot", "content": "hi"}, r"^r: field 'messages\[0\].role': unknown role 'robot'"),
+        ({"role": "user"}, r"^r: missing field 'messages\[0\].content'$"),
+        ({"role": "user", "content": ["hi"]}, r"^r: field 'messages\[0\].content' must be a string, got list"),
+        ({"role": "user", "content": " "}, r"^r: field 'messages\[0\].content' is empty$"),
+        ({"role": "user", "content": "hi", "reasoning_content": "x"}, r"^r: field 'messages\[0\].reasoning_content': only"),
+    ],
+)
+@pytest.mark.parametrize("later_turns", ["plain", "tool calls", "tools listed"])
+def test_a_bad_turn_gets_one_message_whatever_the_other_turns_hold(bad_turn, message, later_turns):
+    """One validator: a record whose other turns make tool calls (or that lists tools) is not checked by other rules."""
+    rest = {"plain": [{"role": "assistant", "content": "Yo"}], "tool calls": TOOL_MESSAGES[1:]}
+    record = {"messages": [bad_turn, *rest.get(later_turns, rest["plain"])]}
+    if later_turns == "tools listed":
+        record["tools"] = [TOOL]
+    with pytest.raises(DataError, match=message):
+        to_conversation(record, "r")
+
+
 def test_mapped_column_missing_and_bad_flags():
     options = FormatOptions(columns={"prompt": "question", "response": "answer"})
     with pytest.raises(DataError, match=r"^r: missing field 'question' \(mapped to prompt by --columns\)"):

@@ -9,7 +9,8 @@ import tracemalloc
 import pytest
 
 from hf_lora_ds import records
-from hf_lora_ds.records import DataError, iter_record_texts, load_records, to_messages
+from hf_lora_ds.formats import to_messages
+from hf_lora_ds.records import DataError, iter_record_texts, load_records
 
 
 def write_jsonl(tmp_path, lines: list[str]):

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.records import DataError, to_messages
+from hf_lora_ds.formats import to_messages
+from hf_lora_ds.records import DataError
 
 __all__ = [
     "Verdict",
