@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase, TrainerControl, TrainerState, TrainingArguments
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerControl, TrainerState, TrainingArguments
 
 from hf_lora_ds.eval import Task, evaluate, write_predictions
 from hf_lora_ds.records import Record
 
 from ._common import LoggingCallback
+from .memory import MemoryTraceCallback
 
 __all__ = ["AnswerAccuracyCallback"]
 
@@ -51,6 +52,17 @@ class AnswerAccuracyCallback(LoggingCallback):
         self.metric_key_prefix = metric_key_prefix
         self.predictions_dir = predictions_dir
         self.history: list[dict[str, Any]] = []
+
+    def attach(self, trainer: Trainer) -> AnswerAccuracyCallback:
+        """Register with ``trainer`` ahead of any ``MemoryTraceCallback``: that one closes the eval phase in its own
+        ``on_evaluate``, and the generation done here belongs to the evaluation, not to the training around it."""
+        super().attach(trainer)
+        callbacks = trainer.callback_handler.callbacks
+        tracer = next((i for i, cb in enumerate(callbacks) if isinstance(cb, MemoryTraceCallback)), None)
+        if tracer is not None and callbacks.index(self) > tracer:
+            callbacks.remove(self)
+            callbacks.insert(tracer, self)
+        return self
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any

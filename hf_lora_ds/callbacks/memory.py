@@ -11,111 +11,39 @@ Kinds: ``gpu`` (allocated by the caching allocator, as in PEFT's block), ``gpu_r
 allocator; what ``nvidia-smi`` roughly sees) and ``cpu`` (process RSS). Stats, in MiB: ``before`` (at phase start),
 ``consumed`` (end - begin, may be negative), ``peak`` (max - begin) and ``total_peak`` (max).
 
-How peaks are found. Accelerator peaks come from the allocator's own high-water mark (``max_memory_allocated``),
-which catches every spike; because phases nest (an evaluation inside training), the mark is folded into every open
-phase and reset at each phase boundary. This resets the global peak counters, which other tools reading
-``max_memory_allocated`` would notice (so leave Trainer's ``skip_memory_metrics`` at its default, True). Host RSS has no resettable high-water mark, so a daemon thread samples it
-every ``sample_interval_s`` (a spike shorter than that can be missed; PEFT's example spins without sleeping, which
-costs a whole core). The thread runs only while a phase is open.
+How peaks are found is ``hf_lora_ds.memory`` (the tracker the eval uses too): the allocator's high-water mark,
+folded into every open phase at each boundary, and host RSS sampled every ``sample_interval_s``.
 
 Phases: ``train`` (``on_train_begin`` → ``on_train_end``), ``eval`` (from the step that triggers it → ``on_evaluate``;
 a standalone ``trainer.evaluate()`` is only seen from its first prediction step on), ``save`` (from the step that
 triggers a checkpoint → ``on_save``), ``predict``, and any phase the user wraps in ``with callback.phase(name):``
-(model loading happens before the trainer exists, so only this can see it; every rank must enter it).
+(model loading happens before the trainer exists, so only this can see it; every rank must enter it). Work done
+in another callback's ``on_evaluate`` (``AnswerAccuracyCallback``'s generation) belongs to ``eval``: attached with
+``attach``, that callback goes before this one, which closes the phase.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from ..devices import device_memory_api
-from ..distributed import gather_from_ranks, rank_and_world
+from ..distributed import gather_from_ranks, print0, rank_and_world
+from ..memory import MemoryTracker, PhaseStats
 from ._common import LoggingCallback
 
 __all__ = ["MemoryTraceCallback", "format_memory_block"]
-
-logger = logging.getLogger(__name__)
 
 _MIB = 2**20
 _STATS = ("before", "consumed", "peak", "total_peak")
 
 
-@dataclass
-class _OpenPhase:
-    """One phase in progress on this rank: bytes at the start and the highest bytes seen so far, per kind."""
-
-    name: str
-    begin: dict[str, int]
-    peak: dict[str, int] = field(default_factory=dict)
-
-    def raise_peak(self, sample: dict[str, int]) -> None:
-        for kind, value in sample.items():
-            self.peak[kind] = max(self.peak.get(kind, value), value)
-
-
-class _RssSampler:
-    """Samples process RSS into every open phase from a daemon thread; the thread lives only while phases are open."""
-
-    def __init__(self, interval_s: float) -> None:
-        self._interval_s = interval_s
-        self._process = psutil.Process()
-        self._lock = threading.Lock()
-        self._phases: list[_OpenPhase] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def rss(self) -> int:
-        return self._process.memory_info().rss
-
-    def track(self, phase: _OpenPhase) -> None:
-        with self._lock:
-            self._phases.append(phase)
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="hf_lora_ds-rss-sampler", daemon=True)
-            self._thread.start()
-
-    def untrack(self, phase: _OpenPhase) -> None:
-        with self._lock:
-            self._phases.remove(phase)
-            idle = not self._phases
-        if idle and self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            sample = {"cpu": self.rss()}
-            with self._lock:
-                for phase in self._phases:
-                    phase.raise_peak(sample)
-
-
-def _mib(n_bytes: int) -> float:
-    return round(n_bytes / _MIB, 2)
-
-
-def _phase_stats(phase: _OpenPhase, end: dict[str, int]) -> dict[str, dict[str, float]]:
-    return {
-        kind: {
-            "before": _mib(begin),
-            "consumed": _mib(end[kind] - begin),
-            "peak": _mib(phase.peak[kind] - begin),
-            "total_peak": _mib(phase.peak[kind]),
-        }
-        for kind, begin in phase.begin.items()
-    }
+def _in_mib(stats: PhaseStats) -> dict[str, dict[str, float]]:
+    return {kind: {stat: round(n_bytes / _MIB, 2) for stat, n_bytes in values.items()} for kind, values in stats.items()}
 
 
 def _range(ranks: list[dict[str, Any]], kind: str, stat: str) -> str:
@@ -178,58 +106,22 @@ class MemoryTraceCallback(LoggingCallback):
         self.records: list[dict[str, Any]] = []
         self._print_blocks = print_blocks
         self._trace_file = trace_file
-        self._sampler = _RssSampler(sample_interval_s)
-        self._device = device_memory_api()
-        self._open: dict[str, _OpenPhase] = {}
+        self._tracker = MemoryTracker(sample_interval_s)
         self._pending: list[dict[str, Any]] = []  # finished on this rank, not yet gathered
         self._state: TrainerState | None = None
         self._output_dir: str | None = None
 
     # ---- measuring on this rank ----
 
-    def _read(self) -> dict[str, int]:
-        sample = {"cpu": self._sampler.rss()}
-        if self._device is not None:
-            sample["gpu"] = self._device.memory_allocated()
-            sample["gpu_reserved"] = self._device.memory_reserved()
-        return sample
-
-    def _fold_device_peaks(self) -> None:
-        """Give every open phase the allocator's high-water mark since the last boundary, then restart the mark."""
-        if self._device is None:
-            return
-        peaks = {"gpu": self._device.max_memory_allocated(), "gpu_reserved": self._device.max_memory_reserved()}
-        for phase in self._open.values():
-            phase.raise_peak(peaks)
-        self._device.reset_peak_memory_stats()
-
     def _begin(self, name: str) -> None:
-        if name in self._open:
-            return
-        self._fold_device_peaks()
-        now = self._read()
-        self._raise_open_peaks(now)
-        phase = _OpenPhase(name, begin=now, peak=dict(now))
-        self._open[name] = phase
-        self._sampler.track(phase)
+        self._tracker.begin(name)
 
     def _end(self, name: str, record_as: str | None = None) -> bool:
         """Close phase ``name`` on this rank and queue its numbers; False when it was not open."""
-        if name not in self._open:
-            return False
-        self._fold_device_peaks()
-        phase = self._open.pop(name)
-        self._sampler.untrack(phase)
-        end = self._read()
-        phase.raise_peak(end)
-        self._raise_open_peaks(end)
-        self._pending.append({"phase": record_as or name, "stats": _phase_stats(phase, end)})
-        return True
-
-    def _raise_open_peaks(self, sample: dict[str, int]) -> None:
-        """A boundary reading counts for every enclosing phase too: the sampler thread may never see that value."""
-        for phase in self._open.values():
-            phase.raise_peak(sample)
+        stats = self._tracker.end(name)
+        if stats is not None:
+            self._pending.append({"phase": record_as or name, "stats": _in_mib(stats)})
+        return stats is not None
 
     # ---- publishing across ranks ----
 
@@ -241,8 +133,8 @@ class MemoryTraceCallback(LoggingCallback):
             ranks = [{"rank": r, **records[index]["stats"]} for r, records in enumerate(per_rank)]
             record = {"phase": entry["phase"], "step": state.global_step, "ranks": ranks}
             self.records.append(record)
-            if self._print_blocks and rank_and_world()[0] == 0:
-                print(format_memory_block(record), flush=True)
+            if self._print_blocks:
+                print0(format_memory_block(record))
             self._emit(state, _metrics(record))
         self._write_trace_file()
 

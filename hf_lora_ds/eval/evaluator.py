@@ -34,9 +34,9 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
 from hf_lora_ds.eval.generate import generate
-from hf_lora_ds.eval.memory import PeakMemory
 from hf_lora_ds.eval.sharding import merge_shards, shard
 from hf_lora_ds.eval.tasks import Sample, Task, get_task
+from hf_lora_ds.memory import measure_peak
 from hf_lora_ds.records import DataError, Record, load_records
 
 __all__ = ["Prediction", "EvalResult", "evaluate", "score_predictions", "load_samples"]
@@ -128,7 +128,7 @@ def evaluate(
     mine = shard(lengths, rank if world_size > 1 else 0, world_size)  # no process group: this process does all
     module = extract_model_from_parallel(model)
 
-    with PeakMemory(module.device) as peak:
+    with measure_peak(module.device) as peak:
         generation_start = time.perf_counter()
         outputs = generate(
             module,

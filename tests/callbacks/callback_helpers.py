@@ -75,19 +75,19 @@ class FakeAllocator:
         self.allocated = mib * MIB
         self.peak = max(self.peak, self.allocated)
 
-    def memory_allocated(self) -> int:
+    def memory_allocated(self, device=None) -> int:
         return self.allocated
 
-    def max_memory_allocated(self) -> int:
+    def max_memory_allocated(self, device=None) -> int:
         return self.peak
 
-    def memory_reserved(self) -> int:
+    def memory_reserved(self, device=None) -> int:
         return 2 * self.allocated
 
-    def max_memory_reserved(self) -> int:
+    def max_memory_reserved(self, device=None) -> int:
         return 2 * self.peak
 
-    def reset_peak_memory_stats(self) -> None:
+    def reset_peak_memory_stats(self, device=None) -> None:
         self.peak = self.allocated
 
 

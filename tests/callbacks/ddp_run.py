@@ -18,7 +18,8 @@ from types import SimpleNamespace
 from callback_helpers import LENGTHS, FakeAllocator, FakeClock, TokenDataset, add_lora, pad_collate
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, memory, throughput, use_swanlab
+from hf_lora_ds import memory
+from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, throughput, use_swanlab
 from hf_lora_ds.distributed import release_process_group
 
 HOLD_MIB = 64

@@ -6,15 +6,18 @@ import pytest
 from callback_helpers import MIB, FakeAllocator
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from hf_lora_ds.callbacks import MemoryTraceCallback, memory
+from hf_lora_ds import memory
+from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
 from hf_lora_ds.callbacks.memory import format_memory_block
+from hf_lora_ds.eval import evaluator
+from hf_lora_ds.eval.generate import Generation
 
 
 @pytest.fixture
 def traced(monkeypatch, tmp_path):
     """A callback on the fake allocator: train begins at 100 MiB, an eval inside it spikes to 500 MiB."""
     fake = FakeAllocator()
-    monkeypatch.setattr(memory, "device_memory_api", lambda: fake)
+    monkeypatch.setattr(memory, "device_memory_api", lambda: fake)  # hf_lora_ds.memory: the one tracker
     callback = MemoryTraceCallback(print_blocks=False)
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     state, control = TrainerState(), TrainerControl()
@@ -67,7 +70,7 @@ def test_enclosing_phase_keeps_a_host_peak_read_at_an_inner_boundary(tmp_path):
     before the sampler thread looked (its interval here is an hour, so it never does)."""
     callback = MemoryTraceCallback(print_blocks=False, sample_interval_s=3600)
     readings = iter([100, 150, 700, 120])  # train begins, eval begins, eval ends, train ends
-    callback._sampler.rss = lambda: next(readings) * MIB
+    callback._tracker._sampler.rss = lambda: next(readings) * MIB
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control, model=None)
@@ -95,3 +98,45 @@ def test_cuda_allocator_peaks_are_traced(tmp_path):
     eval_gpu = callback.records[0]["ranks"][0]["gpu"]
     assert eval_gpu["peak"] >= 64 and abs(eval_gpu["consumed"]) < 1
     assert callback.records[1]["ranks"][0]["gpu"]["peak"] >= 64  # the enclosing train phase keeps it
+
+
+def test_generation_in_an_evaluation_is_charged_to_eval(monkeypatch, make_trainer, qwen_style_tokenizer):
+    """AnswerAccuracyCallback generates in on_evaluate; attached after the memory tracer, it still runs inside the
+    eval phase (the tracer closes that phase in its own on_evaluate), so a generation spike is eval's, not train's."""
+    fake = FakeAllocator()
+    monkeypatch.setattr(memory, "device_memory_api", lambda: fake)
+
+    def generate(module, tokenizer, prompts, **kwargs):  # a generation pass whose allocations peak at 900 MiB
+        fake.set(900)
+        fake.set(0)
+        return [Generation("yo", 2, True) for _ in prompts]
+
+    monkeypatch.setattr(evaluator, "generate", generate)
+    trainer = make_trainer(eval_strategy="steps", eval_steps=2)
+    tracer = MemoryTraceCallback(print_blocks=False).attach(trainer)
+    records = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    AnswerAccuracyCallback(qwen_style_tokenizer, records, "exact_match").attach(trainer)
+    trainer.train()
+    evals = [r["ranks"][0]["gpu"] for r in tracer.records if r["phase"] == "eval"]
+    assert len(evals) == 2 and all(stats["peak"] == 900 for stats in evals)
+    accuracy = [entry["eval_accuracy"] for entry in trainer.state.log_history if "eval_accuracy" in entry]
+    assert accuracy == [1.0, 1.0]  # the generation really ran at both evaluations, scored by the task
+
+
+def test_a_block_measured_inside_a_phase_leaves_the_phase_its_peak(monkeypatch, tmp_path):
+    """The eval measures its generation with its own tracker; resetting the allocator's mark for that block must not
+    erase the peak the enclosing traced phase reached before it."""
+    fake = FakeAllocator()
+    monkeypatch.setattr(memory, "device_memory_api", lambda: fake)
+    callback = MemoryTraceCallback(print_blocks=False)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control, model=None)
+    fake.set(800)
+    fake.set(100)
+    with memory.measure_peak("cuda") as peak:
+        fake.set(300)
+        fake.set(100)
+    callback.on_train_end(args, state, control)
+    assert peak.accelerator_bytes == 300 * MIB
+    assert callback.records[-1]["ranks"][0]["gpu"]["total_peak"] == 800
