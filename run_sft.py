@@ -24,10 +24,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback, set_seed
+from transformers import TrainerCallback, set_seed
 
-from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
-from hf_lora_ds.arguments import read_arguments_file
+from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
 from hf_lora_ds.callbacks import (
     AnswerAccuracyCallback,
     MemoryTraceCallback,
@@ -35,18 +34,16 @@ from hf_lora_ds.callbacks import (
     ThroughputCallback,
     write_run_report,
 )
-from hf_lora_ds.distributed import describe_world, release_process_group
-from hf_lora_ds.errors import UserError, run_cli
-from hf_lora_ds.eval import evaluate, get_task, load_samples, print_comparison, write_eval_report, write_predictions
-from hf_lora_ds.gguf_source import model_source, plain_model
-from hf_lora_ds.model_source import hub_load_errors
-from hf_lora_ds.plan import check_memory_plan, profile_from_dataset
+from hf_lora_ds.cli import parse_run_arguments
+from hf_lora_ds.distributed import describe_world, print0, release_process_group
+from hf_lora_ds.errors import run_cli
+from hf_lora_ds.eval import evaluate_phase, get_task, load_samples, print_comparison, write_eval_report
+from hf_lora_ds.loading import load_base_model, load_run_data, load_tokenizer, sft_dataset
+from hf_lora_ds.plan import check_run_fits, profile_from_dataset
 from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
-from hf_lora_ds.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.resources import DEMO_DATA, DEMO_MODEL
 from hf_lora_ds.resume import resolve_resume_checkpoint
 from hf_lora_ds.round_trip import check_round_trip
-from hf_lora_ds.sources import LoadedData, load_data
 from hf_lora_ds.universal import run_deepspeed_config
 
 DEMO_DEFAULTS = {
@@ -68,26 +65,9 @@ DEMO_DEFAULTS = {
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
-    """CLI flags, or a YAML/JSON file optionally followed by flags that override it (a recipe with the ZeRO stage
-    chosen at launch: ``run_sft.py examples/x.yaml --deepspeed ds_configs/stage3.json``). Arguments set nowhere
-    fall back to the demo defaults.
-
-    A ``ValueError`` raised while the arguments are built is a bad flag or combination (ours or TrainingArguments'),
-    so it becomes a ``UserError``: one line, exit code 2.
-    """
-    parser = HfArgumentParser(SFTTrainingArguments)
-    defaults = dict(DEMO_DEFAULTS)
-    try:
-        if argv and argv[0].endswith((".yaml", ".yml", ".json")):
-            defaults.update(read_arguments_file(Path(argv[0])))
-            argv = argv[1:]
-        parser.set_defaults(**defaults)
-        (args,) = parser.parse_args_into_dataclasses(argv)
-    except UserError:
-        raise
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    return args
+    """Flags, or a YAML/JSON file then flags that override it (a recipe with the ZeRO stage chosen at launch:
+    ``run_sft.py examples/x.yaml --deepspeed stage3``); what is set nowhere is the demo's (hf_lora_ds.cli)."""
+    return parse_run_arguments(argv, DEMO_DEFAULTS)
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:
@@ -100,35 +80,17 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     checkpoint, resume_note = resolve_resume_checkpoint(
         args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
     )
-    if args.process_index == 0:
-        print(describe_world(args), flush=True)
-        if resume_note:
-            print(resume_note, flush=True)
+    print0(describe_world(args), *([resume_note] if resume_note else []))
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
-    source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)  # checked; gguf_file=... or {}
-    with hub_load_errors(args.model_name_or_path):
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
-    def sft_dataset(data: LoadedData) -> ChatSFTDataset:
-        return ChatSFTDataset(data, tokenizer, max_length=args.max_length, system_prompt=args.system_prompt,
-                              assistant_turns=args.assistant_turns, on_empty_labels=args.on_empty_labels,
-                              cache_dir=args.dataset_cache_dir, formats=args.format_options,
-                              num_proc=args.preprocessing_num_workers, thinking=args.thinking_options)
-
-    def load(spec: str) -> LoadedData:
-        return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,
-                         cache_dir=args.dataset_cache_dir)
-
-    train_data = load(args.train_file)
-    if args.process_index == 0:
-        print(train_data.summary(), flush=True)
-    train_dataset = sft_dataset(train_data)
-    round_trip = check_round_trip(train_dataset)  # inference prompts start the training texts, on a sample
-    if args.process_index == 0:
-        print(round_trip.line(), flush=True)
-    check_memory_plan(args, profile_from_dataset(train_dataset))
+    tokenizer = load_tokenizer(args)
+    train_data = load_run_data(args.train_file, args)
+    print0(train_data.summary())
+    train_dataset = sft_dataset(train_data, tokenizer, args)
+    print0(check_round_trip(train_dataset).line())  # inference prompts start the training texts, on a sample
+    check_run_fits(args, profile_from_dataset(train_dataset))
     task = get_task(args.eval_task)
-    eval_data = load(args.eval_file) if args.eval_file else None
+    eval_data = load_run_data(args.eval_file, args) if args.eval_file else None
     eval_records = list(eval_data.records) if eval_data else None  # generated from, so held whole: keep it small
     if eval_records:
         load_samples(eval_records, task, args.system_prompt)
@@ -136,23 +98,15 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     evaluating_during_training = eval_records is not None and args.eval_strategy != "no"
 
     memory = MemoryTraceCallback()
-    with memory.phase("load"), hub_load_errors(args.model_name_or_path):
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=args.torch_dtype,
-            attn_implementation=args.attn_implementation,
-            trust_remote_code=args.trust_remote_code,
-            **quantized_load_kwargs(args),
-            **source_kwargs,
-        )
-        model = prepare_quantized_model(plain_model(model), args)
-    if args.process_index == 0 and (quantized := quantized_layers_line(model)):
-        print(quantized, flush=True)
+    with memory.phase("load"):
+        model, quantized = load_base_model(args)
+    if quantized:
+        print0(quantized)
     trainer = LoraSFTTrainer(
         model,
         args,
         train_dataset=train_dataset,
-        eval_dataset=sft_dataset(eval_data) if evaluating_during_training else None,
+        eval_dataset=sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None,
         data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
         processing_class=tokenizer,
         callbacks=list(callbacks),
@@ -163,12 +117,6 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
                                system_prompt=args.system_prompt, predictions_dir=args.output_dir).attach(trainer)
     trainer.add_callback(RunReportCallback())  # after the ones above: the report reads what they log
-
-    def answer_accuracy(phase: str):
-        result = evaluate(trainer.model, tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
-                          system_prompt=args.system_prompt)
-        write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
-        return result
 
     trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
@@ -181,8 +129,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.
         # "before" is the same model with the adapter switched off: the base, even for a resumed run.
         with trainer.model.disable_adapter():
-            results["before"] = answer_accuracy("before")
-        results["after"] = answer_accuracy("after")
+            results["before"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "before")
+        results["after"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "after")
         report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))
         trainer.log({f"eval_accuracy_{phase}": result.accuracy for phase, result in results.items()})
         write_run_report(trainer, report_path)

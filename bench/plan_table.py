@@ -12,8 +12,8 @@ import contextlib
 import sys
 
 from hf_lora_ds.plan.__main__ import parse
-from hf_lora_ds.plan.from_args import plan_run
 from hf_lora_ds.plan.planner import SequenceProfile, recommend
+from hf_lora_ds.plan.run import plan_run
 
 MODELS = ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct", "qwen2.5-14b-instruct")
 GPUS = ("24GB", "32GB", "80GB")

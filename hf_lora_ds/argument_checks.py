@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.formats import FormatOptions
+from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
-__all__ = ["RANGES", "check_ranges", "check_training_flags"]
+__all__ = ["RANGES", "check_fields", "check_lora", "check_model_and_data", "check_ranges", "check_training_flags"]
 
 _SEED_MAX = 2**32 - 1
 
@@ -72,6 +74,60 @@ def check_ranges(args: Any) -> None:
             continue
         if not math.isfinite(value) or not holds(value):
             raise UserError(f"--{name} must be {wanted}, got {value}")
+
+
+def check_fields(args: Any) -> None:
+    """Every check of a single field or of fields against each other that needs neither files nor the launch: run on
+    the parsed values before anything is resolved from them, and again by ``SFTTrainingArguments``."""
+    check_ranges(args)
+    check_model_and_data(args)
+    check_lora(args)
+
+
+def check_model_and_data(args: Any) -> None:
+    """A model and training data named, local data files present, the data and batching flags consistent."""
+    if not args.model_name_or_path:
+        raise UserError("--model_name_or_path is required: a local model directory or a hub id")
+    if not args.train_file:
+        raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
+    for flag in ("train_file", "eval_file"):
+        spec = getattr(args, flag)
+        if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
+            setattr(args, flag, spec := ",".join(_source_text(entry) for entry in spec))
+        # Mixture weights and missing local files fail here; directories and Hub ids are checked when read.
+        for source in parse_sources(spec) if spec else []:
+            if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
+                raise MissingPathError(f"--{flag} {source.location}: no such file")
+    FormatOptions.from_flags(args.columns, args.sharegpt_roles)  # a bad mapping fails before the model loads
+    if args.preprocessing_num_workers is not None and args.preprocessing_num_workers < 1:
+        raise UserError(f"--preprocessing_num_workers must be a positive integer, got {args.preprocessing_num_workers}")
+    if args.max_length < 2:
+        raise UserError(f"--max_length must be at least 2 tokens, got {args.max_length}")
+    if args.batching == "padding_free" and args.pad_to_multiple_of:
+        raise UserError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
+    if args.batching == "padding_free" and args.use_cache:
+        # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
+        raise UserError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
+    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
+        raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
+
+def check_lora(args: Any) -> None:
+    """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""
+    if args.lora_rank < 1:
+        raise UserError(f"--lora_rank must be a positive integer, got {args.lora_rank}")
+    if args.lora_alpha <= 0:
+        raise UserError(f"--lora_alpha must be positive, got {args.lora_alpha}")
+    if not 0 <= args.lora_dropout < 1:
+        raise UserError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
+    if not args.lora_target_modules.strip(" ,"):
+        raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+
+
+def _source_text(entry: str | dict) -> str:
+    """One YAML source entry (``"a.jsonl:0.7"`` or ``{path: a.jsonl, weight: 0.7}``) as flag text."""
+    if isinstance(entry, dict):
+        return f"{entry.get('path', '')}:{entry['weight']}" if "weight" in entry else str(entry.get("path", ""))
+    return str(entry)
 
 
 def check_training_flags(args: Any) -> None:

@@ -17,14 +17,14 @@ import torch
 import yaml
 from transformers import TrainingArguments
 
-from hf_lora_ds.argument_checks import check_ranges, check_training_flags
-from hf_lora_ds.distributed import ensure_world_agreement, launcher_world_size, prepare_distributed
+from hf_lora_ds.argument_checks import check_fields, check_training_flags
+from hf_lora_ds.devices import auto_dtype
+from hf_lora_ds.distributed import launcher_world_size, resolve_use_cpu
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
-from hf_lora_ds.launchers import adopt_accelerate_launch, describe_zero, fsdp_settings
+from hf_lora_ds.launchers import describe_zero, fsdp_settings
 from hf_lora_ds.resources import resolve_deepspeed_name
-from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 from hf_lora_ds.thinking import ThinkingOptions
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
@@ -271,21 +271,20 @@ class SFTTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
-        check_ranges(self)
-        self._check_model_and_data()
+        """Validates and resolves values only. What a run needs around them (the launcher's environment, ``--deepspeed
+        auto``, the world-size agreement with DeepSpeed) is hf_lora_ds.cli.parse_run_arguments' work."""
+        check_fields(self)
         check_training_flags(self)
-        self._check_lora()
         self._check_deepspeed_config()
         self._check_fsdp()
         self._check_quantization()
-        # Before TrainingArguments builds the process state: on CPU-only multi-rank launches Trainer, the data
-        # sharding and DeepSpeed would otherwise disagree on the world size (see hf_lora_ds.distributed).
-        prepare_distributed(self)
+        # Before TrainingArguments builds the process state: a multi-rank launch without an accelerator runs on CPU
+        # ranks, or accelerate and DeepSpeed disagree on the world size (hf_lora_ds.distributed).
+        self.use_cpu = resolve_use_cpu(self.use_cpu)
         self._resolve_precision()
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
         super().__post_init__()
-        ensure_world_agreement(self)
 
     @property
     def format_options(self) -> FormatOptions:
@@ -299,61 +298,19 @@ class SFTTrainingArguments(TrainingArguments):
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-    def _check_model_and_data(self) -> None:
-        if not self.model_name_or_path:
-            raise UserError("--model_name_or_path is required: a local model directory or a hub id")
-        if not self.train_file:
-            raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
-        for flag in ("train_file", "eval_file"):
-            spec = getattr(self, flag)
-            if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
-                setattr(self, flag, spec := ",".join(_source_text(entry) for entry in spec))
-            # Mixture weights and missing local files fail here; directories and Hub ids are checked when read.
-            for source in parse_sources(spec) if spec else []:
-                if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
-                    raise MissingPathError(f"--{flag} {source.location}: no such file")
-        FormatOptions.from_flags(self.columns, self.sharegpt_roles)  # a bad mapping fails before the model loads
-        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
-            raise UserError(f"--preprocessing_num_workers must be a positive integer, got {self.preprocessing_num_workers}")
-        if self.max_length < 2:
-            raise UserError(f"--max_length must be at least 2 tokens, got {self.max_length}")
-        if self.batching == "padding_free" and self.pad_to_multiple_of:
-            raise UserError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
-        if self.batching == "padding_free" and self.use_cache:
-            # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
-            raise UserError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
-        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise UserError(f"--pad_to_multiple_of must be a positive integer, got {self.pad_to_multiple_of}")
-
-    def _check_lora(self) -> None:
-        if self.lora_rank < 1:
-            raise UserError(f"--lora_rank must be a positive integer, got {self.lora_rank}")
-        if self.lora_alpha <= 0:
-            raise UserError(f"--lora_alpha must be positive, got {self.lora_alpha}")
-        if not 0 <= self.lora_dropout < 1:
-            raise UserError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if not self.lora_target_modules.strip(" ,"):
-            raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
-
     def _check_deepspeed_config(self) -> None:
-        """Before transformers parses it: its errors come later and name neither the key nor the flag to change.
-        ``auto`` becomes the memory plan's recommended shipped config here, before TrainingArguments reads it, and a
-        shipped config's short name (``stage3``) its path. An ``accelerate launch`` DeepSpeed or FSDP config becomes
-        ``--deepspeed`` or ``--fsdp`` here (hf_lora_ds.launchers), so every later check sees it."""
-        if isinstance(self.deepspeed, str) and self.deepspeed != "auto":
+        """Before transformers parses it: its errors come later and name neither the key nor the flag to change. A
+        shipped config's short name (``stage3``) becomes its path; ``auto`` must have been resolved by the memory
+        planner already (hf_lora_ds.cli), and an ``accelerate launch`` config adopted there (hf_lora_ds.launchers)."""
+        if self.deepspeed == "auto":
+            raise UserError("--deepspeed auto is resolved from the command line by hf_lora_ds.cli.parse_run_arguments; "
+                            "pass a DeepSpeed config (e.g. ds_configs/stage3.json) when building the arguments in code")
+        if isinstance(self.deepspeed, str):
             self.deepspeed = resolve_deepspeed_name(self.deepspeed)
         if self.deepspeed and self.fsdp:
             raise UserError(f"--fsdp and --deepspeed {self.deepspeed}: choose one of FSDP and DeepSpeed")
-        given = load_deepspeed_config(self.deepspeed)[0] if self.deepspeed and self.deepspeed != "auto" else None
-        adopt_accelerate_launch(self, given)
         if not self.deepspeed:
             return
-        if self.deepspeed == "auto":
-            from hf_lora_ds.plan.from_args import recommended_deepspeed_config
-
-            self.deepspeed = str(recommended_deepspeed_config(self))
-            if int(os.environ.get("RANK", "0")) == 0:
-                print(f"--deepspeed auto: {self.deepspeed} (the memory plan's pick)", flush=True)
         config, source = load_deepspeed_config(self.deepspeed)
         check_deepspeed_config(
             config,
@@ -399,8 +356,7 @@ class SFTTrainingArguments(TrainingArguments):
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
         if self.dtype == "auto":
-            on_bf16_gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not self.use_cpu
-            self.dtype = "bfloat16" if on_bf16_gpu and not self.fp16 else "float32"
+            self.dtype = auto_dtype(on_accelerator=torch.cuda.is_available() and not self.use_cpu, fp16=self.fp16)
         if self.dtype == "bfloat16" and self.fp16:
             raise UserError("--dtype bfloat16 with --fp16: use --bf16 (or --dtype float16 with --fp16)")
         if self.dtype == "float16" and self.bf16:
@@ -417,13 +373,6 @@ def offloads_parameters(deepspeed: str | dict | None) -> bool:
         return False
     config = deepspeed if isinstance(deepspeed, dict) else json.loads(Path(deepspeed).read_text(encoding="utf-8"))
     return offloads(config.get("zero_optimization", {}), "offload_param")
-
-
-def _source_text(entry: str | dict) -> str:
-    """One YAML source entry (``"a.jsonl:0.7"`` or ``{path: a.jsonl, weight: 0.7}``) as flag text."""
-    if isinstance(entry, dict):
-        return f"{entry.get('path', '')}:{entry['weight']}" if "weight" in entry else str(entry.get("path", ""))
-    return str(entry)
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

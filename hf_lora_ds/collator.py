@@ -43,6 +43,7 @@ __all__ = [
     "Batching",
     "LengthGroupedEpochSampler",
     "build_collator",
+    "padding_free_by_default",
     "padded_collator",
     "resolve_batching",
     "supports_padding_free",
@@ -72,13 +73,19 @@ def supports_padding_free(model: torch.nn.Module) -> bool:
     return hasattr(sys.modules.get(type(base).__module__), "create_causal_mask")
 
 
+def padding_free_by_default(attn_implementation: str | None) -> bool:
+    """What ``--batching auto`` picks for an attention kernel: padding-free with flash attention, where no token is
+    padding and it is fastest; padded (length-grouped) elsewhere, where it is faster (see resolve_batching)."""
+    return "flash" in (attn_implementation or "")
+
+
 def resolve_batching(batching: Batching, model: torch.nn.Module) -> Literal["padded", "padding_free"]:
     """``auto`` picks padding-free only with flash attention, where it is fastest; padded (and, by default,
     length-grouped) batches are faster under sdpa and eager: 1.78x the supervised tokens/s of pad-to-max_length on
     the CPU, against 0.60x for padding-free (bench/padding.py)."""
     if batching == "auto":
-        implementation = getattr(model.config, "_attn_implementation", None) or ""
-        return "padding_free" if "flash" in implementation and supports_padding_free(model) else "padded"
+        by_default = padding_free_by_default(getattr(model.config, "_attn_implementation", None))
+        return "padding_free" if by_default and supports_padding_free(model) else "padded"
     if batching == "padding_free" and not supports_padding_free(model):
         raise UserError(
             f"{type(model).__name__} with attn_implementation={model.config._attn_implementation!r} cannot keep packed "

@@ -40,12 +40,12 @@ from hf_lora_ds.spans import (
     AssistantTurns,
     Sample,
     TemplateError,
+    labels_from_spans,
     render_samples,
-    tokenize_conversation,
 )
 from hf_lora_ds.thinking import ThinkingOptions, move_inline_reasoning, renders_reasoning
 
-__all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "tokenize_conversation"]
+__all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
 
 # Compact columns: labels as int32 like the token ids (datasets would infer int64 for them), the mask as int8.
 _SAMPLE_FEATURES = datasets.Features(
@@ -232,7 +232,7 @@ class _Encoder:
         out.update(num_supervised=[], truncated=[], where=[where for where, _ in places])
         out["source"] = [source for _, source in places]
         for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
-            labels = tokenize_conversation(self.tokenizer, text, spans, offsets, ids)
+            labels = labels_from_spans(self.tokenizer, text, spans, offsets, ids)
             truncated = self.max_length is not None and len(ids) > self.max_length
             if truncated:
                 ids, labels = ids[: self.max_length], labels[: self.max_length]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["device_memory_api"]
+__all__ = ["auto_dtype", "device_memory_api"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,3 +32,12 @@ def device_memory_api() -> Any:
         logger.warning("Accelerator memory is not traced: %s", err)
         return None
     return api
+
+
+def auto_dtype(on_accelerator: bool, fp16: bool = False) -> str:
+    """``--dtype auto``, for the run and for the planner alike: bfloat16 on an accelerator that computes in it, float32
+    elsewhere (bf16 LoRA ran ~20x slower than fp32 on CPUs) and with ``--fp16``, whose scaler wants float32 weights.
+    An accelerator planned from a machine without CUDA is taken to have bf16 (every GPU since Ampere)."""
+    if not on_accelerator or fp16:
+        return "float32"
+    return "bfloat16" if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else "float32"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from transformers.pytorch_utils import Conv1D
 
-from hf_lora_ds.arguments import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 
 __all__ = [
@@ -22,8 +23,9 @@ __all__ = [
 LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
 
 
-def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
-    """``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
+def lora_config_from_args(args: Any) -> LoraConfig:
+    """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
+    ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,

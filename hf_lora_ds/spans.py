@@ -23,7 +23,7 @@ __all__ = [
     "Sample",
     "TemplateError",
     "render_samples",
-    "tokenize_conversation",
+    "labels_from_spans",
     "token_difference",
 ]
 
@@ -169,7 +169,7 @@ def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list
     return body
 
 
-def tokenize_conversation(
+def labels_from_spans(
     tokenizer: PreTrainedTokenizerBase,
     text: str,
     spans: Sequence[tuple[int, int]],

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hf_lora_ds import data, record_table
-from hf_lora_ds.data import ChatSFTDataset, render_samples, tokenize_conversation
+from hf_lora_ds.data import ChatSFTDataset, labels_from_spans, render_samples
 from hf_lora_ds.formats import FormatOptions, to_conversation
 from hf_lora_ds.records import DataError
 from hf_lora_ds.sources import load_data
@@ -46,7 +46,7 @@ def reference(tokenizer, record: dict) -> tuple[list[int], list[int]]:
     text, spans = sample.text, sample.spans
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = encoded["input_ids"]
-    return ids, tokenize_conversation(tokenizer, text, spans, encoded["offset_mapping"], ids)
+    return ids, labels_from_spans(tokenizer, text, spans, encoded["offset_mapping"], ids)
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])

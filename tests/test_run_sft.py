@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import run_sft
+from hf_lora_ds import loading
 from hf_lora_ds.records import DataError
 
 
@@ -67,7 +68,7 @@ def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "1=", "output": "0 + 1"}\n{"instruction": "2=", "output": ["1", "1"]}\n')
     loaded = []
-    monkeypatch.setattr(run_sft.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
     flags = demo_flags(tiny_model_dir, sum_files, tmp_path / "bad_run")
     flags[flags.index("--train_file") + 1] = str(bad)
     with pytest.raises(DataError, match=r"bad.jsonl, line 2: field 'output' must be a string"):

@@ -7,7 +7,13 @@
 ``python -m hf_lora_ds.eval --help`` runs the same from the command line, and scores predictions made elsewhere.
 """
 
-from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
+from hf_lora_ds.eval.comparison import (
+    evaluate_phase,
+    format_comparison,
+    print_comparison,
+    write_eval_report,
+    write_predictions,
+)
 from hf_lora_ds.eval.evaluator import EvalResult, Prediction, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.generate import Generation, generate, stop_token_ids
 from hf_lora_ds.eval.sum_to_x import DEFAULT_PREFIX, SumToXTask
@@ -25,6 +31,7 @@ from hf_lora_ds.eval.tasks import (
 
 __all__ = [
     "evaluate",
+    "evaluate_phase",
     "score_predictions",
     "load_samples",
     "EvalResult",

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hf_lora_ds.distributed import print0, rank_and_world
-from hf_lora_ds.eval.evaluator import EvalResult
+from hf_lora_ds.eval.evaluator import EvalResult, evaluate
 
-__all__ = ["format_comparison", "print_comparison", "write_predictions", "write_eval_report"]
+__all__ = ["evaluate_phase", "format_comparison", "print_comparison", "write_predictions", "write_eval_report"]
 
 _ROWS: list[tuple[str, Callable[[EvalResult], Any]]] = [
     ("accuracy", lambda r: f"{r.accuracy:.3f}"),
@@ -55,6 +55,15 @@ def _align(rows: list[list[str]]) -> list[str]:
 def print_comparison(results: Mapping[str, EvalResult]) -> None:
     """Print :func:`format_comparison` on rank 0 only."""
     print0(format_comparison(results))
+
+
+def evaluate_phase(model, tokenizer, records: list, task, args: Any, phase: str) -> EvalResult:
+    """One labelled eval of a run (``before``/``after``) at its eval batch size and system prompt, its predictions
+    written to ``<output_dir>/predictions_<phase>.jsonl``."""
+    result = evaluate(model, tokenizer, records, task, batch_size=args.per_device_eval_batch_size,
+                      system_prompt=args.system_prompt)  # fmt: skip
+    write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
+    return result
 
 
 def write_predictions(result: EvalResult, path: str | Path) -> Path:

@@ -15,30 +15,20 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser
 
-from hf_lora_ds.arguments import SFTTrainingArguments, read_arguments_file
+from hf_lora_ds.cli import read_run_values
 from hf_lora_ds.errors import UserError, run_cli
-from hf_lora_ds.plan.from_args import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
 from hf_lora_ds.plan.planner import PlanRow, recommend
-from hf_lora_ds.plan.report import format_table
+from hf_lora_ds.plan.run import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
+from hf_lora_ds.plan.table import format_table
 
 
 def parse(argv: list[str]):
-    """run_sft's fields as a namespace (no SFTTrainingArguments is built: that would start distributed state and
-    require data), and the planner's own arguments."""
-    parser = HfArgumentParser([SFTTrainingArguments, PlanArguments])
-    defaults: dict = {}
-    if argv and argv[0].endswith((".yaml", ".yml", ".json")):
-        defaults.update(read_arguments_file(Path(argv[0])))
-        argv = argv[1:]
-    parser.set_defaults(**defaults)
-    namespace, unknown = parser.parse_known_args(argv)
-    if unknown:
-        raise UserError(f"unknown argument(s) {unknown}; see python -m hf_lora_ds.plan --help")
+    """run_sft's fields as parsed values (no SFTTrainingArguments is built: that would prepare a launch and require
+    data), and the planner's own arguments."""
+    namespace = read_run_values(argv, extra=[PlanArguments])
     if not namespace.model_name_or_path:
         raise UserError("--model_name_or_path is required: a model directory or its config.json")
     plan_args = PlanArguments(**{name: getattr(namespace, name) for name in PlanArguments.__dataclass_fields__})

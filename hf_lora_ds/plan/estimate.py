@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hf_lora_ds.ds_config import offloads
-from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.fused_head_loss import chunk_rows
+from hf_lora_ds.plan.model_shape import ModelShape
 
 __all__ = ["BatchShape", "DeepSpeedLayout", "Estimate", "estimate_memory", "CUDA_CONTEXT_BYTES"]
 

@@ -17,7 +17,6 @@ import json
 import os
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 from peft import LoraConfig

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hf_lora_ds.fused_head_loss import CHUNK_BYTES, chunk_rows
 from hf_lora_ds.plan.estimate import BatchShape, DeepSpeedLayout, estimate_memory
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.plan.planner import SequenceProfile
-from hf_lora_ds.fused_head_loss import CHUNK_BYTES, chunk_rows
 
 SHAPE = ModelShape(
     frozen_params=1_000_000_000, trainable_params=10_000_000, frozen_weight_bytes=2_000_000_000,

@@ -12,9 +12,9 @@ import torch
 
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.plan.__main__ import parse
-from hf_lora_ds.plan.from_args import check_memory_plan, recommended_deepspeed_config
 from hf_lora_ds.plan.model_shape import SHIPPED_MODEL_CONFIGS
 from hf_lora_ds.plan.planner import SHIPPED_CONFIGS_DIR, SequenceProfile
+from hf_lora_ds.plan.run import check_run_fits, recommended_deepspeed_config
 
 MODEL_14B = str(SHIPPED_MODEL_CONFIGS / "qwen2.5-14b-instruct")
 
@@ -53,10 +53,10 @@ def test_auto_without_any_fit_names_the_smallest(two_32gb_gpus):
 def test_a_run_that_will_not_fit_stops_before_loading(two_32gb_gpus, capsys):
     args = run_args("--deepspeed", str(SHIPPED_CONFIGS_DIR / "stage2.json"), "--gradient_checkpointing", "true")
     with pytest.raises(UserError, match="will not fit: ds_configs/stage2.json with gradient checkpointing") as err:
-        check_memory_plan(args, SequenceProfile.unknown(1024))
+        check_run_fits(args, SequenceProfile.unknown(1024))
     assert "Would fit: ds_configs/stage3.json with gradient checkpointing" in str(err.value)
     args.check_memory_plan = False  # the override: the plan line, then the run goes on
-    row = check_memory_plan(args, SequenceProfile.unknown(1024))
+    row = check_run_fits(args, SequenceProfile.unknown(1024))
     assert not row.fits and row.config == "stage2.json"
     assert capsys.readouterr().out.count("memory plan: ds_configs/stage2.json with gradient checkpointing") == 2
 
@@ -66,6 +66,6 @@ def test_on_a_cpu_the_plan_line_never_stops_the_run(monkeypatch, capsys):
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
     args = run_args("--device_memory", "1GiB")
-    row = check_memory_plan(args, SequenceProfile.unknown(1024))
+    row = check_run_fits(args, SequenceProfile.unknown(1024))
     assert not row.fits
     assert capsys.readouterr().out.startswith("memory plan: no DeepSpeed without gradient checkpointing")

@@ -18,9 +18,9 @@ import torch
 from peft import LoraConfig, TaskType
 
 from hf_lora_ds.plan.__main__ import parse
-from hf_lora_ds.plan.from_args import configs_with, plan_this_run
 from hf_lora_ds.plan.model_shape import SHIPPED_MODEL_CONFIGS, load_model_config
 from hf_lora_ds.plan.planner import CUDA_CONTEXT_BYTES, PlanSettings, SequenceProfile, make_plan
+from hf_lora_ds.plan.run import plan_this_run
 
 MODEL = str(SHIPPED_MODEL_CONFIGS / "qwen2.5-0.5b-instruct")
 PROFILE = SequenceProfile.from_samples([512] + [64] * 63, [32] * 64)  # one long sample: padding-free batches are shorter

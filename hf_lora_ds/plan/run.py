@@ -1,4 +1,5 @@
-"""From a run's arguments (``SFTTrainingArguments``, or the same fields parsed without building one) to a plan.
+"""The planner's entry: from a run's arguments (``SFTTrainingArguments``, or the same fields parsed without building
+one) to a plan.
 
 The planner reads the fields by name, so ``python -m hf_lora_ds.plan`` can parse run_sft's flags and YAML file
 without constructing ``SFTTrainingArguments`` (whose checks start distributed state and need a data file), and
@@ -15,7 +16,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from hf_lora_ds.distributed import launcher_world_size
+from hf_lora_ds.collator import padding_free_by_default
+from hf_lora_ds.devices import auto_dtype
+from hf_lora_ds.distributed import launcher_world_size, print0
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.gguf_source import gguf_config
@@ -33,7 +36,7 @@ from hf_lora_ds.plan.planner import (
     runtime_bytes,
     shipped_configs,
 )
-from hf_lora_ds.plan.report import plan_line
+from hf_lora_ds.plan.table import plan_line
 
 __all__ = [
     "PlanArguments",
@@ -42,7 +45,7 @@ __all__ = [
     "fsdp_config_name",
     "parse_memory",
     "plan_run",
-    "check_memory_plan",
+    "check_run_fits",
     "plan_this_run",
     "planning_line",
     "profile_from_dataset",
@@ -145,7 +148,7 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
         attn_implementation=args.attn_implementation,
         quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
         padding_free=args.batching == "padding_free"
-        or (args.batching == "auto" and (args.attn_implementation or "").startswith("flash")),
+        or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
         supervised_logits_only=args.supervised_logits_only,
     )
     if not 0 <= settings.headroom < 1:
@@ -189,13 +192,8 @@ def planning_line(args, plan_args: PlanArguments) -> str:
 
 
 def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
-    """As SFTTrainingArguments resolves ``auto``: bf16 on an accelerator that has it, fp32 elsewhere. GPUs planned
-    from a machine without one are taken to have bf16 (every GPU since Ampere; pass --dtype for older ones)."""
-    if dtype == "auto":
-        if not on_accelerator:
-            return torch.float32
-        return torch.bfloat16 if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, dtype)
+    """The run's ``--dtype``, ``auto`` resolved as SFTTrainingArguments resolves it on the planned device."""
+    return getattr(torch, auto_dtype(on_accelerator) if dtype == "auto" else dtype)
 
 
 def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
@@ -277,13 +275,12 @@ def recommended_deepspeed_config(args) -> Path:
     return SHIPPED_CONFIGS_DIR / chosen.config
 
 
-def check_memory_plan(args, profile: SequenceProfile) -> PlanRow:
+def check_run_fits(args, profile: SequenceProfile) -> PlanRow:
     """run_sft's plan line (rank 0), and on an accelerator a stop before loading when the run will not fit, naming
     the configurations that would (``--check_memory_plan false`` tries anyway). A CPU run only prints: host memory
     swaps rather than failing at a clean boundary, and the planner's CPU figures are what CI checks."""
     chosen, rows = plan_this_run(args, profile)
-    if args.process_index == 0:
-        print(f"memory plan: {plan_line(chosen)}", flush=True)
+    print0(f"memory plan: {plan_line(chosen)}")
     on_accelerator = _plans_accelerator("auto", args)
     if on_accelerator and not chosen.fits and args.check_memory_plan:
         fitting = [plan_line(row) for row in rows if row.fits][:3]
