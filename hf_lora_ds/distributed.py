@@ -1,8 +1,10 @@
 """Make Trainer's world size, its data sharding and DeepSpeed's world size agree, on CPU and on accelerators.
 
-Two calls, both in ``TrainingArguments.__post_init__``: ``prepare_distributed(self)`` before
-``super().__post_init__()`` and ``ensure_world_agreement(self)`` after it (before the model is loaded). On a GPU
-machine, or for a single process without DeepSpeed, they change nothing. What they fix, root causes first:
+Two calls, both in ``hf_lora_ds.cli.parse_run_arguments`` (the one place a run's process environment changes):
+``prepare_distributed(values)`` before ``SFTTrainingArguments`` is built (its ``TrainingArguments.__post_init__``
+builds accelerate's process state) and ``ensure_world_agreement(args)`` after it, before the model is loaded. A
+script that builds the arguments itself calls them the same way. On a GPU machine, or for a single process without
+DeepSpeed, they change nothing. What they fix, root causes first:
 
 1. Several ranks, no accelerator (accelerate 1.15, ``PartialState.__init__`` / ``_prepare_backend``). With
    ``LOCAL_RANK`` set and ``cpu=False`` accelerate picks a backend only from an accelerator it finds (nccl, xccl,
@@ -66,8 +68,8 @@ _WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_
 
 
 def prepare_distributed(args: TrainingArguments) -> None:
-    """Call at the top of ``TrainingArguments.__post_init__``, *before* ``super().__post_init__()`` builds the process
-    state; pair it with ``ensure_world_agreement(args)`` right after. No-op for a single process on a GPU or
+    """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), with the
+    parsed values; pair it with ``ensure_world_agreement(args)`` right after. No-op for a single process on a GPU or
     without DeepSpeed, and for any launch on a GPU machine."""
     name_local_world_size()
     args.use_cpu = resolve_use_cpu(args.use_cpu)
