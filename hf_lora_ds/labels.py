@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
-from transformers.tokenization_utils_tokenizers import TokenizersBackend
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from hf_lora_ds.spans import IGNORE_INDEX, TemplateError
 
@@ -120,7 +119,7 @@ def _decode(tokenizer: PreTrainedTokenizerBase, sequences: list[list[int]]) -> l
     """What ``tokenizer.decode`` gives for each sequence: in one call of the tokenizers library where the
     tokenizer decodes as that library does, else by its own ``decode``, one at a time."""
     kind = type(tokenizer)
-    if kind.decode is PreTrainedTokenizerBase.decode and kind._decode is TokenizersBackend._decode:
+    if kind.decode is PreTrainedTokenizerBase.decode and kind._decode is PreTrainedTokenizerFast._decode:
         return tokenizer.backend_tokenizer.decode_batch(sequences, skip_special_tokens=False)
     return [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in sequences]
 
