@@ -106,10 +106,11 @@ def _check(
         starts_before = (stop > first) & (starts[np.minimum(first, len(ids) - 1)] < low)
         crossing = starts_before | ((stop > first) & (ends[np.maximum(stop - 1, 0)] > high))
     bad = int(np.argmax(crossing)) if crossing.any() else len(flat)
-    decoded = _decode(tokenizer, [ids[a:b].tolist() for a, b in zip(first[:bad], stop[:bad])])
-    for (k, start, end), got in zip(flat, decoded):
-        if got != texts[k][start:end]:
-            raise _undecodable(got, texts[k][start:end])
+    decoded = _decode(tokenizer, [ids[a:b].tolist() for a, b in zip(first[:bad].tolist(), stop[:bad].tolist())])
+    expected = [texts[k][start:end] for k, start, end in flat[:bad]]
+    if decoded != expected:
+        got, want = next((got, want) for got, want in zip(decoded, expected) if got != want)
+        raise _undecodable(got, want)
     if bad < len(flat):
         token = first[bad] if starts_before[bad] else np.searchsorted(ends, high[bad], side="right")
         raise _crossing(tokenizer, int(ids[token]), *flat[bad][1:])

@@ -9,6 +9,7 @@ gives its answer from fewer renders where it can prove it the same; ``hf_lora_ds
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,14 +57,15 @@ class TurnRules:
 
     tokenizer: PreTrainedTokenizerBase
     thinking: ThinkingOptions
-    end_tokens: tuple[str, ...]  # added and special tokens, longest first: an end-of-turn token is one of them
+    end_of_turn: re.Pattern  # any added or special token, the longest first: an end-of-turn token is one of them
     special_tokens: tuple[str, ...]
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase, thinking: ThinkingOptions | None = None) -> TurnRules:
         specials = tuple(tokenizer.all_special_tokens)
-        ends = tuple(sorted(set(tokenizer.get_added_vocab()) | set(specials), key=len, reverse=True))
-        return cls(tokenizer, thinking or ThinkingOptions(), ends, specials)
+        ends = sorted(set(tokenizer.get_added_vocab()) | set(specials), key=len, reverse=True)
+        any_end = "|".join(map(re.escape, ends)) or "(?!)"  # (?!) matches nothing: no token, no end of turn
+        return cls(tokenizer, thinking or ThinkingOptions(), re.compile(any_end), specials)
 
 
 def render_samples(
@@ -183,7 +185,7 @@ def reply_spans(
     else:
         answer = content + _end_of_turn_after(rules, body[len(content) :])
     end = start + len(block) + len(answer)
-    return [(start if rules.thinking.trains(block) or not block else start + len(block), end)]
+    return [(start if not block or rules.thinking.trains(block) else start + len(block), end)]
 
 
 def _tool_call_reply(rules: TurnRules, reply: str, calls: list[dict], turn: int) -> str:
@@ -223,9 +225,8 @@ def render(
 
 def _end_of_turn_after(rules: TurnRules, rest: str) -> str:
     """The special token the template puts right after an assistant message (``<|im_end|>``, ``<|eot_id|>``...)."""
-    for token in rules.end_tokens:
-        if rest.startswith(token):
-            return token
+    if found := rules.end_of_turn.match(rest):
+        return found.group()
     raise TemplateError(
         f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
         "the model would never learn to stop"
