@@ -284,7 +284,8 @@ class _Encoder:
 def _collector_paused() -> Iterator[None]:
     """Python's cycle collector off for one batch: the batch allocates a tuple per token offset, and each pass of
     the collector that this sets off walks the whole heap (torch and transformers hold millions of objects), which
-    cost about an eighth of the tokenizing time. A batch makes no reference cycles: reference counting frees it."""
+    cost about an eighth of the tokenizing time. Reference counting frees what a batch allocates; the few cycles it
+    makes (a new shape's first renders) are collected after it."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
