@@ -4,7 +4,10 @@ It runs ``ChatSFTDataset`` (records read line by line into Arrow, validated, the
 batched datasets map) in a fresh subprocess per measurement: on a ``--records`` file with 1 and then 2 workers
 (``--preprocessing_num_workers``), each on an empty cache; on a ``--large_records`` file with 2 workers, on an
 empty cache and then again on the cache that run wrote; and on a copy of the large file with a bad record at line
-900,000. It prints, measured in this run: seconds, samples/s, and the peak memory of the whole process tree (main process
+900,000. Beside the 1-worker run, the floor: the same records tokenized by batched
+``apply_chat_template(..., tokenize=True)``, 1,000 conversations a call, with no masks, in one process (the
+conversations built beforehand, untimed), and our rate as a fraction of it. It prints, measured in this run: seconds,
+samples/s, and the peak memory of the whole process tree (main process
 and workers, sampled every 0.2 s from /proc/<pid>/smaps_rollup): the sum of RSS, which counts the pages forked
 workers share with the main process once per process; PSS, which splits shared pages between the processes that map
 them; and PSS split into anonymous memory (what the pipeline allocates: it cannot be dropped while the run lasts)
@@ -142,6 +145,29 @@ def run_child(
     return result
 
 
+def plain_child(args: argparse.Namespace) -> None:
+    """The floor: the file's conversations tokenized by the chat template with no masks, batched as the pipeline
+    batches, in this one process; reading and converting the records is not timed."""
+    from transformers import AutoTokenizer
+
+    from hf_lora_ds.formats import to_conversation
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    with args.plain.open(encoding="utf-8") as f:
+        conversations = [to_conversation(json.loads(line), "record")["messages"] for line in f]
+    start = time.perf_counter()
+    for begin in range(0, len(conversations), 1000):
+        tokenizer.apply_chat_template(conversations[begin : begin + 1000], tokenize=True)
+    print(json.dumps({"samples": len(conversations), "seconds": time.perf_counter() - start}))
+
+
+def run_plain(path: Path, tokenizer_dir: Path) -> dict:
+    """``plain_child`` in a fresh process, as each pipeline run is."""
+    command = [sys.executable, __file__, "--plain", str(path), "--tokenizer", str(tokenizer_dir)]
+    out = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def child(args: argparse.Namespace) -> None:
     """The measured pipeline: what run_sft.py does before the model is loaded."""
     from transformers import AutoTokenizer
@@ -169,6 +195,7 @@ def main() -> None:
                         help="Also run the large file (2 workers, cold) in a memory cgroup capped at this many GiB, "
                         "page cache included (Linux, as root).")  # fmt: skip
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--plain", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", default=None,
                         help="A saved tokenizer directory to tokenize with (a real model's 49k-token BPE is slower "
                         "than the default: a tiny word-level one built here).")
@@ -177,6 +204,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.plain:
+        return plain_child(args)
 
     from hf_lora_ds.tiny import train_chat_tokenizer
 
@@ -199,6 +228,12 @@ def main() -> None:
         rate = result["samples"] / result["seconds"]
         print(f"{n:>9} {num_proc:>7} {state:>5} {result['seconds']:>8.1f} {rate:>10.0f} {result['peak_rss_gib']:>9.2f} "
               f"{result['peak_pss_gib']:>6.2f} {result['peak_pss_anon_gib']:>9.2f} {result['peak_pss_file_gib']:>9.2f}", flush=True)  # fmt: skip
+        if num_proc == 1:  # the floor, measured right after ours on the same file
+            ours, plain = rate, run_plain(path, tokenizer_dir)
+    floor = plain["samples"] / plain["seconds"]
+    print(f"plain floor, {small:,} records, 1 process: batched apply_chat_template(tokenize=True), no masks: "
+          f"{floor:.0f} samples/s; ours (1 worker, cold, exact masks): {ours:.0f} samples/s; "
+          f"ratio ours / plain {ours / floor:.2f}", flush=True)  # fmt: skip
     line = BAD_LINE if large >= BAD_LINE else int(large * 0.9)
     bad = workdir / f"bad_{large}.jsonl"
     with_bad_record(workdir / f"records_{large}.jsonl", bad, line)

@@ -6,19 +6,26 @@ differently in context. Instead, the supervised spans are derived from the templ
 the conversation rendered up to turn i with the generation prompt must be a prefix of the conversation rendered
 through turn i, and what lies between is exactly the assistant content followed by an end-of-turn special token.
 Those character spans are mapped to tokens with the fast tokenizer's offsets, and each decoded span is checked
-against ``content + end_of_turn``. An assistant turn with tool calls is trained whole, as the template writes it
-(Qwen2.5: ``<tool_call>`` JSON), through its end-of-turn special token; every call's name must appear in it.
-A thinking template's ``<think>`` block is trained or not by ``hf_lora_ds.thinking``'s options. A template that
-renders earlier turns differently once the conversation goes on (Qwen3 drops their reasoning) gives such a turn a
-training text of its own, ending with it, so every turn is trained after the prompt it gets at inference
-(``hf_lora_ds.spans``). Whatever the template does that breaks this (a generation prompt that does not start the
-turn, merging the header into the content) raises a ``TemplateError`` instead of training on a wrong mask.
+against ``content + end_of_turn`` (``hf_lora_ds.labels``, a batch at a time). An assistant turn with tool calls is
+trained whole, as the template writes it (Qwen2.5: ``<tool_call>`` JSON), through its end-of-turn special token;
+every call's name must appear in it. A thinking template's ``<think>`` block is trained or not by
+``hf_lora_ds.thinking``'s options. A template that renders earlier turns differently once the conversation goes on
+(Qwen3 drops their reasoning) gives such a turn a training text of its own, ending with it, so every turn is trained
+after the prompt it gets at inference (``hf_lora_ds.spans``). Whatever the template does that breaks this (a
+generation prompt that does not start the turn, merging the header into the content) raises a ``TemplateError``
+instead of training on a wrong mask.
+
+Those renders cost more than tokenizing; for a template that never looks at the contents it writes, the same
+samples come from one rendering per sequence of roles (``hf_lora_ds.located``), and every other conversation
+keeps the rule itself.
 """
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +39,8 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.distributed import main_process_first
 from hf_lora_ds.formats import FormatOptions, to_conversation
+from hf_lora_ds.labels import FlatLabels, batch_labels, labels_from_spans
+from hf_lora_ds.located import Locator
 from hf_lora_ds.record_table import cache_root
 from hf_lora_ds.records import DataError, decode_record
 from hf_lora_ds.sources import LoadedData, load_data
@@ -40,7 +49,8 @@ from hf_lora_ds.spans import (
     AssistantTurns,
     Sample,
     TemplateError,
-    labels_from_spans,
+    TurnRules,
+    prefix_samples,
     render_samples,
 )
 from hf_lora_ds.thinking import ThinkingOptions, move_inline_reasoning, renders_reasoning
@@ -48,6 +58,7 @@ from hf_lora_ds.thinking import ThinkingOptions, move_inline_reasoning, renders_
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
 
 # Compact columns: labels as int32 like the token ids (datasets would infer int64 for them), the mask as int8.
+# The map function writes them as Arrow arrays, in this order (``_Encoder.table``).
 _SAMPLE_FEATURES = datasets.Features(
     {
         "where": datasets.Value("string"),
@@ -187,6 +198,8 @@ class _Encoder:
         self.formats = formats
         self.thinking = thinking
         self.renders_reasoning = renders_reasoning(tokenizer)
+        self.rules = TurnRules.of(tokenizer, thinking)
+        self.locator = Locator(self.rules, assistant_turns)
 
     def settings(self) -> list[Any]:
         """Everything besides the records that decides the output: vocabulary, template and options."""
@@ -211,38 +224,75 @@ class _Encoder:
 
     def samples(self, conversation: dict[str, Any]) -> list[Sample]:
         """The training texts and spans of one conversation (``hf_lora_ds.spans.render_samples``)."""
-        return render_samples(
-            self.tokenizer, conversation["messages"], self.assistant_turns, conversation["tools"], self.thinking
-        )
+        return self.sample_lists([conversation])[0]
+
+    def sample_lists(self, conversations: list[dict[str, Any]]) -> list[list[Sample]]:
+        """Each conversation's samples: located (``hf_lora_ds.located``) where that is proven exact, else by the
+        prefix rule, which also raises, conversation by conversation, any error of either."""
+        located = self.locator.samples(conversations)
+        return [
+            found if found is not None else prefix_samples(self.rules, c["messages"], self.assistant_turns, c["tools"])
+            for c, found in zip(conversations, located)
+        ]
 
     def validate(self, batch: dict[str, list]) -> None:
         """The validation pass: a ``map`` function that returns nothing, so datasets writes nothing."""
         for _ in self.conversations(batch):
             pass
 
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        rendered, places = [], []
-        for conversation, where, source in zip(self.conversations(batch), batch["where"], batch["source"]):
-            for sample in self.samples(conversation):
-                rendered.append((sample.text, sample.spans))
+    def __call__(self, batch: dict[str, list]) -> pa.Table:
+        with _collector_paused():
+            return self.encode(batch)
+
+    def encode(self, batch: dict[str, list]) -> pa.Table:
+        """A batch of records' samples: rendered, tokenized with offsets, labelled, as the samples' columns."""
+        texts, spans, places = [], [], []
+        conversations = list(self.conversations(batch))
+        for samples, where, source in zip(self.sample_lists(conversations), batch["where"], batch["source"]):
+            for sample in samples:
+                texts.append(sample.text)
+                spans.append(sample.spans)
                 places.append((where, source))
-        texts = [text for text, _ in rendered]
-        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-        out: dict[str, list] = {k: [] for k in ("input_ids", "attention_mask", "labels", "length")}
-        out.update(num_supervised=[], truncated=[], where=[where for where, _ in places])
-        out["source"] = [source for _, source in places]
-        for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
-            labels = labels_from_spans(self.tokenizer, text, spans, offsets, ids)
-            truncated = self.max_length is not None and len(ids) > self.max_length
-            if truncated:
-                ids, labels = ids[: self.max_length], labels[: self.max_length]
-            out["input_ids"].append(ids)
-            out["attention_mask"].append([1] * len(ids))
-            out["labels"].append(labels)
-            out["length"].append(len(ids))
-            out["num_supervised"].append(sum(label != IGNORE_INDEX for label in labels))
-            out["truncated"].append(truncated)
-        return out
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+        ids = encoded["input_ids"]
+        return self.table(batch_labels(self.tokenizer, texts, spans, encoded["offset_mapping"], ids), places)
+
+    def table(self, flat: FlatLabels, places: list[tuple[str, str]]) -> pa.Table:
+        """The samples' columns (``_SAMPLE_FEATURES``), built as Arrow arrays from flat numpy ones rather than from
+        a Python list per sample: truncated to ``max_length``, with their lengths and supervised-token counts."""
+        sample = np.repeat(np.arange(len(flat.lengths)), flat.lengths)  # the sample of each token
+        lengths = flat.lengths if self.max_length is None else np.minimum(flat.lengths, self.max_length)
+        starts = np.cumsum(flat.lengths) - flat.lengths
+        kept = np.arange(len(flat.ids)) - starts[sample] < lengths[sample]
+        labels, sample = flat.labels[kept], sample[kept]
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
+        supervised = np.bincount(sample[labels != IGNORE_INDEX], minlength=len(lengths))
+        columns = {
+            "where": pa.array([where for where, _ in places], type=pa.string()),
+            "source": pa.array([source for _, source in places], type=pa.string()),
+            "input_ids": pa.ListArray.from_arrays(offsets, flat.ids[kept]),
+            "attention_mask": pa.ListArray.from_arrays(offsets, np.ones(len(labels), dtype=np.int8)),
+            "labels": pa.ListArray.from_arrays(offsets, labels),
+            "length": pa.array(lengths, type=pa.int32()),
+            "num_supervised": pa.array(supervised, type=pa.int32()),
+            "truncated": pa.array(flat.lengths > lengths),
+        }
+        return pa.Table.from_pydict(columns, schema=_SAMPLE_FEATURES.arrow_schema)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for one batch: the batch allocates a tuple per token offset, and each pass of
+    the collector that this sets off walks the whole heap (torch and transformers hold millions of objects), which
+    cost about an eighth of the tokenizing time. Reference counting frees what a batch allocates; the few cycles it
+    makes (a new shape's first renders) are collected after it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _cached(cache_file: Path, num_proc: int | None) -> bool:
@@ -261,5 +311,5 @@ def _count_values(column: pa.ChunkedArray) -> Counter:
 def _code_version() -> str:
     """A hash of the modules that decide the tokenized output, so a changed hf_lora_ds does not reuse old caches."""
     package = Path(__file__).parent
-    modules = ("data.py", "formats.py", "records.py", "spans.py", "thinking.py")
+    modules = ("data.py", "formats.py", "records.py", "spans.py", "thinking.py", "labels.py", "located.py", "content_blind.py")
     return Hasher.hash([(package / name).read_bytes() for name in modules])

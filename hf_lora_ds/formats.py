@@ -132,6 +132,8 @@ def _map_columns(record: dict, columns: dict[str, str], where: str) -> dict:
     A record already in a known format needs none of the mapped columns, so one ``--columns`` serves a mixture of
     layouts; a record in no known format is told which mapped column it lacks.
     """
+    if not columns:
+        return record  # already the caller's own copy
     mapped = dict(record)
     missing = []
     for key, column in columns.items():

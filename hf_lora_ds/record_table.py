@@ -6,9 +6,9 @@ Each record is one row of three string columns: ``record`` (its JSON text, decod
 have different fields (alpaca next to ShareGPT) and tool schemas differ from record to record: Arrow's schema
 inference would unify or reject them, and its JSON reader names no line for a malformed one.
 
-A file is read once, line by line (``hf_lora_ds.records.iter_record_texts``), and written to datasets' cache
-under a fingerprint of its path, size and modification time: a second run with the same file reads the table
-from the cache, and a changed file is read again.
+A file is read once, line by line (``hf_lora_ds.records.iter_record_texts``), and written to the cache
+(``cache_root``) under a fingerprint of its path, size and modification time: a second run with the same file
+reads the table from the cache, and a changed file is read again.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, overload
 
 import datasets
-from datasets.exceptions import DatasetGenerationError
+from datasets.arrow_writer import ArrowWriter
 from datasets.fingerprint import Hasher
 
-from hf_lora_ds.errors import UserError
 from hf_lora_ds.records import Record, decode_record, iter_record_texts
 
 __all__ = ["COLUMNS", "RecordTable", "cache_root", "read_file", "from_rows", "from_list"]
@@ -32,6 +32,7 @@ COLUMNS = datasets.Features(
     {"record": datasets.Value("string"), "where": datasets.Value("string"), "source": datasets.Value("string")}
 )
 _FORMAT = 1  # bump when the rows written for the same file change, so old cached tables are not reused
+_BATCH = 10_000  # rows written at a time: a few MB of text
 
 
 def cache_root(cache_dir: str | Path | None) -> Path:
@@ -70,28 +71,32 @@ class RecordTable(Sequence[Record]):
 def read_file(path: Path, source: str, cache_dir: str | Path | None = None) -> datasets.Dataset:
     """The records of a ``.json``/``.jsonl``/``.parquet`` file as a table, read in bounded memory or from the cache.
 
-    An error in the file (not UTF-8, a broken JSON array, an unreadable parquet file) is raised as the
-    ``DataError`` that names it, not as datasets' ``DatasetGenerationError`` that wraps it.
+    The rows are written ``_BATCH`` at a time (datasets' generator builder would encode them one by one, at ten
+    times the cost of reading them), to a file named by the fingerprint and moved into place only when complete.
     """
     stat = path.stat()
     fingerprint = Hasher.hash([str(path.resolve()), stat.st_size, stat.st_mtime_ns, str(path), source, _FORMAT])
+    table = cache_root(cache_dir) / "records" / f"records-{fingerprint}.arrow"
+    if not table.is_file():
+        _write_rows(path, source, table)
+    return datasets.Dataset.from_file(str(table))
+
+
+def _write_rows(path: Path, source: str, table: Path) -> None:
+    """Write the file's records to ``table``; an error in the file (not UTF-8, a broken JSON array, an unreadable
+    parquet file) is the ``DataError`` that names it, and leaves no table behind."""
+    table.parent.mkdir(parents=True, exist_ok=True)
+    partial = table.with_name(f"{table.name}.{os.getpid()}.partial")
     try:
-        return datasets.Dataset.from_generator(
-            _file_rows,
-            features=COLUMNS,
-            gen_kwargs={"path": str(path), "source": source},
-            cache_dir=str(cache_root(cache_dir) / "records"),
-            fingerprint=fingerprint,
-        )
-    except DatasetGenerationError as err:
-        if isinstance(err.__cause__, UserError):
-            raise err.__cause__ from None
-        raise
-
-
-def _file_rows(path: str, source: str) -> Iterator[dict[str, str]]:
-    for text, where in iter_record_texts(path):
-        yield {"record": text, "where": where, "source": source}
+        with ArrowWriter(features=COLUMNS, path=str(partial)) as writer:
+            texts = iter_record_texts(path)
+            while rows := list(islice(texts, _BATCH)):
+                records, wheres = zip(*rows)
+                writer.write_batch({"record": list(records), "where": list(wheres), "source": [source] * len(rows)})
+            writer.finalize()
+        partial.replace(table)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def from_rows(dataset: datasets.Dataset, location: str, cache_dir: str | Path | None = None) -> datasets.Dataset:

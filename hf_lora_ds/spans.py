@@ -1,14 +1,15 @@
-"""The supervised spans of a chat, derived from the template itself (see ``hf_lora_ds.data``), and their tokens.
+"""The supervised character spans of a chat, derived from the template itself (see ``hf_lora_ds.data``).
 
 For assistant turn i, the conversation rendered up to turn i with the generation prompt must be a prefix of the
 conversation rendered through turn i, and what lies between is the trained reply: the think block a thinking
 template writes (trained or not, ``hf_lora_ds.thinking``), the content (or the tool calls as the template writes
-them), and the end-of-turn special token.
+them), and the end-of-turn special token. ``prefix_samples`` is that rule, rendering per turn; ``hf_lora_ds.located``
+gives its answer from fewer renders where it can prove it the same; ``hf_lora_ds.labels`` turns spans into labels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,8 +23,12 @@ __all__ = [
     "IGNORE_INDEX",
     "Sample",
     "TemplateError",
+    "TurnRules",
     "render_samples",
-    "labels_from_spans",
+    "prefix_samples",
+    "render",
+    "trained_turns",
+    "reply_spans",
     "token_difference",
 ]
 
@@ -45,6 +50,24 @@ class Sample:
     turns: list[int]
 
 
+@dataclass(frozen=True)
+class TurnRules:
+    """What the label rule reads besides the rendered text: the tokenizer, the thinking options and the tokenizer's
+    special and added tokens, which are slow to list, so they are listed once per dataset rather than once a turn."""
+
+    tokenizer: PreTrainedTokenizerBase
+    thinking: ThinkingOptions
+    end_of_turn: re.Pattern  # any added or special token, the longest first: an end-of-turn token is one of them
+    special_tokens: tuple[str, ...]
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase, thinking: ThinkingOptions | None = None) -> TurnRules:
+        specials = tuple(tokenizer.all_special_tokens)
+        ends = sorted(set(tokenizer.get_added_vocab()) | set(specials), key=len, reverse=True)
+        any_end = "|".join(map(re.escape, ends)) or "(?!)"  # (?!) matches nothing: no token, no end of turn
+        return cls(tokenizer, thinking or ThinkingOptions(), re.compile(any_end), specials)
+
+
 def render_samples(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
@@ -59,26 +82,41 @@ def render_samples(
     that renders a turn differently once the conversation goes on (Qwen3 drops earlier turns' reasoning) gives that
     turn a text of its own, ending with it, in conversation order.
     """
-    thinking = thinking or ThinkingOptions()
+    return prefix_samples(TurnRules.of(tokenizer, thinking), messages, assistant_turns, tools)
+
+
+def trained_turns(messages: list[dict[str, Any]], assistant_turns: AssistantTurns) -> list[int]:
+    """The message indices of the assistant turns that are trained."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    pending = turns[-1:] if assistant_turns == "last" else turns
+    return turns[-1:] if assistant_turns == "last" else turns
+
+
+def prefix_samples(
+    rules: TurnRules, messages: list[dict[str, Any]], assistant_turns: AssistantTurns, tools: list[dict] | None
+) -> list[Sample]:
+    """``render_samples`` by the prefix rule itself: the reference, and the fallback of ``hf_lora_ds.located``.
+
+    It renders each trained turn's prompt and the conversation through it (a few renders per turn); the located
+    path renders the conversation once and must give exactly what this gives."""
+    tokenizer = rules.tokenizer
+    pending = trained_turns(messages, assistant_turns)
     samples: list[Sample] = []
-    text, end = _render(tokenizer, messages, tools=tools), len(messages)  # text renders messages[:end]
+    text, end = render(tokenizer, messages, tools=tools), len(messages)  # text renders messages[:end]
     while pending:
         anchor = pending[-1]
         if samples:  # the turns left are rendered differently in the longer text: this text ends with them
             end = anchor + 1
-            text = _render(tokenizer, messages[:end], tools=tools)
+            text = render(tokenizer, messages[:end], tools=tools)
         spans, trained, left = [], [], []
         for i in pending:
-            turn_spans = _turn_spans(tokenizer, messages, i, (text, end), tools, thinking)
+            turn_spans = _turn_spans(rules, messages, i, (text, end), tools)
             if turn_spans is None:
                 left.append(i)
             else:
                 spans += turn_spans
                 trained.append(i)
         if anchor not in trained:
-            prompt = _render(tokenizer, messages[:anchor], add_generation_prompt=True, tools=tools)
+            prompt = render(tokenizer, messages[:anchor], add_generation_prompt=True, tools=tools)
             raise TemplateError(
                 f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it "
                 f"({token_difference(tokenizer, _ids(tokenizer, prompt), _ids(tokenizer, text), 'rendered turn')}), "
@@ -105,32 +143,36 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def _turn_spans(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[dict[str, Any]],
-    i: int,
-    rendered: tuple[str, int],
-    tools: list[dict] | None,
-    thinking: ThinkingOptions,
+    rules: TurnRules, messages: list[dict[str, Any]], i: int, rendered: tuple[str, int], tools: list[dict] | None
 ) -> list[tuple[int, int]] | None:
     """The spans of ``text`` (the rendering of ``messages[:end]``, given as ``rendered``) that train assistant turn
     ``i``: its think block (if trained), its answer and its end-of-turn token; None when ``text`` does not hold the
     turn as the template renders it last."""
     text, end = rendered
-    prompt = _render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+    prompt = render(rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
     # The conversation through the text's last message is the text itself, already rendered.
-    through = text if i + 1 == end else _render(tokenizer, messages[: i + 1], tools=tools)
+    through = text if i + 1 == end else render(rules.tokenizer, messages[: i + 1], tools=tools)
     if not (through.startswith(prompt) and text.startswith(through)):
         return None
-    reply = through[len(prompt) :]
-    message = messages[i]
-    block = think_block(reply, message["content"])
+    return reply_spans(rules, messages[i], i, text, (len(prompt), len(through)))
+
+
+def reply_spans(
+    rules: TurnRules, message: dict[str, Any], i: int, text: str, reply: tuple[int, int]
+) -> list[tuple[int, int]]:
+    """The trained spans of assistant turn ``i`` (``message``), whose reply is ``text[start:stop]`` (``reply``): the
+    rendered turn after its prompt, through the end of the conversation rendered through it. Located by the prefix
+    rule or by ``hf_lora_ds.located``; the checks on what the template wrote are the same for both."""
+    start, stop = reply
+    written = text[start:stop]
+    block = think_block(written, message["content"])
     reasoning = message.get("reasoning_content")
     if reasoning and reasoning.strip() not in block:
         raise TemplateError(
             f"the chat template does not render the reasoning (reasoning_content) of assistant turn {i}; use a "
             "thinking model's template (Qwen3's), or put the reasoning into the content to train it as written"
         )
-    body = reply[len(block) :]
+    body = written[len(block) :]
     content = message["content"].lstrip("\n") if block else message["content"]
     if not body.startswith(content):
         raise TemplateError(
@@ -139,14 +181,14 @@ def _turn_spans(
         )
     calls = message.get("tool_calls")
     if calls:
-        answer = _tool_call_reply(tokenizer, body, calls, i)
+        answer = _tool_call_reply(rules, body, calls, i)
     else:
-        answer = content + _end_of_turn_after(tokenizer, body[len(content) :])
-    start, stop = len(prompt), len(prompt) + len(block) + len(answer)
-    return [(start if thinking.trains(block) or not block else start + len(block), stop)]
+        answer = content + _end_of_turn_after(rules, body[len(content) :])
+    end = start + len(block) + len(answer)
+    return [(start if not block or rules.thinking.trains(block) else start + len(block), end)]
 
 
-def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list[dict], turn: int) -> str:
+def _tool_call_reply(rules: TurnRules, reply: str, calls: list[dict], turn: int) -> str:
     """The trained part of an assistant turn with tool calls: the reply up to its end-of-turn token, inclusive.
 
     The template serialises the calls its own way (``<tool_call>`` JSON for Qwen2.5), so what the model must learn
@@ -154,7 +196,7 @@ def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list
     """
     body = reply.rstrip()
     # Special tokens only: Qwen2.5's <tool_call>/</tool_call> are added (non-special) tokens and end no turn.
-    if not any(body.endswith(token) for token in tokenizer.all_special_tokens):
+    if not any(body.endswith(token) for token in rules.special_tokens):
         raise TemplateError(
             f"the chat template ends the tool calls of assistant turn {turn} with {body[-30:]!r} instead of an "
             "end-of-turn special token; the model would never learn to stop"
@@ -169,54 +211,22 @@ def _tool_call_reply(tokenizer: PreTrainedTokenizerBase, reply: str, calls: list
     return body
 
 
-def labels_from_spans(
-    tokenizer: PreTrainedTokenizerBase,
-    text: str,
-    spans: Sequence[tuple[int, int]],
-    offsets: Sequence[tuple[int, int]],
-    input_ids: Sequence[int],
-) -> list[int]:
-    """Labels for one tokenized text: the token id inside a supervised span, -100 elsewhere.
-
-    A token that straddles a span boundary means the tokenizer merged template text into the answer (or the
-    answer into the template), so no exact mask exists for it: that is an error, not a guess.
-    """
-    labels = [IGNORE_INDEX] * len(input_ids)
-    for start, end in spans:
-        picked = []
-        for j, (token_start, token_end) in enumerate(offsets):
-            if token_end <= start or token_start >= end:
-                continue
-            if token_start < start or token_end > end:
-                raise TemplateError(
-                    f"token {tokenizer.convert_ids_to_tokens(input_ids[j])!r} crosses the boundary of an assistant "
-                    f"turn (chars {start}-{end}); the tokenizer merges template and content here"
-                )
-            labels[j] = input_ids[j]
-            picked.append(input_ids[j])
-        decoded = tokenizer.decode(picked, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        if decoded != text[start:end]:
-            raise TemplateError(f"supervised tokens decode to {decoded!r}, expected {text[start:end]!r}")
-    return labels
-
-
-def _render(
+def render(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict],
     add_generation_prompt: bool = False,
     tools: list[dict] | None = None,
 ) -> str:
+    """The template's text for ``messages``, rendered the one way every path here renders it."""
     return tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
     )
 
 
-def _end_of_turn_after(tokenizer: PreTrainedTokenizerBase, rest: str) -> str:
+def _end_of_turn_after(rules: TurnRules, rest: str) -> str:
     """The special token the template puts right after an assistant message (``<|im_end|>``, ``<|eot_id|>``...)."""
-    specials = sorted(set(tokenizer.get_added_vocab()) | set(tokenizer.all_special_tokens), key=len, reverse=True)
-    for token in specials:
-        if rest.startswith(token):
-            return token
+    if found := rules.end_of_turn.match(rest):
+        return found.group()
     raise TemplateError(
         f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
         "the model would never learn to stop"

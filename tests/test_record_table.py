@@ -79,7 +79,7 @@ def test_bad_record_near_the_end_is_named_by_file_and_line(
     lines[289] = bad_line
     path = write_jsonl(tmp_path / "train.jsonl", lines)
     rendered = []
-    monkeypatch.setattr(data, "render_samples", lambda *args: rendered.append(args))
+    monkeypatch.setattr(data._Encoder, "sample_lists", lambda self, conversations: rendered.append(conversations))
     with pytest.raises(DataError) as err:
         ChatSFTDataset(path, chatml_tokenizer, cache_dir=tmp_path / "cache", num_proc=num_proc)
     assert str(err.value).startswith(f"{path}, {message}")
