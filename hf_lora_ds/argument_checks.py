@@ -21,9 +21,18 @@ from typing import Any
 
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.formats import FormatOptions
+from hf_lora_ds.resources import resolve_deepspeed_name
 from hf_lora_ds.sources import DATA_SUFFIXES, parse_sources
 
-__all__ = ["RANGES", "check_fields", "check_lora", "check_model_and_data", "check_ranges", "check_training_flags"]
+__all__ = [
+    "RANGES",
+    "check_engine_choice",
+    "check_fields",
+    "check_lora",
+    "check_model_and_data",
+    "check_ranges",
+    "check_training_flags",
+]
 
 _SEED_MAX = 2**32 - 1
 
@@ -110,6 +119,15 @@ def check_model_and_data(args: Any) -> None:
         raise UserError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
+
+def check_engine_choice(args: Any) -> None:
+    """A shipped DeepSpeed config's short name (``stage3``) becomes its path, and FSDP with DeepSpeed is refused: on the
+    parsed values before an ``accelerate launch`` config is adopted, and again in ``SFTTrainingArguments``."""
+    if isinstance(args.deepspeed, str) and args.deepspeed != "auto":
+        args.deepspeed = resolve_deepspeed_name(args.deepspeed)
+    if args.deepspeed and args.fsdp:
+        raise UserError(f"--fsdp and --deepspeed {args.deepspeed}: choose one of FSDP and DeepSpeed")
+
 
 def check_lora(args: Any) -> None:
     """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""

@@ -17,14 +17,13 @@ import torch
 import yaml
 from transformers import TrainingArguments
 
-from hf_lora_ds.argument_checks import check_fields, check_training_flags
+from hf_lora_ds.argument_checks import check_engine_choice, check_fields, check_training_flags
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size, resolve_use_cpu
 from hf_lora_ds.ds_config import check_deepspeed_config, load_deepspeed_config, offloads
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.formats import FormatOptions
 from hf_lora_ds.launchers import describe_zero, fsdp_settings
-from hf_lora_ds.resources import resolve_deepspeed_name
 from hf_lora_ds.thinking import ThinkingOptions
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
@@ -305,10 +304,7 @@ class SFTTrainingArguments(TrainingArguments):
         if self.deepspeed == "auto":
             raise UserError("--deepspeed auto is resolved from the command line by hf_lora_ds.cli.parse_run_arguments; "
                             "pass a DeepSpeed config (e.g. ds_configs/stage3.json) when building the arguments in code")
-        if isinstance(self.deepspeed, str):
-            self.deepspeed = resolve_deepspeed_name(self.deepspeed)
-        if self.deepspeed and self.fsdp:
-            raise UserError(f"--fsdp and --deepspeed {self.deepspeed}: choose one of FSDP and DeepSpeed")
+        check_engine_choice(self)
         if not self.deepspeed:
             return
         config, source = load_deepspeed_config(self.deepspeed)

@@ -17,14 +17,13 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_lora_ds.argument_checks import check_fields
+from hf_lora_ds.argument_checks import check_engine_choice, check_fields
 from hf_lora_ds.arguments import SFTTrainingArguments, read_arguments_file
 from hf_lora_ds.distributed import ensure_world_agreement, prepare_distributed, print0
 from hf_lora_ds.ds_config import load_deepspeed_config
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.launchers import adopt_accelerate_launch
 from hf_lora_ds.plan.run import recommended_deepspeed_config
-from hf_lora_ds.resources import resolve_deepspeed_name
 
 __all__ = ["ARGUMENT_FILE_SUFFIXES", "parse_run_arguments", "read_run_values", "resolve_launch"]
 
@@ -51,10 +50,7 @@ def resolve_launch(values: Namespace) -> None:
     """The engine the run asked for, decided from its values: a shipped config's short name becomes its path, an
     ``accelerate launch`` DeepSpeed or FSDP config becomes ``--deepspeed`` or ``--fsdp`` (or stops on a
     contradiction), and ``--deepspeed auto`` the memory plan's first shipped config that fits."""
-    if isinstance(values.deepspeed, str) and values.deepspeed != "auto":
-        values.deepspeed = resolve_deepspeed_name(values.deepspeed)
-    if values.deepspeed and values.fsdp:
-        raise UserError(f"--fsdp and --deepspeed {values.deepspeed}: choose one of FSDP and DeepSpeed")
+    check_engine_choice(values)
     given = values.deepspeed and values.deepspeed != "auto"
     adopt_accelerate_launch(values, load_deepspeed_config(values.deepspeed)[0] if given else None)
     if values.deepspeed == "auto":

@@ -112,9 +112,6 @@ class MemoryTracker:
         self._open: dict[str, _OpenPhase] = {}
         _LIVE_TRACKERS.add(self)
 
-    def is_open(self, name: str) -> bool:
-        return name in self._open
-
     def read(self) -> dict[str, int]:
         sample = {"cpu": self._sampler.rss()}
         if self._api is not None:
