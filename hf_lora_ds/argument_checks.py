@@ -120,6 +120,7 @@ def check_model_and_data(args: Any) -> None:
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 
+
 def check_engine_choice(args: Any) -> None:
     """A shipped DeepSpeed config's short name (``stage3``) becomes its path, and FSDP with DeepSpeed is refused: on the
     parsed values before an ``accelerate launch`` config is adopted, and again in ``SFTTrainingArguments``."""
