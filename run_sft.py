@@ -27,47 +27,26 @@ from pathlib import Path
 from transformers import TrainerCallback, set_seed
 
 from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
-from hf_lora_ds.callbacks import (
-    AnswerAccuracyCallback,
-    MemoryTraceCallback,
-    RunReportCallback,
-    ThroughputCallback,
-    write_run_report,
-)
-from hf_lora_ds.cli import parse_run_arguments
-from hf_lora_ds.distributed import describe_world, print0, release_process_group
+from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback, write_run_report
+from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
+from hf_lora_ds.data.inference_prompts import check_round_trip
+from hf_lora_ds.data.run_data import load_run_data, sft_dataset
+from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval import evaluate_phase, get_task, load_samples, print_comparison, write_eval_report
-from hf_lora_ds.loading import load_base_model, load_run_data, load_tokenizer, sft_dataset
+from hf_lora_ds.launch.cli import parse_run_arguments
+from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
+from hf_lora_ds.launch.world import describe_world
+from hf_lora_ds.model.loading import load_base_model, load_tokenizer
 from hf_lora_ds.plan import check_run_fits, profile_from_dataset
-from hf_lora_ds.preemption import PREEMPTED_EXIT_CODE
-from hf_lora_ds.resources import DEMO_DATA, DEMO_MODEL
-from hf_lora_ds.resume import resolve_resume_checkpoint
-from hf_lora_ds.round_trip import check_round_trip
-from hf_lora_ds.universal import run_deepspeed_config
-
-DEMO_DEFAULTS = {
-    "model_name_or_path": str(DEMO_MODEL),
-    "train_file": str(DEMO_DATA / "train.json"),
-    "eval_file": str(DEMO_DATA / "eval.json"),
-    "eval_task": "sum_to_x",
-    "output_dir": "output/sum_to_x_lora",
-    "learning_rate": 3e-3,
-    "per_device_train_batch_size": 32,
-    "per_device_eval_batch_size": 32,
-    "max_steps": 150,
-    "warmup_steps": 10,
-    "lr_scheduler_type": "cosine",
-    "logging_steps": 10,
-    "save_strategy": "no",
-    "report_to": "none",
-}
+from hf_lora_ds.resources import DEMO_ARGUMENTS
+from hf_lora_ds.training.checkpoints import resolve_resume_checkpoint
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
     """Flags, or a YAML/JSON file then flags that override it (a recipe with the ZeRO stage chosen at launch:
-    ``run_sft.py examples/x.yaml --deepspeed stage3``); what is set nowhere is the demo's (hf_lora_ds.cli)."""
-    return parse_run_arguments(argv, DEMO_DEFAULTS)
+    ``run_sft.py examples/x.yaml --deepspeed stage3``); what is set nowhere is the demo's (``DEMO_ARGUMENTS``)."""
+    return parse_run_arguments(argv, DEMO_ARGUMENTS)
 
 
 def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:
@@ -97,11 +76,14 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.
     evaluating_during_training = eval_records is not None and args.eval_strategy != "no"
 
-    memory = MemoryTraceCallback()
+    memory = MemoryTraceCallback()  # measures the load now; the trainer attaches it with the run's other callbacks
     with memory.phase("load"):
         model, quantized = load_base_model(args)
     if quantized:
         print0(quantized)
+    accuracy = [AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
+                                       system_prompt=args.system_prompt, predictions_dir=args.output_dir)
+                ] if evaluating_during_training else []  # fmt: skip
     trainer = LoraSFTTrainer(
         model,
         args,
@@ -109,14 +91,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
         eval_dataset=sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None,
         data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
         processing_class=tokenizer,
-        callbacks=list(callbacks),
+        callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
     )
-    memory.attach(trainer)
-    ThroughputCallback().attach(trainer)
-    if evaluating_during_training:
-        AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
-                               system_prompt=args.system_prompt, predictions_dir=args.output_dir).attach(trainer)
-    trainer.add_callback(RunReportCallback())  # after the ones above: the report reads what they log
 
     trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues

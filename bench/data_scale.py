@@ -150,7 +150,7 @@ def plain_child(args: argparse.Namespace) -> None:
     batches, in this one process; reading and converting the records is not timed."""
     from transformers import AutoTokenizer
 
-    from hf_lora_ds.formats import to_conversation
+    from hf_lora_ds.data.formats import to_conversation
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     with args.plain.open(encoding="utf-8") as f:
@@ -172,7 +172,7 @@ def child(args: argparse.Namespace) -> None:
     """The measured pipeline: what run_sft.py does before the model is loaded."""
     from transformers import AutoTokenizer
 
-    from hf_lora_ds.data import ChatSFTDataset
+    from hf_lora_ds.data.dataset import ChatSFTDataset
     from hf_lora_ds.errors import UserError
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -207,7 +207,7 @@ def main() -> None:
     if args.plain:
         return plain_child(args)
 
-    from hf_lora_ds.tiny import train_chat_tokenizer
+    from hf_lora_ds.testing import train_chat_tokenizer
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="data_scale-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import sys
 
 from hf_lora_ds.plan.__main__ import parse
 from hf_lora_ds.plan.planner import SequenceProfile, recommend
-from hf_lora_ds.plan.run import plan_run
+from hf_lora_ds.plan.run_plan import plan_run
 
 MODELS = ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct", "qwen2.5-14b-instruct")
 GPUS = ("24GB", "32GB", "80GB")

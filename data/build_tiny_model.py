@@ -37,7 +37,7 @@ import torch
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import PreTrainedTokenizerFast, get_cosine_schedule_with_warmup
 
-from hf_lora_ds.tiny import CHATML_DEFAULT_SYSTEM_TEMPLATE, SPECIAL_TOKENS, build_tiny_qwen2, train_chat_tokenizer
+from hf_lora_ds.testing import CHATML_DEFAULT_SYSTEM_TEMPLATE, SPECIAL_TOKENS, build_tiny_qwen2, train_chat_tokenizer
 
 __all__ = ["split_answer", "tokenizer_corpus", "encode_plain", "token_pool", "echo_example", "assemble", "accuracy", "main"]
 

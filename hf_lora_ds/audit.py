@@ -1,179 +1,34 @@
-"""Dataset-wide mask audit: what the model will actually be trained on, before a GPU-hour is spent.
+"""``python -m hf_lora_ds.audit``: what the model will be trained on, counted over the whole dataset, before a GPU-hour
+is spent.
 
-``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
-mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
-no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
-learns to stop), trained turns whose inference prompt is not the start of their training text (``hf_lora_ds.round_trip``).
+    python -m hf_lora_ds.audit --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --train_file my_train.jsonl
+    python -m hf_lora_ds.audit examples/qwen2.5-7b-instruct_zero3_2x24gb.yaml
+
+Takes run_sft.py's own flags (or its YAML/JSON file, then flags; what is set nowhere is the demo's) through the same
+parser and checks, and builds the tokenizer and the dataset through the same functions as training, so it counts the
+samples training will see. Prints the mask audit of ``--train_file`` (hf_lora_ds.data.mask_audit, one per source of a
+mixture), the train-to-inference round trip of every record (hf_lora_ds.data.inference_prompts), and where the LoRA
+adapters would land (built from the model's config on the meta device: no weight is read).
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-from dataclasses import dataclass
+import sys
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-from hf_lora_ds.coverage import meta_coverage
-from hf_lora_ds.data import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.inference_prompts import round_trip
+from hf_lora_ds.data.mask_audit import MaskAudit, audit_by_source, audit_dataset
+from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.formats import FormatOptions
-from hf_lora_ds.model_source import check_model_source, hub_load_errors
-from hf_lora_ds.round_trip import RoundTrip, round_trip
-from hf_lora_ds.sources import load_data
-from hf_lora_ds.thinking import ThinkingOptions
-
-__all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision", "main"]
-
-OPEN, CLOSE = "[[", "]]"
-
-
-@dataclass
-class MaskAudit:
-    samples: int
-    supervised_min: int
-    supervised_median: float
-    supervised_max: int
-    truncated: int
-    dropped_empty: int
-    spans: int
-    spans_ending_in_eot: int
-    spans_cut_by_truncation: int
-    example: str
-    round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.round_trip)
-
-    @property
-    def all_spans_end_in_eot(self) -> bool:
-        return self.spans_ending_in_eot + self.spans_cut_by_truncation == self.spans
-
-    def line(self) -> str:
-        return (
-            f"mask audit: {self.samples} samples, supervised tokens/sample min {self.supervised_min} "
-            f"median {self.supervised_median:g} max {self.supervised_max}, {self.truncated} truncated, "
-            f"{self.dropped_empty} dropped with no supervised token, "
-            f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
-            + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
-            + (f"; {self.round_trip.line()}" if self.round_trip else "")
-        )
-
-    def __str__(self) -> str:
-        verdict = "yes" if self.all_spans_end_in_eot else "NO: some answers would not teach the model to stop"
-        return "\n".join(
-            [
-                f"samples:                          {self.samples}",
-                f"supervised tokens per sample:     min {self.supervised_min}, median {self.supervised_median:g}, "
-                f"max {self.supervised_max}",
-                f"truncated samples:                {self.truncated}",
-                f"dropped, no supervised token:     {self.dropped_empty}",
-                f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
-                f"{self.spans_cut_by_truncation} cut by truncation)",
-                *([self.round_trip.line()] if self.round_trip else []),
-                f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
-                self.example,
-            ]
-        )
-
-
-def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int]) -> str:
-    """Decode a sample with each supervised run wrapped in [[ ]], so the mask can be read at a glance."""
-    pieces, run = [], []
-    for token, label in zip(input_ids, labels):
-        if label != IGNORE_INDEX:
-            run.append(token)
-            continue
-        if run:
-            pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
-            run = []
-        pieces.append(tokenizer.decode([token]))
-    if run:
-        pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
-    return "".join(pieces)
-
-
-def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAudit:
-    """The audit of every sample, or of those from one ``source`` (an entry of a mixture)."""
-    end_of_turn_ids = set(dataset.tokenizer.all_special_ids) | set(dataset.tokenizer.get_added_vocab().values())
-    if source is None:
-        indices, truncated, dropped = range(len(dataset)), dataset.num_truncated, dataset.num_dropped
-    else:
-        indices = [i for i, name in enumerate(dataset.sources) if name == source]
-        truncated, dropped = dataset.truncated_by_source[source], dataset.dropped_by_source[source]
-    supervised, spans, ending_in_eot, cut = [], 0, 0, 0
-    for i in indices:
-        labels = dataset[i]["labels"]
-        supervised.append(sum(label != IGNORE_INDEX for label in labels))
-        for end in _run_ends(labels):
-            spans += 1
-            if labels[end] in end_of_turn_ids:
-                ending_in_eot += 1
-            elif end == len(labels) - 1 and len(labels) == dataset.max_length:
-                cut += 1
-    first = dataset[indices[0]]
-    return MaskAudit(
-        samples=len(indices),
-        supervised_min=min(supervised),
-        supervised_median=statistics.median(supervised),
-        supervised_max=max(supervised),
-        truncated=truncated,
-        dropped_empty=dropped,
-        spans=spans,
-        spans_ending_in_eot=ending_in_eot,
-        spans_cut_by_truncation=cut,
-        example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
-    )
-
-
-def audit_by_source(dataset: ChatSFTDataset) -> dict[str, MaskAudit]:
-    """One audit per source of a mixture that kept any sample (a mixture's sources can differ a lot in shape)."""
-    kept = set(dataset.sources)
-    return {name: audit_dataset(dataset, name) for name in dataset.source_counts if name in kept}
-
-
-def _run_ends(labels: list[int]) -> list[int]:
-    """Index of the last token of every contiguous supervised run."""
-    return [
-        i
-        for i, label in enumerate(labels)
-        if label != IGNORE_INDEX and (i + 1 == len(labels) or labels[i + 1] == IGNORE_INDEX)
-    ]
+from hf_lora_ds.launch.cli import read_checked_values
+from hf_lora_ds.model.loading import base_model_config, load_tokenizer
+from hf_lora_ds.model.lora_coverage import meta_coverage
 
 
 def main(argv: list[str] | None = None) -> MaskAudit:
-    parser = argparse.ArgumentParser(prog="python -m hf_lora_ds.audit", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--data",
-        required=True,
-        help="As run_sft.py's --train_file: a file, directory or Hub dataset id, or a mixture 'a.jsonl:0.7,b_dir:0.3'.",
-    )
-    parser.add_argument("--seed", type=int, default=42, help="Seed of the mixture draw (run_sft.py's --seed).")
-    parser.add_argument("--columns", default=None, help="Column mapping, e.g. 'prompt=question,response=answer'.")
-    parser.add_argument("--sharegpt_roles", default=None, help="ShareGPT 'from' names, e.g. 'bot=assistant'.")
-    parser.add_argument("--tokenizer", required=True, help="Tokenizer (or model) directory with a chat template.")
-    parser.add_argument("--max_length", type=int, default=None, help="Truncate samples to this many tokens.")
-    parser.add_argument("--system_prompt", default=None, help="System turn for records that have none.")
-    parser.add_argument("--assistant_turns", choices=["all", "last"], default="all", help="Which turns are trained.")
-    parser.add_argument("--train_reasoning", choices=["true", "false"], default="true", help="As run_sft.py's.")
-    parser.add_argument("--empty_think", choices=["train", "mask"], default="mask", help="As run_sft.py's.")
-    parser.add_argument("--model", default=None, help="Also show the LoRA coverage for this model (directory, "
-                        "config.json or hub id; built on the meta device, no weights read).")
-    parser.add_argument("--lora_target_modules", default="all-linear", help="As run_sft.py's, for --model.")
-    parser.add_argument("--trust_remote_code", action="store_true", help="Allow the tokenizer's own code to run.")
-    parser.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes that tokenize.")
-    args = parser.parse_args(argv)
-    check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
-    with hub_load_errors(args.tokenizer, "--tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=args.trust_remote_code)
-    data = load_data(args.data, seed=args.seed, trust_remote_code=args.trust_remote_code)
-    dataset = ChatSFTDataset(
-        data,
-        tokenizer,
-        max_length=args.max_length,
-        system_prompt=args.system_prompt,
-        assistant_turns=args.assistant_turns,
-        formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
-        num_proc=args.preprocessing_num_workers,
-        thinking=ThinkingOptions(args.train_reasoning == "true", args.empty_think),
-    )
+    args = read_checked_values(sys.argv[1:] if argv is None else argv)
+    tokenizer = load_tokenizer(args, need_weights=False)
+    data = load_run_data(args.train_file, args)
+    dataset = sft_dataset(data, tokenizer, args)
     report = audit_dataset(dataset)
     report.round_trip = round_trip(dataset)
     print(data.summary())
@@ -181,10 +36,9 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     if len(dataset.source_counts) > 1:
         for name, source_report in audit_by_source(dataset).items():
             print(f"\n--- source {name} ---\n{source_report}")
-    if args.model:
-        coverage = meta_coverage(args.model, args.lora_target_modules, args.trust_remote_code)
-        note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
-        print("\n" + coverage.table() + (f"\n{note}" if note else ""))
+    coverage = meta_coverage(base_model_config(args), args.lora_target_modules, args.trust_remote_code)
+    note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
+    print("\n" + coverage.table() + (f"\n{note}" if note else ""))
     return report
 
 

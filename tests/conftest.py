@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
 
-from hf_lora_ds.tiny import (
+from hf_lora_ds.testing import (
     CHATML_DEFAULT_SYSTEM_TEMPLATE,
     CHATML_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,
@@ -127,3 +130,47 @@ def small_disk(request, tmp_path):
     # lazy: a failed save's file stays open until its traceback is collected
     unmounted = subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, text=True)
     assert unmounted.returncode == 0, unmounted.stderr
+
+
+LAUNCH_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "RANK", "LOCAL_RANK")
+LOCAL_SIZE_VARIABLES = ("LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    """No launcher variables, and whatever the code under test sets is removed afterwards."""
+    for name in (*LAUNCH_VARIABLES, *LOCAL_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # records the original value (or its absence) for undo
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture(autouse=True)
+def launcher_variables_restored():
+    """Every test leaves the launcher variables as it found them. Building run arguments with DeepSpeed in this
+    process sets a one-process launcher environment (RANK, MASTER_PORT, ...; hf_lora_ds.launch.world), and a later
+    test's subprocess would inherit a MASTER_PORT this process may still listen on (EADDRINUSE)."""
+    names = (*LAUNCH_VARIABLES, *LOCAL_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
+    saved = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def trained_adapter(tmp_path_factory, tiny_model_dir):
+    """An adapter whose lora_B is non-zero, as after training (a fresh one is a no-op and would hide a bad merge)."""
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear")
+    )
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    path = tmp_path_factory.mktemp("adapter")
+    model.save_pretrained(path)
+    return path

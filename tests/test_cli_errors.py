@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_model_source import model_copy_without
+
+from tests.model.test_source import model_copy_without
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = {"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}
@@ -155,8 +156,8 @@ def test_eval_cli(tmp_path):
 
 def test_audit_cli(tiny_model_dir, tmp_path, train_file):
     model = model_copy_without(tiny_model_dir, tmp_path, "tokenizer*")
-    check_one_line(run_cli("-m", "hf_lora_ds.audit", "--data", str(train_file), "--tokenizer", str(model)),
-                   f"--tokenizer {model}: the directory has no tokenizer")  # fmt: skip
+    check_one_line(run_cli("-m", "hf_lora_ds.audit", "--train_file", str(train_file), "--model_name_or_path", str(model)),
+                   f"--model_name_or_path {model}: the directory has no tokenizer")  # fmt: skip
 
 
 def test_merge_cli(tiny_model_dir, tmp_path):

@@ -15,13 +15,13 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli_errors import check_one_line, run_cli
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 import run_sft
 from hf_lora_ds import SFTTrainingArguments
 from hf_lora_ds.errors import run_cli as error_boundary
+from tests.test_cli_errors import check_one_line, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PARSER = HfArgumentParser(SFTTrainingArguments)
@@ -148,7 +148,7 @@ def test_one_typo_among_target_modules(tiny_model):
     from peft import LoraConfig
 
     from hf_lora_ds.errors import UserError
-    from hf_lora_ds.lora import wrap_with_lora
+    from hf_lora_ds.model.lora import wrap_with_lora
 
     with pytest.raises(UserError, match=r"q_proj,v_prj: v_prj matches no layer LoRA can adapt; .* v_proj "):
         wrap_with_lora(tiny_model, LoraConfig(target_modules=["q_proj", "v_prj"]))

@@ -6,30 +6,14 @@ import shutil
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.merge import MergeMismatchError, main, merge_adapter
+from hf_lora_ds.merge import main
 
 PROMPTS = ["What is the capital of France?", "Tell me a joke about cats."]
-
-
-@pytest.fixture(scope="module")
-def trained_adapter(tmp_path_factory, tiny_model_dir):
-    """An adapter whose lora_B is non-zero, as after training (a fresh one is a no-op and would hide a bad merge)."""
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4, target_modules="all-linear")
-    )
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
-    path = tmp_path_factory.mktemp("adapter")
-    model.save_pretrained(path)
-    return path
 
 
 def _logits(model, tokenizer, prompt: str) -> torch.Tensor:
@@ -67,31 +51,6 @@ def test_empty_adapter_fails_with_the_cause(tiny_model_dir, trained_adapter, tmp
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "empty" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
-
-
-def test_tolerance_is_enforced(tiny_model_dir, trained_adapter, tmp_path):
-    """bf16 rounding makes merged and unmerged differ; an impossibly tight tolerance must be reported."""
-    with pytest.raises(MergeMismatchError, match="differs from base \\+ adapter"):
-        merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "bf16", dtype="bfloat16", atol=1e-9)
-
-
-def test_the_bundled_adapter_merges_with_the_default_tolerance(tmp_path):
-    """A trained model's logits reach ~20; fp32 rounding of the reordered arithmetic then exceeds 1e-4 absolute
-    (measured 2.1e-4 on the bundled adapter), so a fixed 1e-4 refused a correct merge of the README's own adapter."""
-    from pathlib import Path
-
-    data = Path(__file__).resolve().parents[1] / "data"
-    diff = merge_adapter(data / "tiny-qwen2-sum", data / "tiny-qwen2-sum-lora", tmp_path / "merged")
-    assert 0 < diff < 1e-2
-
-
-def test_a_merge_that_loses_the_adapter_is_refused(tiny_model_dir, trained_adapter, tmp_path, monkeypatch):
-    """The default tolerance is relative to the logits, yet still far below what a trained adapter changes."""
-    from peft.tuners.lora import LoraModel
-
-    monkeypatch.setattr(LoraModel, "merge_and_unload", LoraModel.unload)  # the base alone, the adapter dropped
-    with pytest.raises(MergeMismatchError, match="differs from base \\+ adapter"):
-        merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "lost")
 
 
 def test_cli_also_writes_a_gguf_that_loads_back_as_the_merged_model(tiny_model_dir, trained_adapter, tmp_path):

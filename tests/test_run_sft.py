@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 import run_sft
-from hf_lora_ds import loading
-from hf_lora_ds.records import DataError
+from hf_lora_ds.data.records import DataError
+from hf_lora_ds.model import loading
+from hf_lora_ds.resources import DEMO_ARGUMENTS
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_config_file_overrides_only_what_it_sets(tiny_model_dir, sum_files, tmp_
     path.write_text(yaml.safe_dump(config))
     args = run_sft.parse_args([str(path)])
     assert args.lora_rank == 4 and args.max_steps == 3
-    assert args.learning_rate == run_sft.DEMO_DEFAULTS["learning_rate"]
+    assert args.learning_rate == DEMO_ARGUMENTS["learning_rate"]
 
 
 def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, tmp_path, monkeypatch):
@@ -82,7 +83,7 @@ def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, 
 
 def test_defaults_point_at_the_bundled_demo():
     for key in ("model_name_or_path", "train_file", "eval_file"):
-        assert Path(run_sft.DEMO_DEFAULTS[key]).exists(), key
+        assert Path(DEMO_ARGUMENTS[key]).exists(), key
 
 
 def test_mixture_of_sharegpt_and_a_saved_dataset_from_yaml(tiny_model_dir, tmp_path, capsys):

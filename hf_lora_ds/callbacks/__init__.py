@@ -1,6 +1,9 @@
-"""Callbacks for any ``transformers.Trainer``: memory per phase and rank, throughput and MFU, SwanLab, run report.
+"""Every TrainerCallback of the package: the metric callbacks that work in any ``transformers.Trainer`` (memory per
+phase and rank, throughput and MFU, answer accuracy, SwanLab, the run report), and the guards and bookkeeping of a
+LoRA SFT run (preemption, the ``engine:`` line, divergence, checkpoint completion, data sources, learning rate).
 
-None of them needs this package's trainer subclass::
+``LoraSFTTrainer`` attaches all of them in their order (``attach_run_callbacks``). With a plain Trainer, attach the
+metric ones yourself::
 
     from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback
 
@@ -14,11 +17,18 @@ With ``report_to="swanlab"``, call ``use_swanlab(trainer)``: it swaps transforme
 with swanlab 0.10) for one that also runs offline without an API key.
 """
 
-from .accuracy import AnswerAccuracyCallback
-from .memory import MemoryTraceCallback
-from .run_report import RunReportCallback, write_run_report
-from .swanlab import SwanLabCallback, default_swanlab_mode, use_swanlab
-from .throughput import ThroughputCallback
+from hf_lora_ds.callbacks.accuracy import AnswerAccuracyCallback
+from hf_lora_ds.callbacks.checkpoint_completion import CheckpointCompletionCallback
+from hf_lora_ds.callbacks.data_sources import SourceCountsLog
+from hf_lora_ds.callbacks.divergence import DivergenceCallback
+from hf_lora_ds.callbacks.engine_line import EngineCallback
+from hf_lora_ds.callbacks.learning_rate import LearningRateWatch
+from hf_lora_ds.callbacks.memory import MemoryTraceCallback
+from hf_lora_ds.callbacks.preemption import PreemptionCallback
+from hf_lora_ds.callbacks.run_callbacks import RunCallbacks, attach_run_callbacks
+from hf_lora_ds.callbacks.run_report import RunReportCallback, write_run_report
+from hf_lora_ds.callbacks.swanlab import SwanLabCallback, default_swanlab_mode, use_swanlab
+from hf_lora_ds.callbacks.throughput import ThroughputCallback
 
 __all__ = [
     "AnswerAccuracyCallback",
@@ -29,4 +39,12 @@ __all__ = [
     "default_swanlab_mode",
     "RunReportCallback",
     "write_run_report",
+    "CheckpointCompletionCallback",
+    "DivergenceCallback",
+    "EngineCallback",
+    "LearningRateWatch",
+    "PreemptionCallback",
+    "SourceCountsLog",
+    "RunCallbacks",
+    "attach_run_callbacks",
 ]

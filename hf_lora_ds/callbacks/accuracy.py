@@ -20,11 +20,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerControl, TrainerState, TrainingArguments
 
+from hf_lora_ds.callbacks.base import LoggingCallback
+from hf_lora_ds.callbacks.memory import MemoryTraceCallback
+from hf_lora_ds.data.records import Record
 from hf_lora_ds.eval import Task, evaluate, write_predictions
-from hf_lora_ds.records import Record
-
-from ._common import LoggingCallback
-from .memory import MemoryTraceCallback
 
 __all__ = ["AnswerAccuracyCallback"]
 

@@ -11,7 +11,7 @@ Kinds: ``gpu`` (allocated by the caching allocator, as in PEFT's block), ``gpu_r
 allocator; what ``nvidia-smi`` roughly sees) and ``cpu`` (process RSS). Stats, in MiB: ``before`` (at phase start),
 ``consumed`` (end - begin, may be negative), ``peak`` (max - begin) and ``total_peak`` (max).
 
-How peaks are found is ``hf_lora_ds.memory`` (the tracker the eval uses too): the allocator's high-water mark,
+How peaks are found is ``hf_lora_ds.training.memory_tracker`` (the tracker the eval uses too): the allocator's high-water mark,
 folded into every open phase at each boundary, and host RSS sampled every ``sample_interval_s``.
 
 Phases: ``train`` (``on_train_begin`` → ``on_train_end``), ``eval`` (from the step that triggers it → ``on_evaluate``;
@@ -32,9 +32,9 @@ from typing import Any
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from ..distributed import gather_from_ranks, print0, rank_and_world
-from ..memory import MemoryTracker, PhaseStats
-from ._common import LoggingCallback
+from hf_lora_ds.callbacks.base import LoggingCallback
+from hf_lora_ds.distributed import gather_from_ranks, print0, rank_and_world
+from hf_lora_ds.training.memory_tracker import MemoryTracker, PhaseStats
 
 __all__ = ["MemoryTraceCallback", "format_memory_block"]
 

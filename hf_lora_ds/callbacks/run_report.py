@@ -7,10 +7,10 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from ..distributed import rank_and_world
-from ..report import write_report
-from ..report.arguments import declared_defaults
-from ._common import resolved_deepspeed_config
+from hf_lora_ds.callbacks.base import resolved_deepspeed_config
+from hf_lora_ds.distributed import rank_and_world
+from hf_lora_ds.report import write_report
+from hf_lora_ds.report.argument_table import declared_defaults
 
 __all__ = ["RunReportCallback", "write_run_report"]
 

@@ -38,7 +38,7 @@ from swanlab.integration.transformers import SwanLabCallback as _SwanLabIntegrat
 from transformers import Trainer, TrainerState, TrainingArguments
 from transformers.integrations import SwanLabCallback as _TransformersSwanLabCallback
 
-from ._common import jsonable, resolved_deepspeed_config
+from hf_lora_ds.callbacks.base import jsonable, resolved_deepspeed_config
 
 __all__ = ["SwanLabCallback", "default_swanlab_mode", "default_swanlab_project", "swanlab_names", "use_swanlab"]
 

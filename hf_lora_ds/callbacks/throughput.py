@@ -46,10 +46,10 @@ import torch.distributed as dist
 from torch import nn
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from ..distributed import rank_and_world
-from ._common import LoggingCallback
+from hf_lora_ds.callbacks.base import LoggingCallback
+from hf_lora_ds.distributed import rank_and_world
 
-__all__ = ["ThroughputCallback", "flops_per_token", "matmul_parameters", "peak_flops_per_device"]
+__all__ = ["ThroughputCallback", "flops_per_token", "flops_shape", "matmul_parameters", "peak_flops_per_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,18 +107,17 @@ def _attention_shape(model: nn.Module) -> tuple[int, int]:
     return int(layers), int(heads * head_dim)
 
 
-def _flops(shape: tuple[int, int, int, int], seq_len: float) -> float:
-    frozen, trainable, layers, attn_dim = shape
-    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
-
-
-def _model_shape(model: nn.Module) -> tuple[int, int, int, int]:
+def flops_shape(model: nn.Module) -> tuple[int, int, int, int]:
+    """What the FLOPs of a token depend on, counted once: frozen and trainable matmul parameters, layers and the
+    attention width."""
     return (*matmul_parameters(model), *_attention_shape(model))
 
 
-def flops_per_token(model: nn.Module, seq_len: float) -> float:
-    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len (see the module docstring)."""
-    return _flops(_model_shape(model), seq_len)
+def flops_per_token(shape: tuple[int, int, int, int], seq_len: float) -> float:
+    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len (see the module docstring),
+    for a model's ``flops_shape``."""
+    frozen, trainable, layers, attn_dim = shape
+    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
 
 
 def _synchronize(device: torch.device) -> None:
@@ -289,7 +288,7 @@ class ThroughputCallback(LoggingCallback):
         world = rank_and_world()[1]
         tokens_per_s = counts["real"] / seconds
         seq_len = counts["padded"] / max(counts["sequences"], 1)
-        mfu = tokens_per_s * _flops(self._shape, seq_len) / (world * self.peak_flops)
+        mfu = tokens_per_s * flops_per_token(self._shape, seq_len) / (world * self.peak_flops)
         metrics = {
             f"throughput/{prefix}tokens_per_second": tokens_per_s,
             f"throughput/{prefix}padding_efficiency": counts["real"] / counts["padded"],
@@ -306,7 +305,7 @@ class ThroughputCallback(LoggingCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         model = kwargs["model"]
-        self._shape = _model_shape(model)
+        self._shape = flops_shape(model)
         if self.peak_flops is None:
             self.peak_flops, self.peak_flops_source = peak_flops_per_device(args.device, _compute_dtype(args, model))
         if state.is_world_process_zero:
@@ -354,7 +353,7 @@ class ThroughputCallback(LoggingCallback):
         metrics = self._rates(self._run, self._clock.elapsed(), prefix="run_")
         if metrics:
             seq_len = self._run["padded"] / max(self._run["sequences"], 1)
-            metrics["throughput/flops_per_token"] = _flops(self._shape, seq_len)
+            metrics["throughput/flops_per_token"] = flops_per_token(self._shape, seq_len)
             metrics["throughput/peak_tflops_per_device"] = self.peak_flops / 1e12
             metrics["throughput/run_tokens"] = self._run["real"]
             if not self._counter.labels_missing:

@@ -15,14 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hf_lora_ds.data.records import load_records
 from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
-from hf_lora_ds.gguf_source import model_source, plain_model
-from hf_lora_ds.model_source import check_model_source, hub_load_errors
-from hf_lora_ds.records import load_records
+from hf_lora_ds.model.gguf_import import model_source, plain_model
+from hf_lora_ds.model.source import check_model_source, hub_load_errors
 
 __all__ = ["main", "build_parser", "build_score_parser"]
 

@@ -32,12 +32,12 @@ from accelerate.utils import extract_model_from_parallel
 from transformers import PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from hf_lora_ds.data.records import DataError, Record, load_records
 from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
 from hf_lora_ds.eval.generate import generate
 from hf_lora_ds.eval.sharding import merge_shards, shard
 from hf_lora_ds.eval.tasks import Sample, Task, get_task
-from hf_lora_ds.memory import measure_peak
-from hf_lora_ds.records import DataError, Record, load_records
+from hf_lora_ds.training.memory_tracker import measure_peak
 
 __all__ = ["Prediction", "EvalResult", "evaluate", "score_predictions", "load_samples"]
 

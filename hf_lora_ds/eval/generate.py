@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.data import TemplateError, render_samples
+from hf_lora_ds.data.dataset import TemplateError, render_samples
 
 __all__ = ["Generation", "generate", "stop_token_ids", "length_order"]
 

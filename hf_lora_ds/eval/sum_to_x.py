@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hf_lora_ds.data.records import DataError
 from hf_lora_ds.eval.tasks import EMPTY_OUTPUT, Sample, Task, Verdict, register_task
-from hf_lora_ds.records import DataError
 
 __all__ = ["DEFAULT_PREFIX", "SumToXTask"]
 

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hf_lora_ds.data.formats import to_messages
+from hf_lora_ds.data.records import DataError
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.formats import to_messages
-from hf_lora_ds.records import DataError
 
 __all__ = [
     "Verdict",

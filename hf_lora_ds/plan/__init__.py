@@ -8,7 +8,7 @@ run's arguments to its rows.
 """
 
 from hf_lora_ds.plan.planner import PlanRow, SequenceProfile, recommend
-from hf_lora_ds.plan.run import (
+from hf_lora_ds.plan.run_plan import (
     PlanArguments,
     check_run_fits,
     parse_memory,

@@ -6,8 +6,9 @@
 
 Takes run_sft.py's flags (or its YAML/JSON file, then flags) plus the planner's own (``--world_size``,
 ``--nnodes``/``--nproc_per_node``, ``--device_memory``, ``--host_memory``, ``--headroom``, ``--json``). Only the
-model's config.json is read; with ``--train_file`` and a tokenizer beside the config, the real sample lengths are
-used, else ``--max_length``.
+model's config is read, no weight; given ``--train_file`` and a tokenizer beside the config, the data is tokenized as
+training tokenizes it (hf_lora_ds.data.run_data) and its real sample lengths are used, else ``--max_length``. Every
+other flag set nowhere is the demo's, as for run_sft.py.
 """
 
 from __future__ import annotations
@@ -18,19 +19,21 @@ import sys
 
 import torch
 
-from hf_lora_ds.cli import read_run_values
-from hf_lora_ds.errors import UserError, run_cli
+from hf_lora_ds.errors import run_cli
+from hf_lora_ds.launch.cli import read_run_values
 from hf_lora_ds.plan.planner import PlanRow, recommend
-from hf_lora_ds.plan.run import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
+from hf_lora_ds.plan.run_plan import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
 from hf_lora_ds.plan.table import format_table
+from hf_lora_ds.resources import DEMO_ARGUMENTS
+
+# run_sft's defaults, but no data unless named: a model planned without --train_file is planned by --max_length.
+PLAN_DEFAULTS = {**DEMO_ARGUMENTS, "train_file": None, "eval_file": None}
 
 
 def parse(argv: list[str]):
-    """run_sft's fields as parsed values (no SFTTrainingArguments is built: that would prepare a launch and require
-    data), and the planner's own arguments."""
-    namespace = read_run_values(argv, extra=[PlanArguments])
-    if not namespace.model_name_or_path:
-        raise UserError("--model_name_or_path is required: a model directory or its config.json")
+    """run_sft's fields as parsed values (through its parser; no arguments object, which would prepare a launch),
+    and the planner's own."""
+    namespace = read_run_values(argv, PLAN_DEFAULTS, extra=[PlanArguments])
     plan_args = PlanArguments(**{name: getattr(namespace, name) for name in PlanArguments.__dataclass_fields__})
     return namespace, plan_args
 
@@ -39,11 +42,14 @@ def main(argv: list[str] | None = None) -> list[PlanRow]:
     args, plan_args = parse(sys.argv[1:] if argv is None else argv)
     if plan_args.device == "auto" and args.device_memory and not torch.accelerator.is_available():
         plan_args.device = "gpu"  # a device memory named on a machine without one: the user plans GPUs
-    # The JSON stays parseable on stdout; the line goes to stderr there.
-    print(planning_line(args, plan_args), file=sys.stderr if plan_args.json else sys.stdout, flush=True)
+    # The JSON stays parseable on stdout; the lines go to stderr there.
+    lines = sys.stderr if plan_args.json else sys.stdout
+    print(planning_line(args, plan_args), file=lines, flush=True)
     configs = configs_with(args.deepspeed)  # the user's own config gets a row too
     with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) off the table/JSON
-        rows = plan_run(args, plan_args, sequence_profile(args), configs)
+        profile = sequence_profile(args)
+        rows = plan_run(args, plan_args, profile, configs)
+    print(profile.line(), file=lines, flush=True)
     if plan_args.json:
         print(json.dumps([row.as_json() for row in rows], indent=1))
     else:

@@ -8,8 +8,8 @@ weights train in 16 bits (DeepSpeed casts the model to bf16/fp16; without DeepSp
 and gradients, each partitioned from the stage that partitions it (1: optimizer state, 2: + gradients,
 3: + weights).
 
-Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.supervised_logits): the LM head fused with the loss over
-the supervised rows (hf_lora_ds.fused_head_loss), so only the hidden rows and one chunk of logits, sized from a
+Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.training.supervised_logits): the LM head fused with the loss over
+the supervised rows (hf_lora_ds.training.fused_head_loss), so only the hidden rows and one chunk of logits, sized from a
 memory budget, are alive at a time; with ``supervised_logits_only`` off, every position's logits and gradients.
 
 On a CPU-only machine the "device" is the process's host memory: offload moves nothing anywhere, and the runtime
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hf_lora_ds.ds_config import offloads
-from hf_lora_ds.fused_head_loss import chunk_rows
+from hf_lora_ds.launch.deepspeed_config import offloads
 from hf_lora_ds.plan.model_shape import ModelShape
+from hf_lora_ds.training.fused_head_loss import chunk_rows
 
 __all__ = ["BatchShape", "DeepSpeedLayout", "Estimate", "estimate_memory", "CUDA_CONTEXT_BYTES"]
 

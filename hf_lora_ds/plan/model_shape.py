@@ -13,25 +13,23 @@ on the meta device sdpa takes its math path and would record the scores: ``_Fuse
 from __future__ import annotations
 
 import copy
-import json
-import os
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 from peft import LoraConfig
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_utils import set_zero3_state
 
-from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.lora import wrap_with_lora
-from hf_lora_ds.resources import MODEL_CONFIGS
+from hf_lora_ds.model.lora import wrap_with_lora
 
-__all__ = ["ModelShape", "load_model_config", "measure_model_shape"]
+__all__ = [
+    "ModelShape",
+    "measure_model_shape",
+]
 
 _FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
 _MEASURED: dict[tuple, ModelShape] = {}
-SHIPPED_MODEL_CONFIGS = MODEL_CONFIGS
 
 
 @dataclass(frozen=True)
@@ -63,29 +61,6 @@ class ModelShape:
         else:
             per_sample = self.first_layer_activation_bytes + (self.num_layers - 1) * self.layer_activation_bytes
         return batch_size * (per_sample + self.backward_working_bytes)
-
-
-def load_model_config(path: str, trust_remote_code: bool = False) -> PretrainedConfig:
-    """A model directory (or its ``config.json``) as a transformers config; a bad path is a one-line error."""
-    if os.path.isfile(path):
-        try:
-            data = json.loads(open(path, encoding="utf-8").read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise UserError(f"{path}: not a JSON model config ({err})") from None
-        if "model_type" not in data:
-            raise UserError(f"{path}: no 'model_type' key; is this a transformers config.json?")
-        return AutoConfig.for_model(**data)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        raise MissingPathError(f"--model_name_or_path {path}: the directory has no config.json")
-    if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or path.count("/") > 1):
-        raise MissingPathError(f"--model_name_or_path {path}: no such directory or config.json")
-    shipped = SHIPPED_MODEL_CONFIGS / path.rsplit("/", 1)[-1].lower() / "config.json"
-    if not os.path.isdir(path) and shipped.is_file():  # a hub id whose architecture numbers ship here: no download
-        return load_model_config(str(shipped))
-    try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise UserError(f"--model_name_or_path {path}: cannot read its config ({str(err).splitlines()[0]})") from None
 
 
 def measure_model_shape(

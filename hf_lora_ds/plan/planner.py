@@ -49,6 +49,7 @@ class SequenceProfile:
 
     longest_first: tuple[int, ...]
     most_supervised_first: tuple[int, ...]
+    known: bool = True
 
     @classmethod
     def from_samples(cls, lengths: Iterable[int], supervised: Iterable[int]) -> SequenceProfile:
@@ -56,7 +57,14 @@ class SequenceProfile:
 
     @classmethod
     def unknown(cls, max_length: int) -> SequenceProfile:
-        return cls((max_length,), (max_length,))
+        return cls((max_length,), (max_length,), known=False)
+
+    def line(self) -> str:
+        """What the plan knows of the data: ``data: 2520 samples, longest 57 tokens, ...``."""
+        if not self.known:
+            return f"data: not tokenized here (no tokenizer): every sample taken as {self.longest_first[0]} tokens"
+        return (f"data: {len(self.longest_first)} samples, longest {self.longest_first[0]} tokens, at most "
+                f"{self.most_supervised_first[0]} supervised")
 
     def worst_batch(self, batch_size: int, padding_free: bool) -> BatchShape:
         """The micro-batch that needs the most memory: the longest samples together (length grouping puts them

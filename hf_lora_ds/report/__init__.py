@@ -3,6 +3,6 @@
 ``hf_lora_ds.callbacks.RunReportCallback`` writes it when training ends; ``write_report`` writes it any time.
 """
 
-from .render import write_report
+from hf_lora_ds.report.render import write_report
 
 __all__ = ["write_report"]

@@ -9,8 +9,8 @@ from typing import Any
 
 import jinja2
 
-from ..coverage import COVERAGE_FILE
-from .arguments import split_arguments
+from hf_lora_ds.model.lora_coverage import COVERAGE_FILE
+from hf_lora_ds.report.argument_table import split_arguments
 
 __all__ = ["write_report"]
 
@@ -51,7 +51,7 @@ def _load_json(path: Path) -> Any:
 
 def _run_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
     """Run-level numbers, the latest value of each: Trainer's summary, ``throughput/run_*``, the samples per
-    data source (``data/samples/*``) and the engine the run used (hf_lora_ds.engine)."""
+    data source (``data/samples/*``) and the engine the run used (hf_lora_ds.callbacks.engine_line)."""
     summary: dict[str, Any] = {}
     for entry in log_history:
         for key, value in entry.items():
@@ -77,10 +77,10 @@ def write_report(
     ``eval_report`` to ``<output_dir>/eval_report.json`` (``{"before": {"accuracy": ...}, "after": {...}}``); a
     path to such a file works too. Sections whose data is missing say so instead of failing.
 
-    With ``argument_defaults`` (``hf_lora_ds.report.arguments.declared_defaults``) the arguments that differ from
+    With ``argument_defaults`` (``hf_lora_ds.report.argument_table.declared_defaults``) the arguments that differ from
     them come first, the rest folded under a ``<details>``; without, all are listed.
     """
-    from . import plots  # matplotlib takes ~0.5 s to import; only writing a report needs it
+    from hf_lora_ds.report import plots  # matplotlib takes ~0.5 s to import; only writing a report needs it
 
     output_dir = Path(output_dir)
     if memory_records is None:

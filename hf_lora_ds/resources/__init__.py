@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hf_lora_ds.errors import MissingPathError
-
 __all__ = [
     "RESOURCES",
     "DEEPSPEED_CONFIGS",
@@ -18,8 +16,7 @@ __all__ = [
     "MODEL_CONFIGS",
     "DEMO_MODEL",
     "DEMO_DATA",
-    "shipped_deepspeed_names",
-    "resolve_deepspeed_name",
+    "DEMO_ARGUMENTS",
 ]
 
 RESOURCES = Path(__file__).resolve().parent
@@ -30,25 +27,21 @@ MODEL_CONFIGS = RESOURCES / "model_configs"
 DEMO_MODEL = RESOURCES / "demo" / "tiny-qwen2-sum"
 DEMO_DATA = RESOURCES / "demo" / "sum_to_x"
 
-
-def shipped_deepspeed_names() -> list[str]:
-    """The short names ``--deepspeed`` takes for the shipped configs: ``stage0`` ... ``stage3_offload``."""
-    return sorted(path.stem for path in DEEPSPEED_CONFIGS.glob("*.json"))
-
-
-def resolve_deepspeed_name(value: str) -> str:
-    """``--deepspeed stage3`` (or ``stage3.json``) as the shipped file's path; a path or base64 text as given.
-
-    A value that looks like a short name (no folder, not an existing file) but names no shipped config is refused
-    with the list, rather than read as base64 and reported as a missing file."""
-    if Path(value).is_file() or "/" in value or "\\" in value:
-        return value
-    stem = value.removesuffix(".json")
-    if stem in shipped_deepspeed_names():
-        return str(DEEPSPEED_CONFIGS / f"{stem}.json")
-    if stem.replace("_", "").isalnum() and len(stem) <= 40:
-        raise MissingPathError(
-            f"--deepspeed {value}: no such file or shipped config; shipped: {', '.join(shipped_deepspeed_names())} "
-            "(or a path to a DeepSpeed JSON config, or 'auto')"
-        )
-    return value
+# The demo run: every argument of run_sft.py, the audit and the planner that the user leaves out takes these values,
+# so any flag changes only its own part of the job.
+DEMO_ARGUMENTS = {
+    "model_name_or_path": str(DEMO_MODEL),
+    "train_file": str(DEMO_DATA / "train.json"),
+    "eval_file": str(DEMO_DATA / "eval.json"),
+    "eval_task": "sum_to_x",
+    "output_dir": "output/sum_to_x_lora",
+    "learning_rate": 3e-3,
+    "per_device_train_batch_size": 32,
+    "per_device_eval_batch_size": 32,
+    "max_steps": 150,
+    "warmup_steps": 10,
+    "lr_scheduler_type": "cosine",
+    "logging_steps": 10,
+    "save_strategy": "no",
+    "report_to": "none",
+}

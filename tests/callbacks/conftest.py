@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from callback_helpers import LENGTHS, TokenDataset, lora_model, pad_collate
 from transformers import Trainer, TrainingArguments
+
+from tests.callbacks.callback_helpers import LENGTHS, TokenDataset, lora_model, pad_collate
 
 
 @pytest.fixture(scope="module")

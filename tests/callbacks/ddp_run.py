@@ -1,4 +1,4 @@
-"""Two-rank CPU run for test_callbacks_ddp.py: ``torchrun --nproc_per_node 2 ddp_run.py MODEL_DIR OUTPUT_DIR``.
+"""Two-rank CPU run for test_ddp.py: ``torchrun --nproc_per_node 2 ddp_run.py MODEL_DIR OUTPUT_DIR``.
 
 Rank 1 holds an extra HOLD_MIB of host RAM from its first step on, so the min and max across ranks must differ.
 The accelerator statistics come from a fake allocator that each rank drives with its own numbers (``device_mib``),
@@ -15,12 +15,21 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from callback_helpers import LENGTHS, FakeAllocator, FakeClock, TokenDataset, add_lora, pad_collate
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from hf_lora_ds import memory
 from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, throughput, use_swanlab
 from hf_lora_ds.distributed import release_process_group
+from hf_lora_ds.training import memory_tracker
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: torchrun runs this file as a script
+from tests.callbacks.callback_helpers import (  # noqa: E402
+    LENGTHS,
+    FakeAllocator,
+    FakeClock,
+    TokenDataset,
+    add_lora,
+    pad_collate,
+)
 
 HOLD_MIB = 64
 PEAK_FLOPS = 1e9
@@ -64,7 +73,7 @@ def main(model_dir: str, output_dir: str) -> None:
     rank = int(os.environ["RANK"])
     allocator, clock = FakeAllocator(), FakeClock(train_s=1.0, eval_s=100.0)
     allocator.set(device_mib(rank)["base"])
-    memory.device_memory_api = lambda: allocator
+    memory_tracker.device_memory_api = lambda: allocator
     throughput.time = SimpleNamespace(perf_counter=clock)
     memory_trace = MemoryTraceCallback()
     with memory_trace.phase("load"):

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from launching import REPO
+
+from tests.e2e.launching import REPO
 
 TRAIN_RECORDS = 32
 EVAL_RECORDS = 6

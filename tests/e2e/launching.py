@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from hf_lora_ds.adapter import verify_adapter
+from hf_lora_ds.model.adapter_check import verify_adapter
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = Path(__file__).with_name("sft_entry.py")

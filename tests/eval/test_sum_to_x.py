@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hf_lora_ds.data.records import DataError
 from hf_lora_ds.eval import DEFAULT_PREFIX, SumToXTask, get_task
-from hf_lora_ds.records import DataError
 
 P = DEFAULT_PREFIX
 RECORD = {"instruction": "5=", "input": "", "output": f"{P}1 + 4"}

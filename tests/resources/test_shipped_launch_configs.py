@@ -1,7 +1,7 @@
 """Every shipped Accelerate config (accelerate_configs/) and FSDP2 config (fsdp_configs/) is read by the code that
 will read it: Accelerate's own config loader (which refuses unknown keys), transformers' FSDP argument processing.
-Each Accelerate config is also launched for real: the DeepSpeed ones by tests/e2e/test_e2e_accelerate.py, the FSDP2
-one by tests/e2e/test_e2e_resume.py; fsdp_configs/fsdp2.json by tests/e2e/test_e2e_fsdp.py."""
+Each Accelerate config is also launched for real: the DeepSpeed ones by tests/e2e/test_accelerate.py, the FSDP2
+one by tests/e2e/test_resume.py; fsdp_configs/fsdp2.json by tests/e2e/test_fsdp.py."""
 
 from __future__ import annotations
 

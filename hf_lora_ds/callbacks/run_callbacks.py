@@ -1,0 +1,89 @@
+"""Every callback of a LoRA SFT run, attached to its trainer in the order they must run.
+
+Callbacks run in the order of ``trainer.callback_handler.callbacks``, and some of them read what others did in the
+same event, so the order is part of what they mean:
+
+1. SwanLab (with ``report_to`` swanlab): ours, in place of transformers' own (hf_lora_ds.callbacks.swanlab).
+2. The run's guards and bookkeeping: the highest learning rate seen (the final adapter check's measure), preemption
+   (a signal becomes "save after this step"), the ``engine:`` line (checked before the first step), divergence, and
+   the samples each data source gave.
+3. Answer accuracy, ahead of the memory tracer: the tracer closes the eval phase in its own ``on_evaluate``, and the
+   generation done there belongs to the evaluation.
+4. Memory and throughput, logged through ``Trainer.log`` so every ``report_to`` integration gets them.
+5. The checkpoint completion marker, after every callback whose ``on_save`` adds to a checkpoint.
+6. The run report, last: its ``on_train_end`` reads what the others logged.
+
+A callback of one of these kinds given to the trainer (``callbacks=[...]``) is the one used and moved to its place:
+that is how run_sft hands over the memory tracer that has already measured the model load, and the accuracy
+callback, which needs the eval records (it is attached only when given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import Trainer
+
+from hf_lora_ds.callbacks.accuracy import AnswerAccuracyCallback
+from hf_lora_ds.callbacks.checkpoint_completion import CheckpointCompletionCallback
+from hf_lora_ds.callbacks.data_sources import SourceCountsLog
+from hf_lora_ds.callbacks.divergence import DivergenceCallback
+from hf_lora_ds.callbacks.engine_line import EngineCallback
+from hf_lora_ds.callbacks.learning_rate import LearningRateWatch
+from hf_lora_ds.callbacks.memory import MemoryTraceCallback
+from hf_lora_ds.callbacks.preemption import PreemptionCallback
+from hf_lora_ds.callbacks.run_report import RunReportCallback
+from hf_lora_ds.callbacks.swanlab import use_swanlab
+from hf_lora_ds.callbacks.throughput import ThroughputCallback
+
+__all__ = ["RunCallbacks", "attach_run_callbacks"]
+
+
+@dataclass
+class RunCallbacks:
+    """The attached callbacks the trainer itself asks things of."""
+
+    learning_rates: LearningRateWatch
+    preemption: PreemptionCallback
+    memory: MemoryTraceCallback
+
+
+def attach_run_callbacks(trainer: Trainer) -> RunCallbacks:
+    """Attach the run's callbacks to ``trainer`` (a ``LoraSFTTrainer``) in the order of the module docstring."""
+    if "swanlab" in trainer.args.report_to:
+        # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
+        use_swanlab(trainer)
+    source_counts = getattr(trainer.train_dataset, "source_counts", None)
+    run_order: list[tuple[type, Callable[[], Any] | None]] = [  # each kind, and how to make one if none was given
+        (LearningRateWatch, LearningRateWatch),
+        (PreemptionCallback, PreemptionCallback),
+        (EngineCallback, lambda: EngineCallback(trainer)),
+        (DivergenceCallback, lambda: DivergenceCallback(trainer.args.on_divergence)),
+        (SourceCountsLog, (lambda: SourceCountsLog(source_counts)) if source_counts else None),
+        (AnswerAccuracyCallback, None),  # it needs the eval records: only the one given
+        (MemoryTraceCallback, MemoryTraceCallback),
+        (ThroughputCallback, ThroughputCallback),
+        (CheckpointCompletionCallback, CheckpointCompletionCallback),
+        (RunReportCallback, RunReportCallback),
+    ]
+    handler = trainer.callback_handler.callbacks
+    given = [cb for cb in handler if isinstance(cb, tuple(kind for kind, _ in run_order))]
+    for callback in given:  # taken out, then put back in the run's order
+        handler.remove(callback)
+    attached = {}
+    for kind, make in run_order:
+        callback = next((cb for cb in given if isinstance(cb, kind)), None) or (make() if make else None)
+        if callback is None:
+            continue
+        if hasattr(callback, "attach"):
+            callback.attach(trainer)  # metrics through Trainer.log (hf_lora_ds.callbacks.base)
+        else:
+            trainer.add_callback(callback)
+        attached[kind] = callback
+    return RunCallbacks(
+        learning_rates=attached[LearningRateWatch],
+        preemption=attached[PreemptionCallback],
+        memory=attached[MemoryTraceCallback],
+    )

@@ -1,0 +1,128 @@
+"""Batching: dynamic padding, or padding-free batches where the model's attention can tell sequences apart, and the
+length-grouped sampler that makes padded batches short.
+
+Both collators come from transformers; what this module adds is the choice between them, the refusal to flatten a
+batch for a model whose attention would let packed sequences attend to each other, and a length-grouped order that
+every rank draws alike in every epoch (transformers' own draws it from the global RNG; see ``LengthGroupedEpochSampler``).
+
+Dynamic padding pads to the longest sample of the batch (not to ``max_length``), labels with -100 and the
+attention mask with 0:
+
+>>> import torch
+>>> from transformers import DataCollatorForSeq2Seq
+>>> from hf_lora_ds.data.collator import padded_collator
+>>> class Tok:  # the two attributes DataCollatorForSeq2Seq's padding reads, for a self-contained example
+...     pad_token_id, padding_side = 0, "right"
+...     def pad(self, features, **kw):
+...         n = max(len(f["input_ids"]) for f in features)
+...         ids = [f["input_ids"] + [0] * (n - len(f["input_ids"])) for f in features]
+...         mask = [f["attention_mask"] + [0] * (n - len(f["attention_mask"])) for f in features]
+...         return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+>>> batch = padded_collator(Tok())([
+...     {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7]},
+...     {"input_ids": [8], "attention_mask": [1], "labels": [8]},
+... ])
+>>> batch["input_ids"].tolist(), batch["labels"].tolist(), batch["attention_mask"].tolist()
+([[5, 6, 7], [8, 0, 0]], [[-100, 6, 7], [8, -100, -100]], [[1, 1, 1], [1, 0, 0]])
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedTokenizerBase
+from transformers.trainer_pt_utils import LengthGroupedSampler
+
+from hf_lora_ds.data.dataset import IGNORE_INDEX
+from hf_lora_ds.errors import UserError
+
+__all__ = [
+    "Batching",
+    "LengthGroupedEpochSampler",
+    "build_collator",
+    "padding_free_by_default",
+    "padded_collator",
+    "resolve_batching",
+    "supports_padding_free",
+]
+
+Batching = Literal["auto", "padded", "padding_free"]
+
+
+def padded_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> DataCollatorForSeq2Seq:
+    """Pads each batch to its longest sample (optionally rounded up to a multiple), labels with -100."""
+    return DataCollatorForSeq2Seq(
+        tokenizer, padding="longest", pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=IGNORE_INDEX
+    )
+
+
+def supports_padding_free(model: torch.nn.Module) -> bool:
+    """Whether a flattened batch with restarting ``position_ids`` keeps its sequences apart in attention.
+
+    Flash-attention kernels read the boundaries from the position ids; with sdpa or eager attention, models built on
+    transformers' ``create_causal_mask`` detect packed sequences from the position ids and build a block-diagonal mask.
+    Models outside both would silently attend across samples.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    implementation = getattr(base.config, "_attn_implementation", None) or ""
+    if "flash" in implementation:
+        return True
+    return hasattr(sys.modules.get(type(base).__module__), "create_causal_mask")
+
+
+def padding_free_by_default(attn_implementation: str | None) -> bool:
+    """What ``--batching auto`` picks for an attention kernel: padding-free with flash attention, where no token is
+    padding and it is fastest; padded (length-grouped) elsewhere, where it is faster (see resolve_batching)."""
+    return "flash" in (attn_implementation or "")
+
+
+def resolve_batching(batching: Batching, model: torch.nn.Module) -> Literal["padded", "padding_free"]:
+    """``auto`` picks padding-free only with flash attention, where it is fastest; padded (and, by default,
+    length-grouped) batches are faster under sdpa and eager: 1.78x the supervised tokens/s of pad-to-max_length on
+    the CPU, against 0.60x for padding-free (bench/padding.py)."""
+    if batching == "auto":
+        by_default = padding_free_by_default(getattr(model.config, "_attn_implementation", None))
+        return "padding_free" if by_default and supports_padding_free(model) else "padded"
+    if batching == "padding_free" and not supports_padding_free(model):
+        raise UserError(
+            f"{type(model).__name__} with attn_implementation={model.config._attn_implementation!r} cannot keep packed "
+            "sequences apart; use --batching padded, or --attn_implementation flash_attention_2 on a GPU"
+        )
+    return batching
+
+
+def build_collator(
+    batching: Literal["padded", "padding_free"],
+    tokenizer: PreTrainedTokenizerBase,
+    pad_to_multiple_of: int | None = None,
+) -> DataCollatorForSeq2Seq | DataCollatorWithFlattening:
+    """The collator for an already resolved batching mode."""
+    if batching == "padding_free":
+        return DataCollatorWithFlattening(separator_id=IGNORE_INDEX)
+    return padded_collator(tokenizer, pad_to_multiple_of)
+
+
+class LengthGroupedEpochSampler(LengthGroupedSampler):
+    """transformers' ``LengthGroupedSampler`` (random mega-batches, each sorted by length) drawn from a generator
+    seeded with ``seed + epoch``.
+
+    Left without a generator it draws from the global torch RNG when each epoch starts, and that state differs
+    between ranks once dropout has consumed it (by as many numbers as each rank's batch has elements): ranks would
+    then shard different orders, training some samples twice and some never, and a resumed run would not see the
+    order of the run it resumes. Trainer calls ``set_epoch`` before every epoch, as it does for DistributedSampler;
+    iterating twice in one epoch gives the same order twice.
+    """
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int):
+        super().__init__(batch_size, lengths=lengths, generator=torch.Generator())
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        self.generator.manual_seed(self.seed + self.epoch)
+        return super().__iter__()

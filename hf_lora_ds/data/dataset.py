@@ -1,0 +1,314 @@
+"""Chat-template SFT data with exact labels: every token is -100 except what each trained assistant turn says.
+
+Stock chat templates (Qwen's among them) have no ``{% generation %}`` block, so transformers' assistant mask comes
+back all zeros with only a warning, and masking by response-marker strings breaks when the marker tokenizes
+differently in context. Instead, the supervised spans are derived from the template itself: for assistant turn i,
+the conversation rendered up to turn i with the generation prompt must be a prefix of the conversation rendered
+through turn i, and what lies between is exactly the assistant content followed by an end-of-turn special token.
+Those character spans are mapped to tokens with the fast tokenizer's offsets, and each decoded span is checked
+against ``content + end_of_turn`` (``hf_lora_ds.data.labels``, a batch at a time). An assistant turn with tool calls is
+trained whole, as the template writes it (Qwen2.5: ``<tool_call>`` JSON), through its end-of-turn special token;
+every call's name must appear in it. A thinking template's ``<think>`` block is trained or not by
+``hf_lora_ds.data.thinking``'s options. A template that renders earlier turns differently once the conversation goes on
+(Qwen3 drops their reasoning) gives such a turn a training text of its own, ending with it, so every turn is trained
+after the prompt it gets at inference (``hf_lora_ds.data.template_rule``). Whatever the template does that breaks this (a
+generation prompt that does not start the turn, merging the header into the content) raises a ``TemplateError``
+instead of training on a wrong mask.
+
+Those renders cost more than tokenizing; for a template that never looks at the contents it writes, the same
+samples come from one rendering per sequence of roles (``hf_lora_ds.data.skeleton``), and every other conversation
+keeps the rule itself.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from datasets.fingerprint import Hasher
+from transformers import PreTrainedTokenizerBase
+
+from hf_lora_ds.data.formats import FormatOptions, to_conversation
+from hf_lora_ds.data.labels import FlatLabels, batch_labels, labels_from_spans
+from hf_lora_ds.data.record_table import cache_root
+from hf_lora_ds.data.records import DataError, decode_record
+from hf_lora_ds.data.skeleton import Locator
+from hf_lora_ds.data.sources import LoadedData, load_data
+from hf_lora_ds.data.template_rule import (
+    IGNORE_INDEX,
+    AssistantTurns,
+    TemplateError,
+    TrainingText,
+    TurnRules,
+    prefix_samples,
+    render_samples,
+)
+from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning, renders_reasoning
+from hf_lora_ds.distributed import main_process_first
+
+__all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
+
+# Compact columns: labels as int32 like the token ids (datasets would infer int64 for them), the mask as int8.
+# The map function writes them as Arrow arrays, in this order (``_Encoder.table``).
+_SAMPLE_FEATURES = datasets.Features(
+    {
+        "where": datasets.Value("string"),
+        "source": datasets.Value("string"),
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "attention_mask": datasets.Sequence(datasets.Value("int8")),
+        "labels": datasets.Sequence(datasets.Value("int32")),
+        "length": datasets.Value("int32"),
+        "num_supervised": datasets.Value("int32"),
+        "truncated": datasets.Value("bool"),
+    }
+)
+EmptyLabelsPolicy = Literal["drop", "error"]
+
+
+class ChatSFTDataset(torch.utils.data.Dataset):
+    """Tokenized chat SFT samples: ``ds[i]`` is a dict of ``input_ids``, ``attention_mask`` and ``labels`` lists.
+
+    Records are validated, rendered and tokenized by a batched ``datasets`` map over the memory-mapped record
+    table (``hf_lora_ds.data.record_table``), in ``num_proc`` processes, into a cached Arrow file: the samples are
+    never all Python objects at once, a bad record still fails with its file, line and field before training, and a
+    second run with the same data, tokenizer and settings reads the cache instead of tokenizing again.
+
+    Args:
+        data: a source or weighted mixture as ``--train_file`` takes it (see ``hf_lora_ds.data.sources``), records
+            already loaded by ``sources.load_data``, or a list of records in any format of ``hf_lora_ds.data.formats``.
+        tokenizer: a fast tokenizer whose chat template renders the conversations.
+        max_length: truncate longer samples to this many tokens (right side); None keeps them whole.
+        system_prompt: system turn to add to records that have none (a record's own system turn wins).
+        assistant_turns: train on ``"all"`` assistant turns or only the ``"last"`` one.
+        on_empty_labels: a sample left with no supervised token (by truncation) is ``"drop"``-ped and counted,
+            or raises an ``"error"`` naming it.
+        cache_dir: where record tables and tokenized arrow files are cached; None uses the datasets cache.
+        formats: column mapping and ShareGPT role names (``FormatOptions``); None: the defaults.
+        num_proc: processes that validate and tokenize (``--preprocessing_num_workers``); None: this one.
+        thinking: which ``<think>`` blocks of a thinking template are trained (``ThinkingOptions``); None: defaults.
+    """
+
+    def __init__(
+        self,
+        data: str | Path | list[dict] | LoadedData,
+        tokenizer: PreTrainedTokenizerBase,
+        max_length: int | None = None,
+        system_prompt: str | None = None,
+        assistant_turns: AssistantTurns = "all",
+        on_empty_labels: EmptyLabelsPolicy = "drop",
+        cache_dir: str | Path | None = None,
+        formats: FormatOptions | None = None,
+        num_proc: int | None = None,
+        thinking: ThinkingOptions | None = None,
+    ):
+        if not tokenizer.is_fast:
+            raise TemplateError("a fast tokenizer is required (its offsets locate the assistant spans exactly)")
+        if tokenizer.chat_template is None:
+            raise TemplateError("the tokenizer has no chat_template; set tokenizer.chat_template first")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.assistant_turns = assistant_turns
+        loaded = data if isinstance(data, LoadedData) else load_data(data, cache_dir=cache_dir)
+        self.source_counts = loaded.counts()
+        encoder = _Encoder(
+            tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions(), thinking or ThinkingOptions()
+        )
+        self.encoder, self.records = encoder, loaded.table
+        # Locations and sources are part of the cached output, so the table's fingerprint keys the cache with them.
+        key = Hasher.hash([loaded.table._fingerprint, encoder.settings(), _code_version()])
+        workers = min(num_proc or 1, len(loaded.table))  # datasets runs no more workers than rows
+        num_proc = workers if workers > 1 else None
+        cache_file = cache_root(cache_dir) / f"chat_sft-{key}.arrow"
+        with main_process_first():
+            if not _cached(cache_file, num_proc):
+                # Validation alone is ~50x faster than rendering and tokenizing: a bad record at line 900,000 of
+                # a million fails within a minute, not after most of the file has been tokenized.
+                loaded.table.map(encoder.validate, batched=True, num_proc=num_proc, desc="Validating records")
+            tokenized = loaded.table.map(
+                encoder,
+                batched=True,
+                num_proc=num_proc,
+                remove_columns=loaded.table.column_names,  # a conversation may give several samples
+                features=_SAMPLE_FEATURES,
+                new_fingerprint=key,
+                cache_file_name=str(cache_file),
+                desc="Tokenizing with the chat template",
+            )
+        table = tokenized.data.table  # memory-mapped: the checks below read columns, not Python rows
+        empty = pc.equal(table["num_supervised"], 0).combine_chunks()
+        num_empty = pc.sum(empty).as_py() or 0
+        if num_empty and on_empty_labels == "error":
+            first = pc.index(empty, True).as_py()
+            raise DataError(
+                f"{table['where'][first].as_py()}: sample {first} has no supervised token left after truncation to "
+                f"max_length={max_length} ({num_empty} such samples); raise max_length or set on_empty_labels='drop'"
+            )
+        self.dropped_by_source = _count_values(table["source"].filter(empty))
+        self.truncated_by_source = _count_values(table["source"].filter(table["truncated"]))
+        self.num_dropped = num_empty
+        self.num_truncated = sum(self.truncated_by_source.values())
+        kept = np.flatnonzero(~empty.to_numpy(zero_copy_only=False))
+        self.samples = tokenized.select(kept) if num_empty else tokenized
+        self.samples = self.samples.with_format(columns=["input_ids", "attention_mask", "labels"])
+        if len(self.samples) == 0:
+            raise DataError(f"no trainable samples: all {len(tokenized)} lost their supervised tokens to truncation")
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        return self.samples[index]
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.samples.with_format(None)["length"])
+
+    @property
+    def sources(self) -> list[str]:
+        """The source (``--train_file`` entry) of each sample, for per-source counts and audits."""
+        return list(self.samples.with_format(None)["source"])
+
+
+class _Encoder:
+    """The batched ``map`` function: decode and validate each record (errors name its file, line and field), render
+    it with the chat template and tokenize it with its exact labels. A class, so worker processes get it pickled."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        max_length: int | None,
+        system_prompt: str | None,
+        assistant_turns: AssistantTurns,
+        formats: FormatOptions,
+        thinking: ThinkingOptions,
+    ):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.system_prompt = system_prompt
+        self.assistant_turns = assistant_turns
+        self.formats = formats
+        self.thinking = thinking
+        self.renders_reasoning = renders_reasoning(tokenizer)
+        self.rules = TurnRules.of(tokenizer, thinking)
+        self.locator = Locator(self.rules, assistant_turns)
+
+    def settings(self) -> list[Any]:
+        """Everything besides the records that decides the output: vocabulary, template and options."""
+        return [
+            self.tokenizer.backend_tokenizer.to_str(),
+            self.tokenizer.chat_template,
+            self.max_length,
+            self.system_prompt,
+            self.assistant_turns,
+            self.formats.columns,
+            self.formats.sharegpt_roles,
+            vars(self.thinking),
+        ]
+
+    def conversations(self, batch: dict[str, list]) -> Iterator[dict[str, Any]]:
+        """Each record of the batch validated and normalised; the first bad one raises, naming its location."""
+        for text, where in zip(batch["record"], batch["where"]):
+            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, self.formats)
+            if self.renders_reasoning:
+                conversation["messages"] = move_inline_reasoning(conversation["messages"])
+            yield conversation
+
+    def samples(self, conversation: dict[str, Any]) -> list[TrainingText]:
+        """The training texts and spans of one conversation (``hf_lora_ds.data.template_rule.render_samples``)."""
+        return self.sample_lists([conversation])[0]
+
+    def sample_lists(self, conversations: list[dict[str, Any]]) -> list[list[TrainingText]]:
+        """Each conversation's samples: located (``hf_lora_ds.data.skeleton``) where that is proven exact, else by the
+        prefix rule, which also raises, conversation by conversation, any error of either."""
+        located = self.locator.samples(conversations)
+        return [
+            found if found is not None else prefix_samples(self.rules, c["messages"], self.assistant_turns, c["tools"])
+            for c, found in zip(conversations, located)
+        ]
+
+    def validate(self, batch: dict[str, list]) -> None:
+        """The validation pass: a ``map`` function that returns nothing, so datasets writes nothing."""
+        for _ in self.conversations(batch):
+            pass
+
+    def __call__(self, batch: dict[str, list]) -> pa.Table:
+        with _collector_paused():
+            return self.encode(batch)
+
+    def encode(self, batch: dict[str, list]) -> pa.Table:
+        """A batch of records' samples: rendered, tokenized with offsets, labelled, as the samples' columns."""
+        texts, spans, places = [], [], []
+        conversations = list(self.conversations(batch))
+        for samples, where, source in zip(self.sample_lists(conversations), batch["where"], batch["source"]):
+            for sample in samples:
+                texts.append(sample.text)
+                spans.append(sample.spans)
+                places.append((where, source))
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+        ids = encoded["input_ids"]
+        return self.table(batch_labels(self.tokenizer, texts, spans, encoded["offset_mapping"], ids), places)
+
+    def table(self, flat: FlatLabels, places: list[tuple[str, str]]) -> pa.Table:
+        """The samples' columns (``_SAMPLE_FEATURES``), built as Arrow arrays from flat numpy ones rather than from
+        a Python list per sample: truncated to ``max_length``, with their lengths and supervised-token counts."""
+        sample = np.repeat(np.arange(len(flat.lengths)), flat.lengths)  # the sample of each token
+        lengths = flat.lengths if self.max_length is None else np.minimum(flat.lengths, self.max_length)
+        starts = np.cumsum(flat.lengths) - flat.lengths
+        kept = np.arange(len(flat.ids)) - starts[sample] < lengths[sample]
+        labels, sample = flat.labels[kept], sample[kept]
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
+        supervised = np.bincount(sample[labels != IGNORE_INDEX], minlength=len(lengths))
+        columns = {
+            "where": pa.array([where for where, _ in places], type=pa.string()),
+            "source": pa.array([source for _, source in places], type=pa.string()),
+            "input_ids": pa.ListArray.from_arrays(offsets, flat.ids[kept]),
+            "attention_mask": pa.ListArray.from_arrays(offsets, np.ones(len(labels), dtype=np.int8)),
+            "labels": pa.ListArray.from_arrays(offsets, labels),
+            "length": pa.array(lengths, type=pa.int32()),
+            "num_supervised": pa.array(supervised, type=pa.int32()),
+            "truncated": pa.array(flat.lengths > lengths),
+        }
+        return pa.Table.from_pydict(columns, schema=_SAMPLE_FEATURES.arrow_schema)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for one batch: the batch allocates a tuple per token offset, and each pass of
+    the collector that this sets off walks the whole heap (torch and transformers hold millions of objects), which
+    cost about an eighth of the tokenizing time. Reference counting frees what a batch allocates; the few cycles it
+    makes (a new shape's first renders) are collected after it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _cached(cache_file: Path, num_proc: int | None) -> bool:
+    """Whether ``map`` will read its output from the cache: one file, or one per worker (datasets' shard names)."""
+    if not num_proc:
+        return cache_file.is_file()
+    shards = (cache_file.with_name(f"{cache_file.stem}_{i:05d}_of_{num_proc:05d}.arrow") for i in range(num_proc))
+    return all(shard.is_file() for shard in shards)
+
+
+def _count_values(column: pa.ChunkedArray) -> Counter:
+    """``Counter`` of a string column's values, counted by Arrow rather than over Python strings."""
+    return Counter({item["values"].as_py(): item["counts"].as_py() for item in pc.value_counts(column)})
+
+
+def _code_version() -> str:
+    """A hash of the data package's modules (among them those that decide the tokenized output), so a changed
+    hf_lora_ds does not reuse old caches."""
+    return Hasher.hash([path.read_bytes() for path in sorted(Path(__file__).parent.glob("*.py"))])

@@ -1,0 +1,136 @@
+"""Token labels from the supervised character spans of ``hf_lora_ds.data.template_rule``: exact, or an error.
+
+``labels_from_spans`` is the rule, one text at a time: a token inside a span is trained, one outside is -100, one
+that straddles a span boundary is an error (the tokenizer merged template and content, so no exact mask exists), and
+each span's tokens must decode to the span's text. ``batch_labels`` gives the same labels and the same first error
+for a batch, without a Python loop over every token of every span: where the offsets run in order (as a fast
+tokenizer's do), each span's tokens are found by binary search, and all of the batch's decode checks are one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from hf_lora_ds.data.template_rule import IGNORE_INDEX, TemplateError
+
+__all__ = ["FlatLabels", "labels_from_spans", "batch_labels"]
+
+
+def labels_from_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    spans: Sequence[tuple[int, int]],
+    offsets: Sequence[tuple[int, int]],
+    input_ids: Sequence[int],
+) -> list[int]:
+    """Labels for one tokenized text: the token id inside a supervised span, -100 elsewhere.
+
+    A token that straddles a span boundary means the tokenizer merged template text into the answer (or the
+    answer into the template), so no exact mask exists for it: that is an error, not a guess.
+    """
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for start, end in spans:
+        picked = []
+        for j, (token_start, token_end) in enumerate(offsets):
+            if token_end <= start or token_start >= end:
+                continue
+            if token_start < start or token_end > end:
+                raise _crossing(tokenizer, input_ids[j], start, end)
+            labels[j] = input_ids[j]
+            picked.append(input_ids[j])
+        decoded = tokenizer.decode(picked, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if decoded != text[start:end]:
+            raise _undecodable(decoded, text[start:end])
+    return labels
+
+
+@dataclass(frozen=True)
+class FlatLabels:
+    """A batch's token ids and labels, its texts' end to end (int32), and each text's token count."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    lengths: np.ndarray
+
+
+def batch_labels(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    offsets: Sequence[Sequence[tuple[int, int]]],
+    input_ids: Sequence[Sequence[int]],
+) -> FlatLabels:
+    """``labels_from_spans`` of each text of a batch; the first error is the one it would raise."""
+    lengths = np.array([len(ids) for ids in input_ids], dtype=np.int64)
+    total = int(lengths.sum())
+    ids = np.fromiter(chain.from_iterable(input_ids), dtype=np.int32, count=total)
+    bounds = np.fromiter(chain.from_iterable(chain.from_iterable(offsets)), dtype=np.int64, count=2 * total)
+    # Text k's offsets moved by k * width, past every earlier text's: one sorted array serves the whole batch.
+    width = max(map(len, texts), default=0) + 1
+    shift = np.repeat(np.arange(len(texts), dtype=np.int64) * width, lengths)
+    starts, ends = bounds[0::2] + shift, bounds[1::2] + shift
+    if np.any(starts[1:] < starts[:-1]) or np.any(ends[1:] < ends[:-1]):  # out of order: a search would miss
+        labels = [labels_from_spans(tokenizer, *text) for text in zip(texts, spans, offsets, input_ids)]
+        return FlatLabels(ids, np.fromiter(chain.from_iterable(labels), dtype=np.int32, count=total), lengths)
+    flat = [(k, start, end) for k, text_spans in enumerate(spans) for start, end in text_spans]
+    table = np.array(flat, dtype=np.int64).reshape(-1, 3)
+    low, high = table[:, 0] * width + table[:, 1], table[:, 0] * width + table[:, 2]
+    # The tokens the rule visits for a span: those that end after it starts and start before it ends.
+    first, stop = np.searchsorted(ends, low, side="right"), np.searchsorted(starts, high, side="left")
+    _check(tokenizer, texts, flat, ids, (starts, ends), (low, high), (first, stop))
+    covered = np.zeros(total + 1, dtype=np.int64)
+    np.add.at(covered, first, 1)
+    np.add.at(covered, np.maximum(first, stop), -1)
+    return FlatLabels(ids, np.where(np.cumsum(covered[:-1]) > 0, ids, np.int32(IGNORE_INDEX)), lengths)
+
+
+def _check(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    flat: list[tuple[int, int, int]],
+    ids: np.ndarray,
+    bounds: tuple[np.ndarray, np.ndarray],
+    span_bounds: tuple[np.ndarray, np.ndarray],
+    tokens: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Raise the rule's first error over the spans ``flat`` (text, start, end) in order: a token crossing a span's
+    boundary, or a span whose tokens (``first:stop`` of ``ids``) do not decode to its text."""
+    (starts, ends), (low, high), (first, stop) = bounds, span_bounds, tokens
+    starts_before = crossing = np.zeros(len(flat), dtype=bool)
+    if len(ids):  # offsets run in order: only a span's first token can start before it, only its last end after it
+        starts_before = (stop > first) & (starts[np.minimum(first, len(ids) - 1)] < low)
+        crossing = starts_before | ((stop > first) & (ends[np.maximum(stop - 1, 0)] > high))
+    bad = int(np.argmax(crossing)) if crossing.any() else len(flat)
+    decoded = _decode(tokenizer, [ids[a:b].tolist() for a, b in zip(first[:bad].tolist(), stop[:bad].tolist())])
+    expected = [texts[k][start:end] for k, start, end in flat[:bad]]
+    if decoded != expected:
+        got, want = next((got, want) for got, want in zip(decoded, expected) if got != want)
+        raise _undecodable(got, want)
+    if bad < len(flat):
+        token = first[bad] if starts_before[bad] else np.searchsorted(ends, high[bad], side="right")
+        raise _crossing(tokenizer, int(ids[token]), *flat[bad][1:])
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, sequences: list[list[int]]) -> list[str]:
+    """What ``tokenizer.decode`` gives for each sequence: in one call of the tokenizers library where the
+    tokenizer decodes as that library does, else by its own ``decode``, one at a time."""
+    kind = type(tokenizer)
+    if kind.decode is PreTrainedTokenizerBase.decode and kind._decode is PreTrainedTokenizerFast._decode:
+        return tokenizer.backend_tokenizer.decode_batch(sequences, skip_special_tokens=False)
+    return [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in sequences]
+
+
+def _crossing(tokenizer: PreTrainedTokenizerBase, token: int, start: int, end: int) -> TemplateError:
+    return TemplateError(
+        f"token {tokenizer.convert_ids_to_tokens(token)!r} crosses the boundary of an assistant turn "
+        f"(chars {start}-{end}); the tokenizer merges template and content here"
+    )
+
+
+def _undecodable(decoded: str, expected: str) -> TemplateError:
+    return TemplateError(f"supervised tokens decode to {decoded!r}, expected {expected!r}")

@@ -1,0 +1,131 @@
+"""Dataset-wide mask audit: what the model will actually be trained on, before a GPU-hour is spent.
+
+``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
+mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
+no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
+learns to stop), trained turns whose inference prompt is not the start of their training text (``hf_lora_ds.data.inference_prompts``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.inference_prompts import RoundTrip
+
+__all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision"]
+
+OPEN, CLOSE = "[[", "]]"
+
+
+@dataclass
+class MaskAudit:
+    samples: int
+    supervised_min: int
+    supervised_median: float
+    supervised_max: int
+    truncated: int
+    dropped_empty: int
+    spans: int
+    spans_ending_in_eot: int
+    spans_cut_by_truncation: int
+    example: str
+    round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.data.inference_prompts)
+
+    @property
+    def all_spans_end_in_eot(self) -> bool:
+        return self.spans_ending_in_eot + self.spans_cut_by_truncation == self.spans
+
+    def line(self) -> str:
+        return (
+            f"mask audit: {self.samples} samples, supervised tokens/sample min {self.supervised_min} "
+            f"median {self.supervised_median:g} max {self.supervised_max}, {self.truncated} truncated, "
+            f"{self.dropped_empty} dropped with no supervised token, "
+            f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
+            + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
+            + (f"; {self.round_trip.line()}" if self.round_trip else "")
+        )
+
+    def __str__(self) -> str:
+        verdict = "yes" if self.all_spans_end_in_eot else "NO: some answers would not teach the model to stop"
+        return "\n".join(
+            [
+                f"samples:                          {self.samples}",
+                f"supervised tokens per sample:     min {self.supervised_min}, median {self.supervised_median:g}, "
+                f"max {self.supervised_max}",
+                f"truncated samples:                {self.truncated}",
+                f"dropped, no supervised token:     {self.dropped_empty}",
+                f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
+                f"{self.spans_cut_by_truncation} cut by truncation)",
+                *([self.round_trip.line()] if self.round_trip else []),
+                f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
+                self.example,
+            ]
+        )
+
+
+def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int]) -> str:
+    """Decode a sample with each supervised run wrapped in [[ ]], so the mask can be read at a glance."""
+    pieces, run = [], []
+    for token, label in zip(input_ids, labels):
+        if label != IGNORE_INDEX:
+            run.append(token)
+            continue
+        if run:
+            pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
+            run = []
+        pieces.append(tokenizer.decode([token]))
+    if run:
+        pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
+    return "".join(pieces)
+
+
+def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAudit:
+    """The audit of every sample, or of those from one ``source`` (an entry of a mixture)."""
+    end_of_turn_ids = set(dataset.tokenizer.all_special_ids) | set(dataset.tokenizer.get_added_vocab().values())
+    if source is None:
+        indices, truncated, dropped = range(len(dataset)), dataset.num_truncated, dataset.num_dropped
+    else:
+        indices = [i for i, name in enumerate(dataset.sources) if name == source]
+        truncated, dropped = dataset.truncated_by_source[source], dataset.dropped_by_source[source]
+    supervised, spans, ending_in_eot, cut = [], 0, 0, 0
+    for i in indices:
+        labels = dataset[i]["labels"]
+        supervised.append(sum(label != IGNORE_INDEX for label in labels))
+        for end in _run_ends(labels):
+            spans += 1
+            if labels[end] in end_of_turn_ids:
+                ending_in_eot += 1
+            elif end == len(labels) - 1 and len(labels) == dataset.max_length:
+                cut += 1
+    first = dataset[indices[0]]
+    return MaskAudit(
+        samples=len(indices),
+        supervised_min=min(supervised),
+        supervised_median=statistics.median(supervised),
+        supervised_max=max(supervised),
+        truncated=truncated,
+        dropped_empty=dropped,
+        spans=spans,
+        spans_ending_in_eot=ending_in_eot,
+        spans_cut_by_truncation=cut,
+        example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
+    )
+
+
+def audit_by_source(dataset: ChatSFTDataset) -> dict[str, MaskAudit]:
+    """One audit per source of a mixture that kept any sample (a mixture's sources can differ a lot in shape)."""
+    kept = set(dataset.sources)
+    return {name: audit_dataset(dataset, name) for name in dataset.source_counts if name in kept}
+
+
+def _run_ends(labels: list[int]) -> list[int]:
+    """Index of the last token of every contiguous supervised run."""
+    return [
+        i
+        for i, label in enumerate(labels)
+        if label != IGNORE_INDEX and (i + 1 == len(labels) or labels[i + 1] == IGNORE_INDEX)
+    ]

@@ -1,0 +1,40 @@
+"""A run's data from its flags: the records ``--train_file``/``--eval_file`` name, and the dataset they tokenize to.
+
+run_sft, ``python -m hf_lora_ds.audit`` and ``python -m hf_lora_ds.plan`` all build their data here, from the same
+parsed flags (``SFTTrainingArguments`` or the values hf_lora_ds.launch.cli reads for it), so the three count the
+same samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from hf_lora_ds.data.dataset import ChatSFTDataset
+from hf_lora_ds.data.formats import FormatOptions
+from hf_lora_ds.data.sources import LoadedData, load_data
+from hf_lora_ds.data.thinking import ThinkingOptions
+
+__all__ = ["load_run_data", "sft_dataset"]
+
+
+def load_run_data(spec: str, args: Any) -> LoadedData:
+    """``--train_file``/``--eval_file`` records, mixed with the run's seed and cached where the run caches data."""
+    return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code, cache_dir=args.dataset_cache_dir)
+
+
+def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: Any) -> ChatSFTDataset:
+    """The records tokenized with exact label masks, as the run's data flags ask."""
+    return ChatSFTDataset(
+        data,
+        tokenizer,
+        max_length=args.max_length,
+        system_prompt=args.system_prompt,
+        assistant_turns=args.assistant_turns,
+        on_empty_labels=args.on_empty_labels,
+        cache_dir=args.dataset_cache_dir,
+        formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
+        num_proc=args.preprocessing_num_workers,
+        thinking=ThinkingOptions(args.train_reasoning, args.empty_think),
+    )

@@ -1,0 +1,166 @@
+"""The prefix rule's samples without its renders: located in a rendering of the conversation's roles.
+
+The prefix rule (``hf_lora_ds.data.template_rule.prefix_samples``) renders the conversation, and for every trained assistant
+turn the conversation up to it with the generation prompt and through it: four renders for a two-turn chat, where
+plain tokenizing renders once, each costing about a fifth of tokenizing the text. For a template blind to the
+contents (``hf_lora_ds.data.template_blindness``: it writes them and never looks at them), each of those renders is the
+rendering of the same roles with stand-in contents, with the real contents written where the stand-ins are. So the
+prefix rule runs once per shape (the sequence of roles), on stand-ins: a skeleton, with the start and end of each
+trained turn's reply. A conversation of that shape is the skeleton with its contents in place of the stand-ins, and
+each reply is where the skeleton's is, moved by the lengths of the contents before it; the checks on what the
+template wrote (``spans.reply_spans``) then run on that text, exactly as the prefix rule runs them.
+
+That rests on the proof, so each batch renders its first conversation of each shape for real, as a check on it
+(a transformers or Jinja release that rendered otherwise would fail it): a text that differs turns the shape back
+to the prefix rule. Whatever cannot be located takes the prefix rule too, automatically and per conversation: a
+template that is not blind; tools, tool calls or reasoning (templates read them); a shape whose turns the skeleton
+does not hold in one text (history rendered differently, as Qwen3 does); a reply boundary inside a content; and
+any error, which the prefix rule then raises as it always has.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hf_lora_ds.data.template_blindness import content_blind
+from hf_lora_ds.data.template_rule import (
+    AssistantTurns,
+    TemplateError,
+    TrainingText,
+    TurnRules,
+    render,
+    reply_spans,
+    trained_turns,
+)
+
+__all__ = ["Locator"]
+
+_STAND_IN = "\ue000{}\ue001"  # private-use characters around the message index: no template writes them itself
+_STAND_INS = re.compile("\ue000(\\d+)\ue001")
+Place = tuple[int, int]  # (piece, offset in it) of a skeleton position that lies outside every stand-in
+Shape = tuple[str, ...]  # the roles of a conversation's messages
+
+
+@dataclass(frozen=True)
+class _Skeleton:
+    """A shape's rendering with stand-ins: the text between them, whose content stands after each piece, and the
+    places of each trained turn's reply start and end."""
+
+    pieces: tuple[str, ...]
+    order: tuple[int, ...]  # order[k]: the message whose content is written between pieces[k] and pieces[k + 1]
+    turns: tuple[int, ...]
+    replies: tuple[tuple[Place, Place], ...]
+
+    def fill(self, contents: Sequence[str]) -> tuple[str, list[int]]:
+        """The text with ``contents`` in place of the stand-ins, and where each piece starts in it."""
+        parts, starts, at = [], [], 0
+        for k, piece in enumerate(self.pieces):
+            starts.append(at)
+            parts.append(piece)
+            at += len(piece)
+            if k < len(self.order):
+                parts.append(contents[self.order[k]])
+                at += len(parts[-1])
+        return "".join(parts), starts
+
+
+class Locator:
+    """Samples located in their shape's skeleton, where that is proven to be the prefix rule's answer."""
+
+    def __init__(self, rules: TurnRules, assistant_turns: AssistantTurns):
+        self.rules = rules
+        self.assistant_turns = assistant_turns
+        self.blind = content_blind(rules.tokenizer.get_chat_template())
+        self._skeletons: dict[Shape, _Skeleton | None] = {}
+
+    def samples(self, conversations: Sequence[dict[str, Any]]) -> list[list[TrainingText] | None]:
+        """Each conversation's samples, or None where the prefix rule must give them."""
+        shapes = [self._shape(conversation) for conversation in conversations]
+        self._check_renders(conversations, shapes)
+        return [
+            None if shape is None or self._skeletons[shape] is None
+            else self._located(self._skeletons[shape], conversation["messages"])
+            for conversation, shape in zip(conversations, shapes)
+        ]  # fmt: skip
+
+    def _shape(self, conversation: dict[str, Any]) -> Shape | None:
+        """The conversation's shape, its skeleton built on first sight; None when no skeleton can stand for it."""
+        messages = conversation["messages"]
+        plain = all(m.keys() == {"role", "content"} and isinstance(m["content"], str) and m["content"] for m in messages)
+        if not (self.blind and plain and not conversation["tools"]):
+            return None  # tools, tool calls and reasoning are read by templates; an empty content tests false
+        shape = tuple(m["role"] for m in messages)
+        if shape not in self._skeletons:
+            self._skeletons[shape] = self._build(shape)
+        return shape
+
+    def _check_renders(self, conversations: Sequence[dict[str, Any]], shapes: list[Shape | None]) -> None:
+        """Render the first conversation of each located shape for real; a shape whose skeleton, filled in, is not
+        that text goes back to the prefix rule for good."""
+        firsts: dict[Shape, int] = {}
+        for k, shape in enumerate(shapes):
+            if shape is not None and self._skeletons[shape] is not None:
+                firsts.setdefault(shape, k)
+        if not firsts:
+            return
+        try:
+            texts = self.rules.tokenizer.apply_chat_template(
+                [conversations[k]["messages"] for k in firsts.values()], tokenize=False
+            )
+        except Exception:  # a template error: the prefix rule raises it, after any error of an earlier conversation
+            texts = [None] * len(firsts)
+        for (shape, k), text in zip(firsts.items(), texts):
+            if self._skeletons[shape].fill([m["content"] for m in conversations[k]["messages"]])[0] != text:
+                self._skeletons[shape] = None
+
+    def _build(self, shape: Shape) -> _Skeleton | None:
+        """The prefix rule's renders of the shape with stand-ins; None when its turns are not all in one text."""
+        tokenizer = self.rules.tokenizer
+        stand_ins = [{"role": role, "content": _STAND_IN.format(j)} for j, role in enumerate(shape)]
+        turns = trained_turns(stand_ins, self.assistant_turns)
+        try:
+            text = render(tokenizer, stand_ins)
+            parts = _STAND_INS.split(text)
+            pieces, order = tuple(parts[0::2]), tuple(int(j) for j in parts[1::2])
+            replies = []
+            for i in turns:
+                prompt = render(tokenizer, stand_ins[:i], add_generation_prompt=True)
+                through = text if i + 1 == len(shape) else render(tokenizer, stand_ins[: i + 1])
+                if not (through.startswith(prompt) and text.startswith(through)):
+                    return None
+                replies.append((_place(pieces, order, len(prompt)), _place(pieces, order, len(through))))
+        except Exception:  # the template fails on these roles: the prefix rule says how, with the real contents
+            return None
+        if not turns or max(order, default=0) >= len(shape) or None in (p for reply in replies for p in reply):
+            return None
+        return _Skeleton(pieces, order, tuple(turns), tuple(replies))
+
+    def _located(self, skeleton: _Skeleton, messages: list[dict[str, Any]]) -> list[TrainingText] | None:
+        """The conversation's one sample: its skeleton filled in, the replies' spans checked as the prefix rule
+        checks them; None if a check fails (the prefix rule then raises its error)."""
+        text, starts = skeleton.fill([m["content"] for m in messages])
+        spans = []
+        try:
+            for turn, ((start_piece, start), (stop_piece, stop)) in zip(skeleton.turns, skeleton.replies):
+                reply = (starts[start_piece] + start, starts[stop_piece] + stop)
+                spans += reply_spans(self.rules, messages[turn], turn, text, reply)
+        except TemplateError:
+            return None
+        return [TrainingText(text, spans, list(skeleton.turns))]
+
+
+def _place(pieces: Sequence[str], order: Sequence[int], position: int) -> Place | None:
+    """Where ``position`` of the skeleton text lies: (piece, offset), or None inside a stand-in."""
+    at = 0
+    for k, piece in enumerate(pieces):
+        if position <= at + len(piece):
+            return k, position - at
+        if k == len(order):
+            break
+        at += len(piece) + len(_STAND_IN.format(order[k]))
+        if position < at:
+            return None
+    return None

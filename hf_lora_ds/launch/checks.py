@@ -1,0 +1,199 @@
+"""Checks of the flags transformers takes as they are and fails on later, with a traceback that names no flag.
+
+Numeric ranges first.
+Out of range, these either end deep in a run with a library traceback that names no flag (``--learning_rate -3``:
+torch's "Invalid learning rate", ``--seed -3``: numpy's "Seed must be between 0 and 2**32 - 1",
+``--per_device_train_batch_size -3``: the DataLoader's) or are accepted and silently do something else
+(``--gradient_accumulation_steps -3`` and ``--max_steps -3`` train as if unset). Found by the argument sweep in
+tests/test_cli_sweep.py; checked before any model is loaded. Then the flags whose bad values the sweep found
+failing later: JSON-valued flags, config files, --report_to, --torch_compile_backend/_mode,
+--attn_implementation, --eval_task, and a file where --output_dir or --dataset_cache_dir needs a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hf_lora_ds.data.formats import FormatOptions
+from hf_lora_ds.data.sources import DATA_SUFFIXES, parse_sources
+from hf_lora_ds.errors import MissingPathError, UserError
+
+__all__ = [
+    "RANGES",
+    "check_fields",
+    "check_lora",
+    "check_model_and_data",
+    "check_ranges",
+    "check_training_flags",
+]
+
+_SEED_MAX = 2**32 - 1
+
+
+def _at_least(low: float) -> tuple[Callable[[float], bool], str]:
+    return (lambda value: value >= low), f"at least {low:g}"
+
+
+_POSITIVE = ((lambda value: value > 0), "positive")
+_UNIT = ((lambda value: 0 <= value < 1), "in [0, 1)")
+_SEED = ((lambda value: 0 <= value <= _SEED_MAX), f"in [0, {_SEED_MAX}]")
+
+
+# flag -> (holds, what the flag must be); None (unset) always passes.
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "per_device_train_batch_size": _at_least(1),
+    "per_device_eval_batch_size": _at_least(1),
+    "gradient_accumulation_steps": _at_least(1),
+    "eval_accumulation_steps": _at_least(1),
+    "num_train_epochs": _POSITIVE,
+    "max_steps": ((lambda value: value == -1 or value >= 1), "-1 (train for --num_train_epochs) or at least 1"),
+    "learning_rate": _at_least(0),
+    "weight_decay": _at_least(0),
+    "adam_beta1": _UNIT,
+    "adam_beta2": _UNIT,
+    "adam_epsilon": _at_least(0),
+    "max_grad_norm": _at_least(0),
+    "label_smoothing_factor": _UNIT,
+    "neftune_noise_alpha": _POSITIVE,
+    "logging_steps": _POSITIVE,
+    "eval_steps": _POSITIVE,
+    "save_steps": _POSITIVE,
+    "eval_delay": _at_least(0),
+    "save_total_limit": _at_least(1),
+    "seed": _SEED,
+    "data_seed": _SEED,
+    "dataloader_num_workers": _at_least(0),
+    "ddp_bucket_cap_mb": _at_least(1),
+    "ddp_timeout": _at_least(1),
+}
+
+
+def check_ranges(args: Any) -> None:
+    """Raise a ``UserError`` naming the first flag whose value is out of its range (or not a finite number)."""
+    for name, (holds, wanted) in RANGES.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if not math.isfinite(value) or not holds(value):
+            raise UserError(f"--{name} must be {wanted}, got {value}")
+
+
+def check_fields(args: Any) -> None:
+    """Every check of a single field or of fields against each other that needs neither the launch nor a model:
+    ``SFTTrainingArguments`` runs it first."""
+    check_ranges(args)
+    check_model_and_data(args)
+    check_lora(args)
+
+
+def check_model_and_data(args: Any) -> None:
+    """A model and training data named, local data files present, the data and batching flags consistent."""
+    if not args.model_name_or_path:
+        raise UserError("--model_name_or_path is required: a local model directory or a hub id")
+    if not args.train_file:
+        raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
+    for flag in ("train_file", "eval_file"):
+        spec = getattr(args, flag)
+        if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
+            setattr(args, flag, spec := ",".join(_source_text(entry) for entry in spec))
+        # Mixture weights and missing local files fail here; directories and Hub ids are checked when read.
+        for source in parse_sources(spec) if spec else []:
+            if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
+                raise MissingPathError(f"--{flag} {source.location}: no such file")
+    FormatOptions.from_flags(args.columns, args.sharegpt_roles)  # a bad mapping fails before the model loads
+    if args.preprocessing_num_workers is not None and args.preprocessing_num_workers < 1:
+        raise UserError(f"--preprocessing_num_workers must be a positive integer, got {args.preprocessing_num_workers}")
+    if args.max_length < 2:
+        raise UserError(f"--max_length must be at least 2 tokens, got {args.max_length}")
+    if args.batching == "padding_free" and args.pad_to_multiple_of:
+        raise UserError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
+    if args.batching == "padding_free" and args.use_cache:
+        # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
+        raise UserError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
+    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
+        raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
+
+
+def check_lora(args: Any) -> None:
+    """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""
+    if args.lora_rank < 1:
+        raise UserError(f"--lora_rank must be a positive integer, got {args.lora_rank}")
+    if args.lora_alpha <= 0:
+        raise UserError(f"--lora_alpha must be positive, got {args.lora_alpha}")
+    if not 0 <= args.lora_dropout < 1:
+        raise UserError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
+    if not args.lora_target_modules.strip(" ,"):
+        raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+
+
+def _source_text(entry: str | dict) -> str:
+    """One YAML source entry (``"a.jsonl:0.7"`` or ``{path: a.jsonl, weight: 0.7}``) as flag text."""
+    if isinstance(entry, dict):
+        return f"{entry.get('path', '')}:{entry['weight']}" if "weight" in entry else str(entry.get("path", ""))
+    return str(entry)
+
+
+def check_training_flags(args: Any) -> None:
+    """The non-numeric flags above, in the order a user would fix them; ``args`` is an SFTTrainingArguments."""
+    _check_dict_flags(args)
+    _check_names(args)
+    for flag in ("output_dir", "dataset_cache_dir"):
+        if (value := getattr(args, flag)) and (blocker := _file_in_the_way(Path(value))):
+            raise UserError(f"--{flag} {value}: {blocker} is a file, not a directory; choose another path")
+
+
+def _check_dict_flags(args: Any) -> None:
+    """transformers reads a value starting with '{' as JSON (its error names no flag) and any other as a file path,
+    which --accelerator_config opens only when the Trainer is built. --deepspeed has its own checks."""
+    for flag in args._VALID_DICT_FIELDS:
+        value = getattr(args, flag)
+        if flag == "deepspeed" or not isinstance(value, str) or not value:
+            continue
+        if value.lstrip().startswith("{"):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as err:
+                raise UserError(f"--{flag} {value!r}: not valid JSON ({err.msg} at column {err.colno})") from None
+        elif not os.path.isfile(value):
+            raise MissingPathError(f"--{flag} {value}: no such file; pass a JSON file or an inline JSON object")
+
+
+def _check_names(args: Any) -> None:
+    """Names checked against the libraries' own lists, before a model is loaded rather than when it is used."""
+    from accelerate.utils import DynamoBackend
+    from torch._inductor import list_mode_options
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from hf_lora_ds.eval import available_tasks
+
+    reporters = args.report_to if isinstance(args.report_to, list) else [args.report_to]
+    _one_of("report_to", [r for r in reporters if r not in ("all", "none")], list(INTEGRATION_TO_CALLBACK))
+    _one_of("torch_compile_backend", [args.torch_compile_backend.lower()] if args.torch_compile_backend else [],
+            [backend.value.lower() for backend in DynamoBackend])  # fmt: skip
+    _one_of("torch_compile_mode", [args.torch_compile_mode] if args.torch_compile_mode else [], list(list_mode_options()))
+    attention = args.attn_implementation
+    if attention and "/" not in attention:  # "org/repo" is a Hub attention kernel
+        kernels = [name for name in ALL_ATTENTION_FUNCTIONS.valid_keys() if not name.startswith("hf_lora_ds")]
+        _one_of("attn_implementation", [attention], ["eager", *kernels])  # not the planner's stand-in
+    _one_of("eval_task", [args.eval_task], available_tasks())
+
+
+def _one_of(flag: str, values: list[str], known: list[str]) -> None:
+    for value in values:
+        if value not in known:
+            raise UserError(f"--{flag} {value}: unknown; use one of {sorted(known)}")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The path itself or the first of its parents that exists as something other than a directory (makedirs would
+    raise FileExistsError or NotADirectoryError with a traceback)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return None if candidate.is_dir() else candidate
+    return None

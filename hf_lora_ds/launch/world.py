@@ -1,0 +1,206 @@
+"""Make Trainer's world size, its data sharding and DeepSpeed's world size agree, on CPU and on accelerators.
+
+Two calls, both in ``hf_lora_ds.launch.cli.parse_run_arguments`` (the one place a run's process environment changes):
+``prepare_distributed(values)`` before ``SFTTrainingArguments`` is built (its ``TrainingArguments.__post_init__``
+builds accelerate's process state) and ``ensure_world_agreement(args)`` after it, before the model is loaded. A
+script that builds the arguments itself calls them the same way. On a GPU machine, or for a single process without
+DeepSpeed, they change nothing. What they fix, root causes first:
+
+1. Several ranks, no accelerator (accelerate 1.15, ``PartialState.__init__`` / ``_prepare_backend``). With
+   ``LOCAL_RANK`` set and ``cpu=False`` accelerate picks a backend only from an accelerator it finds (nccl, xccl,
+   hccl, ...); with none it gets ``backend=None`` yet still initialises a process group (``deepspeed.comm`` under
+   ``--deepspeed``, else ``init_process_group(backend=None)``, which torch turns into gloo), then reads "no backend"
+   as "not distributed": ``num_processes=1``, ``process_index=0`` on every rank. DeepSpeed's batch assertion fails
+   (config filled for one rank), and under torchrun nothing is sharded or DDP-wrapped. accelerate takes its
+   ``MULTI_CPU`` path (gloo, true rank and world size) only with ``cpu=True``, which TrainingArguments passes exactly
+   when ``use_cpu`` is set: so the fix is that public flag (``resolve_use_cpu``). DeepSpeed still runs: Trainer's
+   ``Accelerator`` is built with ``cpu=False`` and selects ``DistributedType.DEEPSPEED`` itself. The
+   ``ACCELERATE_USE_CPU`` variable would not do: it also forces ``cpu=True`` on ``AcceleratorState``, which then
+   never selects DeepSpeed.
+2. ZeRO-3 model construction sees one rank. On that ``use_cpu`` path accelerate creates a plain torch.distributed
+   group and never initialises ``deepspeed.comm``; ``zero.Init`` (inside ``from_pretrained``) asks deepspeed.comm
+   for the world size, gets an exception, silently uses 1 and asserts ``4 != 2 * 1 * 1``. Fixed by registering
+   the existing group with deepspeed.comm (``share_process_group_with_deepspeed``), as accelerate does on GPUs.
+3. CPU threads under the deepspeed launcher: it exports ``LOCAL_SIZE``, accelerate reads ``LOCAL_WORLD_SIZE`` to split
+   the cores between local ranks, finds none and oversubscribes (``name_local_world_size``).
+4. ``python run_sft.py --deepspeed ...`` with no launcher: DeepSpeed falls back to MPI discovery and dies with
+   ``No module named 'mpi4py'`` (GPU machines too). Fixed by the one-process launcher environment
+   (``emulate_single_process_launcher``), as transformers' docs prescribe for notebooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+
+import torch
+from transformers import TrainingArguments
+
+from hf_lora_ds.distributed import _WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
+
+__all__ = [
+    "prepare_distributed",
+    "has_distributed_accelerator",
+    "resolve_use_cpu",
+    "name_local_world_size",
+    "emulate_single_process_launcher",
+    "share_process_group_with_deepspeed",
+    "check_world_size",
+    "ensure_world_agreement",
+    "unlink_deepspeed_shm_buffers",
+    "effective_global_batch",
+    "describe_world",
+]
+
+
+def prepare_distributed(args: TrainingArguments) -> None:
+    """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), with the
+    parsed values; pair it with ``ensure_world_agreement(args)`` right after. ``use_cpu`` is resolved here, once
+    (``resolve_use_cpu``). No-op for a single process on a GPU or without DeepSpeed, and for any launch on a GPU
+    machine."""
+    name_local_world_size()
+    args.use_cpu = resolve_use_cpu(args.use_cpu)
+    if args.deepspeed:
+        emulate_single_process_launcher()
+
+
+def has_distributed_accelerator() -> bool:
+    """Whether this process has a device that accelerate would pick a distributed backend for.
+
+    MPS counts as none: accelerate has no multi-process MPS backend, so a multi-rank launch there must run on CPU.
+    """
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type != "mps"
+
+
+def resolve_use_cpu(use_cpu: bool) -> bool:
+    """The ``use_cpu`` value TrainingArguments needs so every rank sees the true world size.
+
+    Call it in ``TrainingArguments.__post_init__`` *before* ``super().__post_init__()``, which builds the process
+    state. True when the user asked for CPU, or when several processes were launched and there is no accelerator.
+    A single process, or any run with a GPU, keeps the user's value: a no-op there.
+    """
+    return use_cpu or (launcher_world_size() > 1 and not has_distributed_accelerator())
+
+
+def name_local_world_size() -> None:
+    """Export the DeepSpeed launcher's ``LOCAL_SIZE`` as ``LOCAL_WORLD_SIZE``, the name torchrun and accelerate use.
+
+    On the CPU path accelerate gives each rank ``physical cores / LOCAL_WORLD_SIZE`` threads; missing, it assumes
+    one rank per machine, so N ranks each run all cores' worth of OpenMP threads. Measured here (2 cores, 2 ranks,
+    ZeRO-3, 4 steps): train_runtime 11.0-11.9 s without the variable, 0.93 s with one thread per rank.
+    """
+    if os.environ.get("LOCAL_SIZE") and not os.environ.get("LOCAL_WORLD_SIZE"):
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ["LOCAL_SIZE"]
+
+
+def emulate_single_process_launcher() -> None:
+    """Give a plain ``python run_sft.py --deepspeed ...`` the environment a one-process launcher would set.
+
+    Without RANK/WORLD_SIZE/MASTER_* DeepSpeed's ``init_distributed`` falls back to MPI discovery and fails with
+    ``No module named 'mpi4py'`` (on GPU machines too). The variables make it a world of one over TCP on loopback,
+    exactly like ``deepspeed --num_gpus 1``; transformers' docs prescribe the same for notebooks. Any launcher
+    (torchrun, deepspeed, accelerate, mpirun) already sets them, and then nothing is touched.
+    """
+    if any(os.environ.get(name) for name in (*_WORLD_SIZE_VARIABLES, "RANK", "LOCAL_RANK")):
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def share_process_group_with_deepspeed(args: TrainingArguments) -> None:
+    """Register the process group accelerate created with ``deepspeed.comm`` before any ZeRO-3 model is built.
+
+    Under ZeRO-3, ``from_pretrained`` enters ``deepspeed.zero.Init``, whose ``DeepSpeedConfig`` asks
+    ``deepspeed.comm`` for the world size and silently falls back to 1 when deepspeed.comm was never initialised;
+    the batch assertion then fails (``4 != 2 * 1 * 1``). accelerate initialises deepspeed.comm itself only on its
+    accelerator path; on the ``use_cpu`` path it creates a plain torch.distributed group. Wrapping that same group
+    is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else.
+    """
+    if not args.deepspeed or not process_group_exists():
+        return
+    import deepspeed.comm
+
+    if not deepspeed.comm.is_initialized():
+        deepspeed.comm.init_distributed(
+            dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, timeout=args.ddp_timeout_delta
+        )
+
+
+def check_world_size(args: TrainingArguments) -> None:
+    """Fail fast, with the fix in the message, when Trainer's world size is not the launcher's.
+
+    DeepSpeed would otherwise fail later with an opaque batch-size assertion, and DDP-less runs would silently
+    train every rank on the full data.
+    """
+    launched = launcher_world_size()
+    dist_size = torch.distributed.get_world_size() if process_group_exists() else 1
+    if args.world_size != launched or (process_group_exists() and dist_size != launched):
+        raise RuntimeError(
+            f"World size disagreement: the launcher started {launched} processes, torch.distributed has "
+            f"{dist_size}, TrainingArguments sees {args.world_size}. Set use_cpu before TrainingArguments is "
+            "built (hf_lora_ds.launch.world.resolve_use_cpu) when no GPU is present, and do not create an "
+            "accelerate PartialState before TrainingArguments."
+        )
+
+
+def ensure_world_agreement(args: TrainingArguments) -> None:
+    """Call right after TrainingArguments is built (end of ``__post_init__``) and before the model is loaded."""
+    share_process_group_with_deepspeed(args)
+    check_world_size(args)
+    unlink_deepspeed_shm_buffers()
+
+
+def unlink_deepspeed_shm_buffers(shm_dir: str = "/dev/shm") -> None:
+    """Remove the names of DeepSpeed's CPU shared-memory allreduce buffers once every rank has mapped them.
+
+    DeepSpeed's CPU communication (``shm_comm``, used when all ranks are on one host) gives each rank a ~69 MB
+    ``shm_open`` buffer named ``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`` and never unlinks it, so
+    every CPU launch leaves them in ``/dev/shm``, which is RAM: on this project's machine they piled up to 21 GB and
+    got the compiler OOM-killed. Each rank maps every other rank's buffer before its communication init returns, so
+    after a barrier the names can go: the mappings stay valid until the processes exit, and then the memory is freed.
+    """
+    if not process_group_exists():
+        return
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_{os.environ.get('MASTER_PORT')}"
+    own = os.path.join(shm_dir, f"{prefix}_{torch.distributed.get_rank()}")
+    # Mapped by this very process, not left by an older job on the same port. Every rank has the same answer:
+    # DeepSpeed creates the buffers on all ranks of a one-host job, or on none.
+    if not _mapped_by_this_process(own):
+        return
+    torch.distributed.barrier()  # every rank is past its shm init, so every buffer is mapped everywhere
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(own)
+
+
+def _mapped_by_this_process(path: str) -> bool:
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return any(line.rstrip("\n").endswith(" " + path) for line in maps)
+    except OSError:  # not Linux: no /dev/shm either
+        return False
+
+
+def effective_global_batch(args: TrainingArguments) -> int:
+    """Samples per optimizer step over all ranks: the number DeepSpeed calls ``train_batch_size``."""
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+
+
+def describe_world(args: TrainingArguments) -> str:
+    """One line for rank 0 to print at start: ranks, device, backend and how the global batch is made up."""
+    state = args.distributed_state
+    backend = getattr(state, "backend", None) or "none"
+    return (
+        f"world size {args.world_size} (launcher {launcher_world_size()}), rank {args.process_index}, "
+        f"device {args.device}, backend {backend}; global batch {effective_global_batch(args)} = "
+        f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x "
+        f"{args.world_size} ranks"
+    )

@@ -1,0 +1,59 @@
+"""What a run loads of its model, from its arguments: the tokenizer, the base model and, for what reads no weights
+(the audit's LoRA coverage, the memory planner), the base's config; ``--model_name_or_path`` names a hub id, a
+directory or a GGUF file, quantized or not. Each function carries the flags that shape it, so run_sft, the audit and
+the planner read the same model the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
+from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
+from hf_lora_ds.model.source import hub_load_errors, load_model_config
+
+__all__ = ["base_model_config", "load_base_model", "load_tokenizer"]
+
+
+def load_tokenizer(args: Any, need_weights: bool = True) -> PreTrainedTokenizerBase:
+    """The base model's tokenizer and chat template (from a GGUF file's metadata when the base is one). A base
+    without weights is refused here, before any data is tokenized, unless ``need_weights`` is False (the audit and
+    the planner read none)."""
+    source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file, need_weights=need_weights)
+    with hub_load_errors(args.model_name_or_path):
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
+
+
+def load_base_model(args: Any) -> tuple[PreTrainedModel, str | None]:
+    """The base in the run's dtype and attention kernel, quantized and prepared for k-bit training when asked, and
+    the line saying which layers are quantized (None for a full-precision base). Under ZeRO-3 the arguments were
+    built first, so ``from_pretrained`` partitions the weights as it loads them."""
+    source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)
+    with hub_load_errors(args.model_name_or_path):
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            dtype=args.torch_dtype,
+            attn_implementation=args.attn_implementation,
+            trust_remote_code=args.trust_remote_code,
+            **quantized_load_kwargs(args),
+            **source_kwargs,
+        )
+        model = prepare_quantized_model(plain_model(model), args)
+    return model, quantized_layers_line(model)
+
+
+
+
+def base_model_config(args: Any) -> PretrainedConfig:
+    """The base's config without reading a weight: a GGUF file's metadata, a directory's (or a ``config.json``'s),
+    a hub id's, or the shipped config of a hub id whose architecture numbers ship with the package."""
+    return gguf_config(args.model_name_or_path, args.gguf_file) or load_model_config(
+        args.model_name_or_path, args.trust_remote_code
+    )

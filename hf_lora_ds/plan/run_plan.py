@@ -1,0 +1,289 @@
+"""The planner's entry: from a run's arguments (``SFTTrainingArguments``, or the same fields parsed without building
+one) to a plan.
+
+The planner reads the fields by name, so ``python -m hf_lora_ds.plan`` can parse run_sft's flags and YAML file
+without constructing ``SFTTrainingArguments`` (whose checks start distributed state and need a data file), and
+run_sft can plan with the arguments it already has.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from hf_lora_ds.data.collator import padding_free_by_default
+from hf_lora_ds.data.run_data import load_run_data, sft_dataset
+from hf_lora_ds.devices import auto_dtype
+from hf_lora_ds.distributed import launcher_world_size, print0
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.launch.accelerate_launch import describe_zero, fsdp_settings
+from hf_lora_ds.launch.deepspeed_config import (
+    check_deepspeed_config,
+    deepspeed_config_file,
+    load_deepspeed_config,
+    run_deepspeed_config,
+)
+from hf_lora_ds.model.loading import base_model_config, load_tokenizer
+from hf_lora_ds.model.lora import lora_config_from_args
+from hf_lora_ds.plan.planner import (
+    SHIPPED_CONFIGS_DIR,
+    PlanRow,
+    PlanSettings,
+    SequenceProfile,
+    is_fsdp,
+    make_plan,
+    recommend,
+    runtime_bytes,
+    shipped_configs,
+)
+from hf_lora_ds.plan.table import plan_line
+
+__all__ = [
+    "PlanArguments",
+    "config_name",
+    "configs_with",
+    "fsdp_config_name",
+    "parse_memory",
+    "plan_run",
+    "check_run_fits",
+    "plan_this_run",
+    "planning_line",
+    "profile_from_dataset",
+    "recommended_deepspeed_config",
+    "run_world",
+    "sequence_profile",
+]
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}  # fmt: skip
+
+
+@dataclass
+class PlanArguments:
+    """The planner's own flags; every other flag is run_sft's."""
+
+    world_size: int | None = field(
+        default=None, metadata={"help": "Devices in all: nnodes x nproc_per_node unless given."}
+    )
+    nnodes: int = field(default=1, metadata={"help": "Machines the run spans."})
+    nproc_per_node: int | None = field(
+        default=None, metadata={"help": "Devices (ranks) per machine. Default: the accelerators visible here, else 1."}
+    )
+    device: str = field(
+        default="auto",
+        metadata={
+            "help": "What the ranks train on: 'gpu' (accelerators of --device_memory each), 'cpu' (the host's "
+            "memory, shared by the ranks), 'auto': this machine's kind, except that --device_memory given on a "
+            "machine without an accelerator plans for GPUs of that memory.",
+            "choices": ["auto", "gpu", "cpu"],
+        },
+    )
+    host_memory: str | None = field(
+        default=None,
+        metadata={
+            "help": "Host RAM per machine (for offload and loading). Default: this machine's when planning for "
+            "its own kind of device, else unchecked."
+        },
+    )
+    headroom: float = field(
+        default=0.1, metadata={"help": "Fraction of memory kept free: a configuration fits within the rest."}
+    )
+    json: bool = field(default=False, metadata={"help": "Print the rows as a JSON list instead of the table."})
+
+
+def parse_memory(text: str, flag: str) -> int:
+    """``"24GiB"`` -> bytes. Decimal units (GB) are powers of 10, binary ones (GiB, and a bare G) of 2."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text or "")
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UserError(f"{flag} {text!r}: not a memory size; write e.g. 24GiB, 80GB or 32G")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def profile_from_dataset(dataset) -> SequenceProfile:
+    """Lengths and supervised-token counts of a ``ChatSFTDataset`` (after truncation and dropping)."""
+    table = dataset.samples.with_format(None)
+    return SequenceProfile.from_samples(table["length"], table["num_supervised"])
+
+
+def sequence_profile(args) -> SequenceProfile:
+    """The training data's real lengths, tokenized as training tokenizes them (hf_lora_ds.data.run_data), when the
+    model's tokenizer is at hand; else every sample taken as ``max_length`` tokens, all supervised (the bound)."""
+    if not args.train_file:
+        return SequenceProfile.unknown(args.max_length)
+    try:
+        tokenizer = load_tokenizer(args, need_weights=False)
+    except UserError:  # a directory with only config.json, a config file, a hub id out of reach: plan by max_length
+        return SequenceProfile.unknown(args.max_length)
+    return profile_from_dataset(sft_dataset(load_run_data(args.train_file, args), tokenizer, args))
+
+
+def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
+    """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
+    on_accelerator = _plans_accelerator(plan_args.device, args)
+    world_size, per_node = _world(plan_args, on_accelerator)
+    settings = PlanSettings(
+        model_config=base_model_config(args),
+        lora=lora_config_from_args(args),
+        dtype=_compute_dtype(args.dtype, on_accelerator),
+        batch_size=args.per_device_train_batch_size,
+        profile=profile,
+        world_size=world_size,
+        ranks_per_node=min(per_node, world_size),
+        device_memory=_device_memory(args.device_memory, on_accelerator),
+        host_memory=_host_memory(plan_args, on_accelerator),
+        on_accelerator=on_accelerator,
+        headroom=plan_args.headroom,
+        attn_implementation=args.attn_implementation,
+        quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
+        padding_free=args.batching == "padding_free"
+        or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
+        supervised_logits_only=args.supervised_logits_only,
+    )
+    if not 0 <= settings.headroom < 1:
+        raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")
+    configs = configs if configs is not None else shipped_configs()
+    for name, config in configs.items():  # unknown stages, batch sizes this world cannot make: refused by key
+        if config is not None and not is_fsdp(config):
+            check_deepspeed_config(
+                config,
+                f"ds_configs/{name}",
+                micro_batch=args.per_device_train_batch_size,
+                accumulation=args.gradient_accumulation_steps,
+                world_size=world_size,
+            )
+    return make_plan(settings, configs, runtime_bytes(on_accelerator))
+
+
+def _world(plan_args: PlanArguments, on_accelerator: bool) -> tuple[int, int]:
+    """World size and ranks per node of the planned run."""
+    if plan_args.nproc_per_node:
+        per_node = plan_args.nproc_per_node
+    elif plan_args.world_size:  # the world asked for, spread evenly over the nodes
+        per_node = max(1, plan_args.world_size // plan_args.nnodes)
+    else:
+        per_node = max(1, torch.accelerator.device_count()) if on_accelerator else 1
+    world_size = plan_args.world_size or plan_args.nnodes * per_node
+    if world_size < 1 or per_node < 1 or world_size % per_node:
+        raise UserError(f"--world_size {world_size} with --nproc_per_node {per_node}: the world must be whole nodes")
+    return world_size, per_node
+
+
+def planning_line(args, plan_args: PlanArguments) -> str:
+    """What the plan is for, as its first line: ``planning for 2 x GPU with 32 GiB`` or ``planning for this CPU:
+    23 GiB host memory, 2 ranks``."""
+    on_accelerator = _plans_accelerator(plan_args.device, args)
+    world_size, _ = _world(plan_args, on_accelerator)
+    memory = _device_memory(args.device_memory, on_accelerator) / 2**30
+    if on_accelerator:
+        return f"planning for {world_size} x GPU with {memory:.0f} GiB"
+    return f"planning for this CPU: {memory:.0f} GiB host memory, {world_size} rank{'s' if world_size > 1 else ''}"
+
+
+def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
+    """The run's ``--dtype``, ``auto`` resolved as SFTTrainingArguments resolves it on the planned device."""
+    return getattr(torch, auto_dtype(on_accelerator) if dtype == "auto" else dtype)
+
+
+def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
+    """``--host_memory``; else this machine's, when the plan is for this machine (planning GPUs from a laptop
+    leaves the host unchecked)."""
+    if plan_args.host_memory:
+        return parse_memory(plan_args.host_memory, "--host_memory")
+    if on_accelerator != torch.accelerator.is_available():
+        return None
+    return psutil.virtual_memory().total
+
+
+def _plans_accelerator(device: str, args) -> bool:
+    if device != "auto":
+        return device == "gpu"
+    return torch.accelerator.is_available() and not getattr(args, "use_cpu", False)
+
+
+def _device_memory(device_memory: str | None, on_accelerator: bool) -> int:
+    if device_memory:
+        return parse_memory(device_memory, "--device_memory")
+    if on_accelerator and torch.cuda.is_available():  # planning for another GPU kind needs --device_memory
+        return torch.cuda.get_device_properties(0).total_memory
+    if on_accelerator:
+        raise UserError("this accelerator's memory cannot be read: pass --device_memory (e.g. 32GiB)")
+    return psutil.virtual_memory().total
+
+
+def run_world() -> PlanArguments:
+    """The world this process was launched into, as the planner's arguments."""
+    world_size = launcher_world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
+    return PlanArguments(world_size=world_size, nproc_per_node=per_node, nnodes=max(1, world_size // per_node))
+
+
+def config_name(deepspeed: str | dict | None) -> str:
+    """A run's ``--deepspeed`` as a plan row's ``config``: a file's name (so a shipped config is its own row), or
+    ``"none"``; a config given as a dict or base64 text is named by its ZeRO setup."""
+    if not deepspeed or deepspeed == "auto":  # auto is no configuration of its own: the plan picks one
+        return "none"
+    file = deepspeed_config_file(deepspeed)
+    return file.name if file is not None else f"DeepSpeed {describe_zero(load_deepspeed_config(deepspeed)[0])}"
+
+
+def fsdp_config_name(args) -> str:
+    """The shipped FSDP2 row an ``--fsdp`` run is planned as: the estimate tells FSDP2 apart only by offload."""
+    return "fsdp2_offload.json" if fsdp_settings(args.fsdp_config).get("cpu_offload") else "fsdp2.json"
+
+
+def configs_with(deepspeed: str | dict | None, config: dict | None = None) -> dict[str, dict | None]:
+    """The shipped configurations, plus the run's own DeepSpeed config (``config``, else ``--deepspeed`` loaded) when
+    it is not one of them."""
+    configs = shipped_configs()
+    name = config_name(deepspeed)
+    if name not in configs:
+        configs[name] = config if config is not None else load_deepspeed_config(deepspeed)[0]
+    return configs
+
+
+def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
+    """The row of the configuration ``args`` runs (its own DeepSpeed config added when not a shipped one), and
+    every row: the alternatives to name when it does not fit."""
+    name = fsdp_config_name(args) if args.fsdp else config_name(args.deepspeed)
+    rows = plan_run(args, run_world(), profile, configs_with(args.deepspeed, run_deepspeed_config(args)))
+    chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing))
+    return chosen, rows
+
+
+def recommended_deepspeed_config(args) -> Path:
+    """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
+    sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
+    rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))
+    deepspeed_rows = [r for r in rows if r.config != "none" and not r.config.startswith("fsdp")]
+    candidates = [r for r in deepspeed_rows if r.gradient_checkpointing == bool(args.gradient_checkpointing)]
+    chosen = recommend(candidates)
+    if chosen is None:
+        smallest = min(candidates, key=lambda r: r.estimate.device_bytes)
+        raise UserError(
+            f"--deepspeed auto: no shipped DeepSpeed config fits; the smallest, {plan_line(smallest)}. Lower "
+            "--per_device_train_batch_size or --max_length, add --gradient_checkpointing true, or use more devices"
+        )
+    return SHIPPED_CONFIGS_DIR / chosen.config
+
+
+def check_run_fits(args, profile: SequenceProfile) -> PlanRow:
+    """run_sft's plan line (rank 0), and on an accelerator a stop before loading when the run will not fit, naming
+    the configurations that would (``--check_memory_plan false`` tries anyway). A CPU run only prints: host memory
+    swaps rather than failing at a clean boundary, and the planner's CPU figures are what CI checks."""
+    chosen, rows = plan_this_run(args, profile)
+    print0(f"memory plan: {plan_line(chosen)}")
+    on_accelerator = _plans_accelerator("auto", args)
+    if on_accelerator and not chosen.fits and args.check_memory_plan:
+        fitting = [plan_line(row) for row in rows if row.fits][:3]
+        alternatives = "; ".join(fitting) if fitting else "none of the shipped configurations fits either"
+        raise UserError(
+            f"the memory plan says this run will not fit: {plan_line(chosen)}. Would fit: {alternatives}. "
+            "Lower --per_device_train_batch_size or --max_length, or pass --check_memory_plan false to try anyway"
+        )
+    return chosen

@@ -1,0 +1,175 @@
+"""Stop (or skip the step) at the first NaN or infinite training loss or gradient norm, naming the step, the samples
+and the checkpoint to go back to.
+
+Trainer trains on through a NaN loss: the NaN gradients reach the optimizer, every weight they touch becomes NaN, and
+the run goes on logging ``nan`` until it ends and saves a useless adapter. A finite loss can still give a NaN or
+infinite gradient (an overflow in the backward pass), with the same result. ``NonFiniteGuard`` checks both:
+
+- each training loss, in ``LoraSFTTrainer.compute_loss``, before its backward pass;
+- each step's gradient norm, in ``LoraSFTTrainer._get_grad_norm``, after clipping and before ``optimizer.step()``.
+
+All ranks agree (one all-reduce of a flag), so every rank takes the same decision at the same step. ``stop`` (the
+default) raises ``NonFiniteLossError`` / ``NonFiniteGradientError``: the step, the dataset indices of every sample
+in the offending batch on every rank (with the file and line they came from), and the last complete checkpoint to
+resume from. ``skip`` drops the step instead: no weight or optimizer-state update comes from that batch, and the
+skips are counted (``nonfinite_skipped`` in the training logs).
+
+How the step is dropped: without DeepSpeed, every gradient is set to ``None`` before ``optimizer.step()``, and
+torch's optimizers leave a parameter without a gradient untouched (no moment update, no weight decay). Under
+DeepSpeed ZeRO 1-3 the engine takes the optimizer step inside the backward call, before Trainer sees a norm; its own
+overflow check has already dropped a step whose gradient norm is not finite (zeroed gradients, no update), and it
+reports the norm as ``inf``. A NaN loss in skip mode is made NaN on every rank, so its backward gives NaN gradients
+everywhere and one of those two mechanisms drops the step on every rank alike. Under ZeRO stage 0 the engine steps
+a plain torch optimizer and reports no norm, so only the loss check applies there.
+
+The batch carries no sample index, so the samples are found by their token ids in the training dataset; that
+lookup runs only once something has gone bad. The guard keeps the token-id tensors of the current step's
+micro-batches (references, no copy) so a bad gradient norm can name its samples too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+
+from hf_lora_ds.distributed import gather_from_ranks, process_group_exists
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.training.checkpoints import find_latest_complete_checkpoint
+
+__all__ = [
+    "NonFiniteError",
+    "NonFiniteGradientError",
+    "NonFiniteGuard",
+    "NonFiniteLossError",
+    "any_rank_nonfinite",
+    "batch_sequences",
+    "find_samples",
+    "nonfinite_message",
+]
+
+_MAX_LISTED_SOURCES = 4
+_SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class NonFiniteError(UserError):
+    """A training loss or gradient norm was NaN or infinite; the message names the step, the samples and the last
+    good checkpoint."""
+
+
+class NonFiniteLossError(NonFiniteError):
+    """A training loss was NaN or infinite."""
+
+
+class NonFiniteGradientError(NonFiniteError):
+    """A step's gradient norm was NaN or infinite (its loss was finite)."""
+
+
+def any_rank_nonfinite(value: torch.Tensor | float) -> bool:
+    """Whether ``value`` on this rank, or on any other rank, is NaN or infinite. A collective when a process group is
+    up: every rank calls it at the same point, so all take the same decision at the same step."""
+    value = torch.as_tensor(value).detach()
+    flag = (~torch.isfinite(value)).any().to(torch.int32).reshape(1)
+    if process_group_exists():
+        if torch.distributed.get_backend() == "nccl":
+            flag = flag.to(torch.accelerator.current_accelerator())
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def batch_sequences(inputs: Mapping[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """The token ids of each sample in a collated batch: padded rows without their padding, or the pieces of a
+    padding-free row (``position_ids`` restart at 0 for each sample)."""
+    input_ids = inputs["input_ids"].detach().cpu()
+    positions = inputs.get("position_ids")
+    if positions is not None and input_ids.shape[0] == 1 and "attention_mask" not in inputs:
+        starts = (positions[0].detach().cpu() == 0).nonzero().flatten().tolist() + [input_ids.shape[1]]
+        return [tuple(input_ids[0, start:end].tolist()) for start, end in zip(starts, starts[1:])]
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return [tuple(row.tolist()) for row in input_ids]
+    return [tuple(row[keep.bool()].tolist()) for row, keep in zip(input_ids, mask.detach().cpu())]
+
+
+def find_samples(dataset, sequences: list[tuple[int, ...]]) -> list[tuple[int, str]]:
+    """``(dataset index, where it came from)`` for each sequence; a sequence that occurs several times in the
+    dataset yields every index. ``dataset`` is a ``ChatSFTDataset`` (its ``samples`` keep each record's origin)."""
+    table = dataset.samples.with_format(None)
+    wheres = table["where"] if "where" in table.column_names else [f"sample {i}" for i in range(len(table))]
+    by_tokens: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for index, ids in enumerate(table["input_ids"]):
+        by_tokens[tuple(ids)].append(index)
+    return [(index, wheres[index]) for sequence in sequences for index in by_tokens.get(sequence, [])]
+
+
+def nonfinite_message(what: str, step: int, value: float, samples: list[tuple[int, str]], output_dir: str) -> str:
+    """The one line the run stops with; ``what`` is "training loss" or "gradient norm"."""
+    indices = sorted({index for index, _ in samples})
+    sources = "; ".join(where for _, where in samples[:_MAX_LISTED_SOURCES])
+    more = f"; and {len(samples) - _MAX_LISTED_SOURCES} more" if len(samples) > _MAX_LISTED_SOURCES else ""
+    checkpoint, _ = find_latest_complete_checkpoint(output_dir)
+    resume = (
+        f"last complete checkpoint: {checkpoint} (--resume_from_checkpoint auto continues from it)"
+        if checkpoint
+        else f"no complete checkpoint in {os.fspath(output_dir)} yet (--save_strategy steps keeps some)"
+    )
+    return (
+        f"non-finite {what} ({value}) at step {step}, before its update was applied; samples of the batch "
+        f"(training dataset indices) {indices} ({sources}{more}); {resume}. Check those records, lower "
+        "--learning_rate / set --max_grad_norm if the loss had been growing, or pass --on_nonfinite skip"
+    )
+
+
+class NonFiniteGuard:
+    """The loss and gradient-norm checks of one training run (see the module docstring), and its skip count."""
+
+    def __init__(self, mode: Literal["stop", "skip"], output_dir: str, dataset=None) -> None:
+        self.mode = mode
+        self.output_dir = output_dir
+        self.dataset = dataset  # a ChatSFTDataset to name samples from, or None
+        self.skipped = 0
+        self._step_batches: list[dict[str, torch.Tensor]] = []
+        self._bad_loss = False
+
+    def check_loss(self, loss: torch.Tensor, inputs: Mapping[str, torch.Tensor], step: int) -> torch.Tensor:
+        """The loss to backpropagate. Stop mode: raise ``NonFiniteLossError`` on every rank when any rank's loss is
+        not finite. Skip mode: that loss becomes NaN on every rank, and the step is dropped after the backward."""
+        self._step_batches.append({key: inputs[key] for key in _SEQUENCE_KEYS if key in inputs})
+        if not any_rank_nonfinite(loss):
+            return loss
+        if self.mode == "skip":
+            self._bad_loss = True
+            return loss * float("nan")
+        raise NonFiniteLossError(self._message("training loss", loss, step))
+
+    def check_grad_norm(self, grad_norm: torch.Tensor | float | None, model: torch.nn.Module, step: int,
+                        under_deepspeed: bool) -> None:  # fmt: skip
+        """Called once per optimizer step, after the backward passes and before ``optimizer.step()``. Stop mode:
+        raise ``NonFiniteGradientError`` on every rank when the norm is not finite. Skip mode: drop the step (no
+        gradient left for the optimizer; DeepSpeed has dropped it already) and count it."""
+        try:
+            bad = self._bad_loss or (grad_norm is not None and any_rank_nonfinite(grad_norm))
+            if not bad:
+                return
+            if self.mode == "stop":
+                raise NonFiniteGradientError(self._message("gradient norm", grad_norm, step))
+            if not under_deepspeed:
+                model.zero_grad(set_to_none=True)  # torch optimizers skip parameters whose grad is None
+            self.skipped += 1
+        finally:
+            self._step_batches.clear()
+            self._bad_loss = False
+
+    def _message(self, what: str, value: torch.Tensor | float, step: int) -> str:
+        """The stop message, with every rank's samples of this step and the first non-finite value any rank saw."""
+        value = torch.as_tensor(value).detach().float().reshape(-1).cpu()
+        own_bad = not bool(torch.isfinite(value).all())
+        sequences = [sequence for batch in self._step_batches for sequence in batch_sequences(batch)]
+        samples = find_samples(self.dataset, sequences) if own_bad and self.dataset is not None else []
+        gathered = gather_from_ranks((float(value[0]) if own_bad else None, samples))
+        bad_value = next(rank_value for rank_value, _ in gathered if rank_value is not None)
+        all_samples = [sample for _, rank_samples in gathered for sample in rank_samples]
+        return nonfinite_message(what, step, bad_value, all_samples, self.output_dir)

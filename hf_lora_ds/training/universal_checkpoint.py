@@ -1,0 +1,120 @@
+"""Resume a DeepSpeed ZeRO checkpoint on another number of ranks, through DeepSpeed's universal checkpoint.
+
+A ZeRO checkpoint holds the optimizer state (fp32 LoRA weights, Adam's ``exp_avg``/``exp_avg_sq``) partitioned over
+the ranks that wrote it, one file per rank; DeepSpeed's engine can only load it on the same number of ranks. DeepSpeed
+ships the conversion that lifts that restriction: ``deepspeed.checkpoint.ds_to_universal`` merges the partitions into
+one folder per parameter (``<tag>_universal/zero/<name>/{fp32,exp_avg,exp_avg_sq,step}.pt``), and an engine whose
+config has ``checkpoint.load_universal`` loads it on any number of ranks, re-partitioning as it goes.
+
+``--resume_from_checkpoint`` (``auto`` or a path) does that by itself when the checkpoint's rank count differs from
+this run's: rank 0 converts ``checkpoint-N/global_stepN`` into ``checkpoint-N/global_stepN_universal`` (plus the
+``latest_universal`` file the engine reads), the other ranks wait at a barrier, and the engine is built with
+``load_universal`` on. The conversion only adds files; the original partitions stay, so the checkpoint still resumes
+on its own rank count too, and a later resume reuses a conversion that finished (``universal_complete.json``).
+
+Details of the conversion, checked in DeepSpeed's source:
+
+- Trainer's checkpoints lack the ``universal_checkpoint_info`` client state that Megatron-DeepSpeed adds; it only
+  carries a format version here (no tensor-parallel slicing to describe), so the converter's own
+  ``inject_missing_state`` supplies it.
+- LoRA's frozen base weights are not saved (Trainer passes ``exclude_frozen_parameters`` for PEFT models) and are not
+  needed: a universal load restores only the parameters the optimizer owns and leaves the others as loaded from
+  ``--model_name_or_path``, which is where a resumed run's frozen base comes from anyway.
+
+Not possible, refused before any model is loaded (``universal_refusal``): a run without DeepSpeed or with ZeRO stage 0
+(the universal state is read by the ZeRO optimizer only), and NVMe optimizer offload (the engine skips the ZeRO state
+load for it and copies per-rank swap files instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from argparse import Namespace
+from pathlib import Path
+
+from hf_lora_ds.distributed import gather_from_ranks
+from hf_lora_ds.errors import UserError
+
+__all__ = [
+    "UNIVERSAL_MARKER",
+    "convert_to_universal",
+    "enable_universal_loading",
+    "universal_refusal",
+    "zero_checkpoint_world_size",
+]
+
+UNIVERSAL_MARKER = "universal_complete.json"
+# DeepSpeed's per-rank optimizer partition (ZeRO 1-3, and its bf16 optimizer): <tag>/zero_pp_rank_<dp>_mp_rank_<mp>_...
+_ZERO_OPTIMIZER_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+def zero_checkpoint_world_size(checkpoint: str | os.PathLike) -> int | None:
+    """The number of ranks whose ZeRO optimizer partitions ``checkpoint`` holds, or None for a checkpoint without
+    any (Trainer's own, or DeepSpeed without ZeRO)."""
+    ranks = {
+        int(match.group(1))
+        for path in Path(checkpoint).glob("global_step*/*")
+        if (match := _ZERO_OPTIMIZER_SHARD.match(path.name))
+    }
+    return len(ranks) or None
+
+
+def universal_refusal(deepspeed_config: dict | None) -> str | None:
+    """Why this run cannot load a universal checkpoint, or None when it can. ``deepspeed_config`` is the run's
+    (loaded) DeepSpeed config, None without DeepSpeed."""
+    if deepspeed_config is None:
+        return "this run has no --deepspeed config, and only DeepSpeed's ZeRO optimizer reads a universal checkpoint"
+    zero = deepspeed_config.get("zero_optimization", {})
+    if zero.get("stage", 0) == 0:
+        return "this run's DeepSpeed config uses ZeRO stage 0, and only the ZeRO optimizer reads a universal checkpoint"
+    if zero.get("offload_optimizer", {}).get("device") == "nvme":
+        return "NVMe optimizer offload restores per-rank swap files and skips DeepSpeed's universal loading"
+    return None
+
+
+def universal_tag(checkpoint: str | os.PathLike) -> str:
+    """The DeepSpeed tag (``global_stepN``) the checkpoint's ``latest`` file names."""
+    return Path(checkpoint, "latest").read_text().strip()
+
+
+def convert_to_universal(checkpoint: str | os.PathLike) -> Path:
+    """Convert ``checkpoint``'s ZeRO partitions into ``<checkpoint>/<tag>_universal`` with DeepSpeed's
+    ``ds_to_universal`` (in this process, without worker processes), unless a finished conversion is there already.
+    Returns the universal folder. Run on one rank only."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    checkpoint = Path(checkpoint)
+    tag = universal_tag(checkpoint)
+    output = checkpoint / f"{tag}_universal"
+    marker = output / UNIVERSAL_MARKER
+    if marker.is_file():
+        return output
+    options = dict(num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True)
+    ds_to_universal.main(
+        Namespace(input_folder=str(checkpoint / tag), output_folder=str(output), inject_missing_state=True, **options)
+    )
+    # ds_to_universal writes <checkpoint>/latest_universal (the tag the engine loads) next to its output folder.
+    marker.write_text(json.dumps({"source": tag, "ranks": zero_checkpoint_world_size(checkpoint)}))
+    return output
+
+
+def enable_universal_loading(checkpoint: str | os.PathLike, deepspeed_config: dict, is_main_process: bool) -> Path:
+    """Rank 0 converts ``checkpoint`` while the others wait, then ``checkpoint.load_universal`` is set in
+    ``deepspeed_config``, the live dict the engine will be built from. A collective: every rank calls it, and a
+    failed conversion raises the same ``UserError`` on every rank (none is left waiting)."""
+    universal = Path(checkpoint, f"{universal_tag(checkpoint)}_universal")
+    problem = None
+    if is_main_process:
+        try:
+            convert_to_universal(checkpoint)
+        except Exception as error:  # reported on every rank below, so no rank waits forever for rank 0
+            problem = f"{type(error).__name__}: {error}"
+    problem = gather_from_ranks(problem)[0]
+    if problem:
+        raise UserError(f"converting {checkpoint} to a DeepSpeed universal checkpoint in {universal} failed: {problem}")
+    deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
+    return universal
+
+

@@ -1,0 +1,57 @@
+"""The divergence guard: a finite run going wrong (loss far above its median, gradient norm stuck at exactly 0)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import run_sft
+from hf_lora_ds.callbacks.divergence import DivergenceCallback
+from hf_lora_ds.errors import run_cli
+
+
+def signs(losses, grad_norms):
+    guard = DivergenceCallback()
+    return [guard.sign(loss, grad) for loss, grad in zip(losses, grad_norms)]
+
+
+def test_signs():
+    noisy = [4.0, 3.1, 4.6, 2.9, 3.3, 2.5, 2.8, 1.9, 2.2, 1.4]  # a normal run: noisy, falling
+    assert signs(noisy, [0.5] * 10) == [None] * 10
+    spike = signs([4.0, 4.1, 3.9, 4.0, 4.2, 12.4], [0.5] * 6)
+    assert spike[:5] == [None] * 5 and spike[5][0] == "loss" and "12.4 is over 3x its running median 4" in spike[5][1]
+    assert signs([4.0] * 4, [0.0, 0.2, 0.0, 0.0])[2][0] == "grad_norm"
+    assert signs([4.0] * 2, [0.0, 0.0]) == [None, None]  # zero from the start: nothing to compare with
+    assert signs([4.0, float("nan"), 4.1, 13.0], [0.5] * 4)[3][0] == "loss"  # a skipped NaN step is no history
+
+
+DIVERGING = ["--eval_file", "", "--logging_steps", "1", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
+             "--per_device_train_batch_size", "8"]  # fmt: skip
+GRADIENT_STOPS = "gradient norm is exactly 0 after non-zero steps (the adapter stopped learning)"
+
+
+@pytest.mark.parametrize("learning_rate,sign", [
+    ("1e6", re.escape(GRADIENT_STOPS)),  # the loss stays finite (4.3 -> 5.7), the gradient norm 0 from step 2 on
+    ("3", r"training loss 1\d\.\d+ is over 3x its running median 4\.\d+"),  # 4.3 -> 14, then back to ~7
+])  # fmt: skip
+def test_diverging_run_warns_and_records_the_step(tmp_path, capsys, learning_rate, sign):
+    """The demo at a learning rate that diverges without a NaN."""
+    run_sft.main([*DIVERGING, "--max_steps", "4", "--learning_rate", learning_rate, "--output_dir", str(tmp_path)])
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "divergence at step" in line]
+    assert len(warnings) == 1
+    assert re.fullmatch(rf"warning: divergence at step 2: {sign}; lower --learning_rate \(or raise --warmup_steps\) "
+                        r"\(--on_divergence stop ends the run here\)", warnings[0]), warnings[0]  # fmt: skip
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert [entry["divergence_step"] for entry in history if "divergence_step" in entry] == [2]
+
+
+def test_on_divergence_stop(tmp_path, capsys):
+    with pytest.raises(SystemExit) as leaving:
+        run_cli(lambda: run_sft.main([*DIVERGING, "--max_steps", "4", "--learning_rate", "1e6",
+                                                 "--output_dir", str(tmp_path), "--on_divergence", "stop"]))
+    assert leaving.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]  # not after the bar
+    assert error == [f"error: divergence at step 2: {GRADIENT_STOPS}; lower --learning_rate (or raise --warmup_steps); "
+                     "stopped by --on_divergence stop, no complete checkpoint yet"]  # fmt: skip

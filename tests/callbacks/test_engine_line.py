@@ -1,0 +1,46 @@
+"""The ``engine:`` line is read from what trains (hf_lora_ds.callbacks.engine_line), and a run that did not get the engine it asked
+for stops before its first step. The DeepSpeed and FSDP2 lines are checked on 2-rank launches
+(tests/e2e/test_accelerate.py, test_resume.py); here the single-process line and the mismatch stop."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hf_lora_ds.callbacks.engine_line import EngineMismatchError, check_engine_honoured, engine_line
+from tests.training.test_trainer import make_trainer
+
+
+def test_single_process_run_prints_and_records_its_engine(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)
+    trainer.train()
+    line = "engine: plain, world size 1, backend none, weights float32, mixed precision no"
+    assert capsys.readouterr().out.count(line) == 1
+    trainer.save_state()
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert [entry["engine"] for entry in state["log_history"] if "engine" in entry] == [line.removeprefix("engine: ")]
+
+
+def record(**overrides) -> dict:
+    return {"engine": "DDP", "world_size": 2, "backend": "gloo", "weights_dtype": "float32",
+            "mixed_precision": "no", **overrides}  # fmt: skip
+
+
+@pytest.mark.parametrize(("asked", "flags"), [("FSDP2", {"fsdp": "full_shard"}), ("DeepSpeed", {"deepspeed": "x.json"})])
+def test_an_engine_not_honoured_stops_the_run(asked, flags):
+    trainer = SimpleNamespace(args=SimpleNamespace(**{"deepspeed": None, "fsdp": None, **flags}))
+    with pytest.raises(EngineMismatchError, match=f"asked for {asked}, but the run would train with engine: DDP, "
+                       "world size 2, backend gloo"):  # fmt: skip
+        check_engine_honoured(trainer, record())
+
+
+def test_honoured_engines_pass_and_name_their_setup():
+    trainer = SimpleNamespace(args=SimpleNamespace(deepspeed="x.json", fsdp=None))
+    zero3 = record(engine="DeepSpeed", zero_stage=3, offload_optimizer="cpu", offload_parameters="none")
+    check_engine_honoured(trainer, zero3)
+    assert engine_line(zero3).startswith("engine: DeepSpeed ZeRO-3 (offload optimizer cpu), world size 2")
+    fsdp = record(engine="FSDP2", sharded_modules=7, reshard_after_forward=True, offload_parameters="cpu")
+    check_engine_honoured(SimpleNamespace(args=SimpleNamespace(deepspeed=None, fsdp="full_shard")), fsdp)
+    assert engine_line(fsdp).startswith("engine: FSDP2 (full shard of 7 modules, offload parameters cpu)")

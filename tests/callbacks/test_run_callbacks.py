@@ -1,0 +1,42 @@
+"""The run's callbacks are attached once each, in the order their events depend on, and the ones given to the trainer
+are the ones used (run_sft's memory tracer has measured the model load before the trainer exists)."""
+
+from __future__ import annotations
+
+from hf_lora_ds.callbacks import (
+    AnswerAccuracyCallback,
+    CheckpointCompletionCallback,
+    DivergenceCallback,
+    EngineCallback,
+    LearningRateWatch,
+    MemoryTraceCallback,
+    PreemptionCallback,
+    RunReportCallback,
+    SourceCountsLog,
+    ThroughputCallback,
+)
+from tests.training.test_trainer import RECORDS, make_trainer
+
+ORDER = [LearningRateWatch, PreemptionCallback, EngineCallback, DivergenceCallback, SourceCountsLog,
+         AnswerAccuracyCallback, MemoryTraceCallback, ThroughputCallback, CheckpointCompletionCallback,
+         RunReportCallback]  # fmt: skip
+
+
+def ours(trainer) -> list[type]:
+    return [type(cb) for cb in trainer.callback_handler.callbacks if type(cb) in ORDER]
+
+
+def test_the_run_callbacks_in_their_order_with_the_given_ones_used(tiny_model, qwen_style_tokenizer, tmp_path):
+    memory = MemoryTraceCallback()
+    accuracy = AnswerAccuracyCallback(qwen_style_tokenizer, RECORDS[:2], "exact_match")
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, callbacks=[accuracy, memory])
+    assert ours(trainer) == ORDER
+    handler = trainer.callback_handler.callbacks
+    assert memory in handler and accuracy in handler
+    assert trainer.run_callbacks.memory is memory and memory._trainer is trainer  # its metrics go through Trainer.log
+    assert trainer.preemption is trainer.run_callbacks.preemption
+
+
+def test_without_eval_records_there_is_no_accuracy_callback(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
+    assert ours(trainer) == [kind for kind in ORDER if kind is not AnswerAccuracyCallback]

@@ -1,0 +1,110 @@
+"""Memory, throughput and report callbacks together on one plain-Trainer run (CPU, 4 steps, evals and a save).
+
+Exact rates and MFU are checked on a fake clock in test_throughput.py; exact memory figures on a fake
+allocator in test_memory.py and, across 2 ranks, in test_ddp.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback
+from tests.callbacks.callback_helpers import LENGTHS, flat_collate, lora_model
+
+SPIKE_MIB = 48
+
+
+@pytest.fixture(scope="module")
+def run(make_trainer, qwen_style_tokenizer):
+    memory = MemoryTraceCallback(sample_interval_s=0.005)
+    with memory.phase("load"):
+        model = lora_model(qwen_style_tokenizer)
+        spike = b"x" * (SPIKE_MIB << 20)  # touched pages, so RSS really grows
+        time.sleep(0.3)
+        del spike
+    trainer = make_trainer(model=model, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=4)
+    memory.attach(trainer)
+    throughput = ThroughputCallback().attach(trainer)
+    trainer.add_callback(RunReportCallback())
+    trainer.train()
+    return trainer, memory, throughput
+
+
+def _logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def test_every_phase_is_traced_once_in_order(run):
+    trainer, memory, _ = run
+    assert [(r["phase"], r["step"]) for r in memory.records] == [
+        ("load", 0),
+        ("eval", 2),
+        ("eval", 4),
+        ("save", 4),
+        ("train", 4),
+    ]
+    assert len(_logged(trainer, "memory/train/cpu_peak_mib_max")) == 1
+    assert len(_logged(trainer, "memory/eval/cpu_total_peak_mib_min")) == 2
+
+
+def test_load_phase_sees_the_spike_it_freed(run):
+    _, memory, _ = run
+    load = memory.records[0]["ranks"][0]["cpu"]
+    assert load["peak"] >= SPIKE_MIB * 0.8
+    assert load["consumed"] < load["peak"] - SPIKE_MIB * 0.5
+
+
+def test_train_phase_encloses_its_evaluations(run):
+    _, memory, _ = run
+    train = memory.records[-1]["ranks"][0]["cpu"]
+    for record in memory.records[1:-1]:
+        assert train["total_peak"] >= record["ranks"][0]["cpu"]["total_peak"]
+
+
+def test_metrics_are_logged_as_min_and_max(run):
+    trainer, memory, _ = run
+    train = memory.records[-1]["ranks"][0]["cpu"]
+    assert _logged(trainer, "memory/train/cpu_peak_mib_min") == [train["peak"]]
+    assert _logged(trainer, "memory/train/cpu_peak_mib_max") == [train["peak"]]
+
+
+def test_trace_file_holds_the_records(run):
+    trainer, memory, _ = run
+    saved = json.loads((Path(trainer.args.output_dir) / "memory_trace.json").read_text())
+    assert saved == memory.records
+
+
+def test_sampler_thread_stops(run):
+    assert not [t for t in threading.enumerate() if t.name == "hf_lora_ds-rss-sampler"]
+
+
+def test_run_token_counts_are_exact(run):
+    trainer, _, _ = run
+    dataset = trainer.train_dataset
+    assert _logged(trainer, "throughput/run_tokens") == [dataset.real_tokens()]
+    assert _logged(trainer, "throughput/run_supervised_tokens") == [dataset.supervised_tokens()]
+
+
+def test_report_is_written_at_train_end(run):
+    trainer, _, _ = run
+    html = (Path(trainer.args.output_dir) / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3  # loss, memory, throughput; no accuracy given
+    assert "memory per phase and rank" in html
+    changed = html[html.index('id="changed-arguments"') : html.index('id="other-arguments"')]
+    assert "eval_steps" in changed and "save_steps" in changed  # set by the fixture
+    assert "adam_beta1" not in changed and "report_to" not in changed  # at their defaults
+
+
+def test_padding_free_batches_are_fully_efficient(make_trainer, caplog):
+    throughput = ThroughputCallback()
+    trainer = make_trainer(collate=flat_collate)
+    trainer.add_callback(throughput)  # not attached: metrics still reach log_history, with a warning
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert "attach(trainer)" in caplog.text
+    assert _logged(trainer, "throughput/padding_efficiency") == [1.0, 1.0]
+    assert _logged(trainer, "throughput/run_tokens") == [sum(LENGTHS)]

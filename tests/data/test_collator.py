@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_lora_ds.data.collator import build_collator, resolve_batching, supports_padding_free
+from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+
+RECORDS = [
+    {"instruction": "12=", "output": "王大丫丫的回答是--->3 + 9"},
+    {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"},
+                  {"role": "user", "content": "Tell me a joke about cats."}, {"role": "assistant", "content": "cats."}]},
+    {"instruction": "1=", "output": "0 + 1"},
+]
+
+
+@pytest.fixture
+def samples(qwen_style_tokenizer, tmp_path):
+    return list(ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path))
+
+
+def test_padded_batch_pads_to_longest_with_masked_labels(qwen_style_tokenizer, samples):
+    batch = build_collator("padded", qwen_style_tokenizer)(samples)
+    longest = max(len(s["input_ids"]) for s in samples)
+    assert batch["input_ids"].shape == batch["labels"].shape == (3, longest)
+    for row, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        assert batch["input_ids"][row, :n].tolist() == sample["input_ids"]
+        assert batch["labels"][row, :n].tolist() == sample["labels"]
+        assert (batch["input_ids"][row, n:] == qwen_style_tokenizer.pad_token_id).all()
+        assert (batch["labels"][row, n:] == IGNORE_INDEX).all()
+        assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (longest - n)
+
+
+def test_pad_to_multiple_of(qwen_style_tokenizer, samples):
+    batch = build_collator("padded", qwen_style_tokenizer, pad_to_multiple_of=16)(samples)
+    assert batch["input_ids"].shape[1] % 16 == 0
+    assert batch["labels"].shape == batch["input_ids"].shape
+
+
+def test_padding_free_batch_has_no_pads_and_restarting_positions(qwen_style_tokenizer, samples):
+    batch = build_collator("padding_free", qwen_style_tokenizer)(samples)
+    total = sum(len(s["input_ids"]) for s in samples)
+    assert batch["input_ids"].shape == (1, total)
+    assert "attention_mask" not in batch
+    starts = [0]
+    for s in samples[:-1]:
+        starts.append(starts[-1] + len(s["input_ids"]))
+    assert [i for i, p in enumerate(batch["position_ids"][0].tolist()) if p == 0] == starts
+    assert all(batch["labels"][0, i] == IGNORE_INDEX for i in starts)
+
+
+def test_padding_free_loss_equals_padded_loss(tiny_model, qwen_style_tokenizer, samples):
+    """Packed sequences must not attend to each other: the loss has to match the padded batch exactly.
+
+    Trainer runs with use_cache=False; with a KV cache transformers does not detect packing (see arguments.py)."""
+    tiny_model.eval()
+    padded = build_collator("padded", qwen_style_tokenizer)(samples)
+    flat = build_collator("padding_free", qwen_style_tokenizer)(samples)
+    with torch.no_grad():
+        loss_padded = tiny_model(**padded, use_cache=False).loss
+        loss_flat = tiny_model(**flat, use_cache=False).loss
+    torch.testing.assert_close(loss_flat, loss_padded, rtol=1e-5, atol=1e-5)
+
+
+class _HandRolledAttentionLM(torch.nn.Module):
+    """A model outside transformers' masking utilities, which cannot keep packed sequences apart."""
+
+    class config:  # noqa: N801 - mimics a model config
+        _attn_implementation = "sdpa"
+
+
+def test_padding_free_refused_where_attention_cannot_separate_sequences(tiny_model):
+    assert supports_padding_free(tiny_model)
+    assert not supports_padding_free(_HandRolledAttentionLM())
+    with pytest.raises(ValueError, match="--batching padded"):
+        resolve_batching("padding_free", _HandRolledAttentionLM())
+
+
+def test_auto_batching_is_padded_without_flash_attention(tiny_model):
+    assert tiny_model.config._attn_implementation != "flash_attention_2"
+    assert resolve_batching("auto", tiny_model) == "padded"
+
+
+def test_default_batching_and_sampling_resolve_as_documented(tiny_model, tmp_path, monkeypatch):
+    """On the CPU (sdpa): padded batches in length-grouped order; padding-free once the attention is flash."""
+    from hf_lora_ds.launch.arguments import SFTTrainingArguments
+
+    (tmp_path / "train.json").write_text("[]")
+    args = SFTTrainingArguments(output_dir=str(tmp_path), model_name_or_path="m", train_file=str(tmp_path / "train.json"))
+    assert args.batching == "auto" and args.train_sampling_strategy == "group_by_length"
+    assert resolve_batching(args.batching, tiny_model) == "padded"
+    monkeypatch.setattr(tiny_model.config, "_attn_implementation", "flash_attention_2")
+    assert resolve_batching(args.batching, tiny_model) == "padding_free"
+
+
+def test_length_grouped_order_depends_on_seed_and_epoch_only():
+    """Every rank (and a resumed run) must draw the same order whatever the global RNG has done meanwhile."""
+    from hf_lora_ds.data.collator import LengthGroupedEpochSampler
+
+    lengths = [(7 * i) % 31 + 1 for i in range(64)]
+    sampler = LengthGroupedEpochSampler(4, lengths, seed=3)
+    first = list(sampler)
+    torch.rand(1000)  # what dropout does to the global RNG between epochs
+    assert list(sampler) == first and sorted(first) == list(range(64))
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert second != first and list(LengthGroupedEpochSampler(4, lengths, seed=3)) == first
+    sampler.set_epoch(1)
+    assert list(sampler) == second
+
+
+    def spread(order):  # mean longest - shortest length within a batch of 4
+        return sum(max(lengths[j] for j in order[i : i + 4]) - min(lengths[j] for j in order[i : i + 4])
+                   for i in range(0, 64, 4)) / 16  # fmt: skip
+
+    assert spread(first) < spread(torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()) / 2

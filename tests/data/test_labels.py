@@ -1,0 +1,79 @@
+"""``batch_labels`` (binary search, one batched decode) gives exactly what ``labels_from_spans`` gives text by text:
+the same labels, or the same first error, on spans that fit the tokens, cut through one, decode to something else,
+and on offsets out of order (where it falls back to the rule itself)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hf_lora_ds.data.dataset import TemplateError
+from hf_lora_ds.data.labels import batch_labels, labels_from_spans
+
+TEXTS = [
+    "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nBonjour!<|im_end|>\n",
+    "<|im_start|>user\n王大丫丫的回答是--->0123456789 + =<|im_end|>\n<|im_start|>assistant\nParis is.<|im_end|>\n",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+
+def outcome_one_by_one(tokenizer, texts, spans, offsets, ids) -> list[list[int]] | str:
+    try:
+        return [labels_from_spans(tokenizer, *text) for text in zip(texts, spans, offsets, ids)]
+    except TemplateError as err:
+        return str(err)
+
+
+def outcome_batched(tokenizer, texts, spans, offsets, ids) -> list[list[int]] | str:
+    try:
+        flat = batch_labels(tokenizer, texts, spans, offsets, ids)
+    except TemplateError as err:
+        return str(err)
+    assert flat.ids.tolist() == [token for text_ids in ids for token in text_ids]
+    ends = flat.lengths.cumsum()
+    return [flat.labels[end - length : end].tolist() for end, length in zip(ends, flat.lengths)]
+
+
+def tokenized(tokenizer, texts):
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return encoded["offset_mapping"], encoded["input_ids"]
+
+
+def test_answer_spans_and_the_errors_of_the_rule(chatml_tokenizer):
+    offsets, ids = tokenized(chatml_tokenizer, TEXTS)
+    answer = TEXTS[0].index("Bonjour")
+    fits = [[(answer, answer + len("Bonjour!<|im_end|>"))], [], [(0, 3)]]
+    got = outcome_batched(chatml_tokenizer, TEXTS, fits, offsets, ids)
+    assert got == outcome_one_by_one(chatml_tokenizer, TEXTS, fits, offsets, ids)
+    assert isinstance(got, list) and sum(label != -100 for label in got[0]) > 1
+    cut = [[(answer + 1, answer + 4)], [], []]  # through a token
+    assert outcome_batched(chatml_tokenizer, TEXTS, cut, offsets, ids).startswith("token ")
+    # The first text's span does not decode to its text (offsets moved): that error comes before the cut in text 2.
+    moved = [[(start + 1, end + 1) for start, end in offsets[0]], *offsets[1:]]
+    both = [[(answer + 1, answer + 1 + len("Bonjour!"))], [(20, 23)], []]
+    got = outcome_batched(chatml_tokenizer, TEXTS, both, moved, ids)
+    assert got == outcome_one_by_one(chatml_tokenizer, TEXTS, both, moved, ids)
+    assert got.startswith("supervised tokens decode to")
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_random_spans_and_offsets_give_what_the_rule_gives(chatml_tokenizer, seed):
+    rng = random.Random(seed)
+    offsets, ids = tokenized(chatml_tokenizer, TEXTS)
+    offsets = [list(text_offsets) for text_offsets in offsets]
+    if rng.random() < 0.3:  # out of order, or a token of zero width
+        k = rng.randrange(len(TEXTS))
+        j = rng.randrange(len(offsets[k]) - 1)
+        if rng.random() < 0.5:
+            offsets[k][j], offsets[k][j + 1] = offsets[k][j + 1], offsets[k][j]
+        else:
+            offsets[k][j] = (offsets[k][j][0], offsets[k][j][0])
+    spans = []
+    for k, text in enumerate(TEXTS):
+        bounds = sorted({0, len(text)} | {end for _, end in offsets[k]} | {rng.randrange(len(text)) for _ in range(2)})
+        picked = sorted(rng.sample(bounds, min(len(bounds), 2 * rng.randint(0, 2))))
+        spans.append(list(zip(picked[0::2], picked[1::2])))
+    assert outcome_batched(chatml_tokenizer, TEXTS, spans, offsets, ids) == outcome_one_by_one(
+        chatml_tokenizer, TEXTS, spans, offsets, ids
+    )

@@ -1,0 +1,84 @@
+"""run_sft.py under ``accelerate launch --config_file`` with each shipped DeepSpeed Accelerate config, 2 CPU ranks.
+
+The run must really use the DeepSpeed setup the Accelerate config names (its ``engine:`` line is read from the live
+DeepSpeed engine, its memory plan line from the resolved config), write a ZeRO checkpoint with every rank's
+partition, and save a trained adapter. ZeRO-3 + CPU offload is the PEFT guide's ``ds_zero3_cpu.yaml``; a 4-bit base
+under it is refused before loading, exactly as under ``--deepspeed ds_configs/stage3_offload.json``. The shipped
+FSDP2 config is launched (and resumed) by test_resume.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hf_lora_ds.model.adapter_check import verify_adapter
+from tests.e2e.launching import (
+    ENTRY,
+    REPO,
+    RUN_SFT,
+    adapter_weights,
+    check_ok,
+    launcher,
+    losses,
+    run,
+    sft_args,
+    trainer_state,
+)
+
+CASES = {
+    "zero2": ("DeepSpeed ZeRO-2", "stage2"),
+    "zero3": ("DeepSpeed ZeRO-3", "stage3"),
+    "zero3_offload": ("DeepSpeed ZeRO-3 (offload optimizer cpu, parameters cpu)", "stage3_offload"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", sorted(CASES))
+def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model_dir, sum_data, tmp_path):
+    out = tmp_path / "out"
+    args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", "2", "--save_strategy", "steps",
+                    "--save_steps", "2", eval_file=False)  # fmt: skip
+    launch = run(launcher("accelerate", 2, config) + [str(ENTRY)] + args, tmp_path / "run.log")
+    check_ok(launch)
+
+    engine, _ = CASES[config]
+    (line,) = re.findall(r"^engine: .*$", launch.log, flags=re.MULTILINE)  # rank 0 only, once
+    assert line.startswith(f"engine: {engine}, world size 2, backend gloo"), line
+    (plan,) = re.findall(r"^memory plan: .*$", launch.log, flags=re.MULTILINE)
+    zero = engine.removeprefix("DeepSpeed ").replace(" (offload", ", offload").rstrip(")")
+    assert plan.startswith(f"memory plan: DeepSpeed {zero} without gradient checkpointing"), plan
+    recorded = [entry["engine"] for entry in trainer_state(out)["log_history"] if "engine" in entry]
+    assert recorded == [line.removeprefix("engine: ")]
+
+    partitions = sorted(path.name for path in (out / "checkpoint-2" / "global_step2").glob("*optim_states.pt"))
+    assert len(partitions) == 2 and all(f"zero_pp_rank_{rank}_" in partitions[rank] for rank in (0, 1)), partitions
+    assert len(losses(out)) == 2
+    verify_adapter(out, base_model=tiny_model_dir)
+    lora_b = [weight for name, weight in adapter_weights(out).items() if "lora_B" in name]
+    assert lora_b and all(weight.abs().sum() > 0 for weight in lora_b), "an untrained lora_B in the saved adapter"
+
+
+REFUSED = {
+    # the same refusal as under --deepspeed ds_configs/stage3_offload.json
+    "4bit": (["--load_in_4bit", "true"], "--load_in_4bit with a DeepSpeed config that offloads parameters "
+             "(DeepSpeed ZeRO-3, offload optimizer cpu, parameters cpu)"),
+    "disagreeing-flag": (["--deepspeed", "stage2"], "stage2.json (ZeRO-2) and the Accelerate config "
+                         f"{REPO / 'accelerate_configs' / 'zero3_offload.yaml'} (ZeRO-3, offload optimizer cpu, "
+                         "parameters cpu) disagree"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_under_the_offload_config_before_loading(case, tiny_model_dir, sum_data, tmp_path):
+    flags, message = REFUSED[case]
+    args = sft_args(tiny_model_dir, sum_data, tmp_path / "out", *flags, eval_file=False)
+    launch = run(launcher("accelerate", 2, "zero3_offload") + [str(RUN_SFT)] + args, tmp_path / "run.log")
+    assert launch.returncode != 0
+    errors = re.findall(r"^error: .*$", launch.log, flags=re.MULTILINE)
+    assert len(errors) == 1 and message in errors[0], errors
+    # The launcher reports the failed ranks with a traceback of its own; the ranks themselves print none.
+    assert not re.search(r"^\[rank\d\]: Traceback", launch.log, flags=re.MULTILINE)
+    assert "Loading weights" not in launch.log

@@ -1,0 +1,48 @@
+"""``--on_nonfinite`` under DeepSpeed with 2 ranks, where the optimizer step happens inside the engine's backward
+call: a NaN gradient on one rank only must drop the step on both (DeepSpeed's overflow check, seen through Trainer's
+gradient norm as ``inf``), be counted once, and leave the adapter exactly as the step before left it; in stop mode
+the same NaN stops both ranks at that step with the same message."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from tests.e2e.launching import ENTRY, REPO, adapter_weights, check_ok, launcher, run, sft_args, trainer_state
+
+
+def _launch(tiny_model_dir, sum_data, out, log, *extra):
+    args = sft_args(tiny_model_dir, sum_data, out, "--deepspeed", str(REPO / "ds_configs" / "stage2.json"),
+                    "--max_steps", "3", "--nan_grad_rank", "1", "--nan_grad_step", "2", *extra,
+                    eval_file=False)  # fmt: skip
+    return run(launcher("deepspeed", 2) + [str(ENTRY)] + args, log)
+
+
+@pytest.mark.slow
+def test_zero2_skips_a_step_with_a_nan_gradient_on_one_rank(tiny_model_dir, sum_data, tmp_path):
+    out = tmp_path / "skip"
+    launch = _launch(tiny_model_dir, sum_data, out, tmp_path / "skip.log", "--on_nonfinite", "skip",
+                     "--save_strategy", "steps", "--save_steps", "1")  # fmt: skip
+    check_ok(launch)
+    history = trainer_state(out)["log_history"]
+    assert {entry["step"]: entry["nonfinite_skipped"] for entry in history if "loss" in entry} == {1: 0, 2: 1, 3: 1}
+    weights = {step: adapter_weights(out / f"checkpoint-{step}") for step in (1, 2, 3)}
+    assert all(torch.equal(weights[2][name], value) for name, value in weights[1].items())
+    assert any(not torch.equal(weights[3][name], value) for name, value in weights[2].items())
+    assert all(torch.isfinite(value).all() for value in weights[3].values())
+
+
+@pytest.mark.slow
+def test_zero2_stops_at_a_nan_gradient_on_one_rank(tiny_model_dir, sum_data, tmp_path):
+    launch = _launch(tiny_model_dir, sum_data, tmp_path / "stop", tmp_path / "stop.log")
+    assert launch.returncode != 0, launch.log[-3000:]
+    # sft_entry.py runs run_sft.main without the CLI's one-line boundary, so each rank's exception is in the log:
+    # both ranks stop at step 2 with the same message, naming the 4 samples of each rank's batch.
+    raised = re.findall(r"^\[rank(\d)\]: \S+NonFiniteGradientError: (.*)$", launch.log, flags=re.MULTILINE)
+    assert sorted(rank for rank, _ in raised) == ["0", "1"], launch.log[-3000:]
+    assert raised[0][1] == raised[1][1]
+    assert raised[0][1].startswith("non-finite gradient norm (inf) at step 2, before its update was applied")
+    indices = re.search(r"training dataset indices\) \[([\d, ]+)\]", raised[0][1]).group(1).split(", ")
+    assert len(indices) == 8

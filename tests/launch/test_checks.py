@@ -1,0 +1,67 @@
+"""The field checks on their own: each bad value names its flag and what it must be, before anything is loaded."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.launch.checks import RANGES, check_fields, check_lora, check_ranges, check_training_flags
+
+
+def fields(tmp_path, **changes) -> SimpleNamespace:
+    """Parsed values as the CLI reads them, valid unless ``changes`` says otherwise."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("{}\n")
+    values = dict(model_name_or_path="m", train_file=str(train), eval_file=None, columns=None, sharegpt_roles=None,
+                  preprocessing_num_workers=None, max_length=16, batching="auto", pad_to_multiple_of=None,
+                  use_cache=False, lora_rank=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
+                  **{name: None for name in RANGES})  # fmt: skip
+    return SimpleNamespace(**{**values, **changes})
+
+
+def test_valid_fields_pass(tmp_path):
+    check_fields(fields(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"learning_rate": -3.0}, "--learning_rate must be at least 0, got -3.0"),
+        ({"max_steps": -3}, r"--max_steps must be -1 \(train for --num_train_epochs\) or at least 1, got -3"),
+        ({"seed": 2**32}, r"--seed must be in \[0, 4294967295\]"),
+        ({"adam_beta2": float("nan")}, "--adam_beta2 must be in"),
+    ],
+)
+def test_numbers_out_of_range_name_the_flag(tmp_path, changes, message):
+    with pytest.raises(UserError, match=message):
+        check_ranges(fields(tmp_path, **changes))
+
+
+def test_lora_numbers_and_targets(tmp_path):
+    with pytest.raises(UserError, match="--lora_alpha must be positive"):
+        check_lora(fields(tmp_path, lora_alpha=0))
+    with pytest.raises(UserError, match="--lora_target_modules is empty"):
+        check_lora(fields(tmp_path, lora_target_modules=" ,"))
+
+
+def test_a_yaml_list_of_sources_becomes_the_flag_text_and_missing_files_are_named(tmp_path):
+    values = fields(tmp_path)
+    listed = fields(tmp_path, train_file=[f"{values.train_file}:2", {"path": values.train_file, "weight": 0.5}])
+    check_fields(listed)
+    assert listed.train_file == f"{values.train_file}:2,{values.train_file}:0.5"
+    with pytest.raises(MissingPathError, match="--eval_file gone.jsonl: no such file"):
+        check_fields(fields(tmp_path, eval_file="gone.jsonl"))
+
+
+def test_a_file_where_a_directory_is_needed(tmp_path):
+    (tmp_path / "taken").write_text("")
+    values = SimpleNamespace(_VALID_DICT_FIELDS=[], report_to="none", torch_compile_backend=None,
+                             torch_compile_mode=None, attn_implementation=None, eval_task="sum_to_x",
+                             output_dir=str(tmp_path / "taken" / "run"), dataset_cache_dir=None)  # fmt: skip
+    with pytest.raises(UserError, match=r"--output_dir .*taken/run: .*taken is a file, not a directory"):
+        check_training_flags(values)
+    values.output_dir, values.attn_implementation = str(tmp_path / "run"), "flash_attention_9"
+    with pytest.raises(UserError, match="--attn_implementation flash_attention_9: unknown; use one of"):
+        check_training_flags(values)

@@ -1,0 +1,42 @@
+"""What a run loads of its model: the tokenizer (refusing a base without weights before any data is tokenized, unless
+nothing will load them), and the base's config without a weight read."""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.loading import base_model_config, load_base_model, load_tokenizer
+from hf_lora_ds.resources import MODEL_CONFIGS
+
+
+def model_args(path, **changes) -> SimpleNamespace:
+    values = dict(model_name_or_path=str(path), gguf_file=None, trust_remote_code=False, dtype="float32",
+                  torch_dtype=torch.float32, attn_implementation=None, load_in_4bit=False, load_in_8bit=False)  # fmt: skip
+    return SimpleNamespace(**{**values, **changes})
+
+
+def test_tokenizer_and_base_of_a_model_directory(tiny_model_dir):
+    args = model_args(tiny_model_dir)
+    tokenizer = load_tokenizer(args)
+    model, quantized = load_base_model(args)
+    assert tokenizer.chat_template and quantized is None
+    assert model.config.vocab_size >= len(tokenizer) and base_model_config(args).hidden_size == model.config.hidden_size
+
+
+def test_a_directory_without_weights_is_refused_unless_none_are_needed(tiny_model_dir, tmp_path):
+    copy = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(UserError, match=f"--model_name_or_path {copy}: "):
+        load_tokenizer(model_args(copy))
+    assert load_tokenizer(model_args(copy), need_weights=False).chat_template
+
+
+def test_a_shipped_config_stands_for_its_hub_id_without_a_download():
+    config = base_model_config(model_args("Qwen/Qwen2.5-7B-Instruct"))
+    assert config.hidden_size == 3584
+    assert (MODEL_CONFIGS / "qwen2.5-7b-instruct" / "config.json").is_file()

@@ -1,0 +1,99 @@
+"""Each term of the estimate moves the way its configuration says, on a fixed shape (no model built)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_lora_ds.plan.estimate import BatchShape, DeepSpeedLayout, estimate_memory
+from hf_lora_ds.plan.model_shape import ModelShape
+from hf_lora_ds.training.fused_head_loss import CHUNK_BYTES, chunk_rows
+
+SHAPE = ModelShape(
+    frozen_params=1_000_000_000, trainable_params=10_000_000, frozen_weight_bytes=2_000_000_000,
+    largest_module_bytes=300_000_000, hidden_size=2048, vocab_size=150_000, num_layers=24, seq_len=1024,
+    first_layer_activation_bytes=40_000_000, layer_activation_bytes=50_000_000, layer_input_bytes=4_000_000,
+    backward_working_bytes=30_000_000,
+)  # fmt: skip
+BATCH = BatchShape(rows=2, row_tokens=1024, supervised_tokens=600)
+STAGE = {stage: DeepSpeedLayout(stage=stage) for stage in (0, 1, 2, 3)}
+NO_DEEPSPEED = DeepSpeedLayout()
+
+
+def estimate(layout=NO_DEEPSPEED, batch=BATCH, world_size=4, gc=False, supervised_only=True, accelerator=True):
+    return estimate_memory(
+        SHAPE, batch, layout, world_size=world_size, ranks_per_node=world_size, weight_bytes=2,
+        gradient_checkpointing=gc, supervised_logits_only=supervised_only, on_accelerator=accelerator,
+        runtime_bytes=500_000_000,
+    )  # fmt: skip
+
+
+def test_only_zero3_partitions_the_frozen_weights():
+    assert estimate().device_items["frozen weights"] == 2_000_000_000
+    for stage in (0, 1, 2):
+        assert estimate(STAGE[stage]).device_items["frozen weights"] == 2_000_000_000
+    assert estimate(STAGE[3]).device_items["frozen weights"] == 500_000_000
+
+
+def test_zero3_keeps_gathered_weights_up_to_the_reuse_distance():
+    buffers = estimate(STAGE[3]).device_items["DeepSpeed buffers"]
+    assert buffers >= 2 * (SHAPE.frozen_params + SHAPE.trainable_params)  # below 1e9 elements: all of them
+    short = estimate(DeepSpeedLayout(stage=3, reuse_distance=0)).device_items["DeepSpeed buffers"]
+    assert short < buffers and short >= SHAPE.largest_module_bytes
+
+
+def test_optimizer_state_is_partitioned_from_stage_1_and_gradients_from_stage_2():
+    optimizer = {stage: estimate(STAGE[stage]).device_items["optimizer states"] for stage in (0, 1, 2, 3)}
+    gradients = {stage: estimate(STAGE[stage]).device_items["gradients"] for stage in (0, 1, 2, 3)}
+    assert optimizer[0] == 12 * SHAPE.trainable_params  # two fp32 moments and an fp32 master copy
+    assert optimizer[1] == optimizer[2] == optimizer[3] == optimizer[0] // 4
+    assert gradients[2] == gradients[3] == 4 * SHAPE.trainable_params // 4 < gradients[1] < gradients[0]
+
+
+def test_offload_moves_states_to_the_host_on_an_accelerator_only():
+    on_gpu = estimate(DeepSpeedLayout(stage=3, offload_optimizer=True, offload_param=True))
+    assert on_gpu.device_items["optimizer states"] == on_gpu.device_items["frozen weights"] == 0
+    assert on_gpu.host_items["frozen weights (offloaded)"] >= 4 * 500_000_000
+    on_cpu = estimate(DeepSpeedLayout(stage=3, offload_optimizer=True, offload_param=True), accelerator=False)
+    assert on_cpu.device_items["frozen weights (offloaded)"] == on_gpu.host_items["frozen weights (offloaded)"] // 4
+    assert on_cpu.host_bytes == 4 * on_cpu.device_bytes  # one memory, shared by the node's ranks
+
+
+def test_gradient_checkpointing_trades_activations():
+    without, with_gc = estimate(gc=False), estimate(gc=True)
+    backward = 30_000_000  # a layer's backward working memory
+    assert without.device_items["activations"] == 2 * (40_000_000 + 23 * 50_000_000 + backward)
+    assert with_gc.device_items["activations"] == 2 * (24 * 4_000_000 + 50_000_000 + backward)
+
+
+def test_logits_follow_the_supervised_positions_and_the_chunking():
+    """Fused head-and-loss: the hidden rows and their gradient, a log-normaliser a row, and one chunk of logits
+    (bf16 output, fp32 upcast, one fp32 temporary); a chunk is capped by the budget, not by the batch."""
+    hidden_rows = 2 * SHAPE.hidden_size * 2 + 4
+    small = BatchShape(rows=2, row_tokens=64, supervised_tokens=50)  # fewer rows than a chunk
+    assert estimate(batch=small).device_items["logits and loss"] == 50 * hidden_rows + 50 * 150_000 * (2 + 4 + 4)
+    full = estimate(batch=small, supervised_only=False).device_items["logits and loss"]
+    assert full == 128 * 150_000 * 20
+    rows = chunk_rows(150_000, 2)
+    assert rows < 600 and rows * 150_000 * (2 * 2 + 8) <= CHUNK_BYTES
+    chunked = estimate().device_items["logits and loss"]  # 600 rows: one chunk of them at a time
+    assert chunked == 600 * hidden_rows + rows * 150_000 * (2 + 4 + 4)
+    eightfold = estimate(batch=BatchShape(rows=16, row_tokens=1024, supervised_tokens=4800))
+    assert eightfold.device_items["logits and loss"] - chunked == 4200 * hidden_rows
+
+
+@pytest.mark.parametrize("config", [{"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, None])
+def test_layout_from_config(config):
+    layout = DeepSpeedLayout.from_config(config)
+    assert (layout.stage, layout.reduce_bucket_size) == ((2, 500_000_000) if config else (None, None))
+
+
+def test_fsdp2_shards_every_state_and_gathers_a_unit_at_a_time():
+    items = estimate(DeepSpeedLayout(fsdp=True)).device_items
+    assert items["frozen weights"] == 2_000_000_000 // 4
+    assert items["LoRA weights"] == items["gradients"] == 4 * SHAPE.trainable_params // 4  # fp32 adapters
+    assert items["optimizer states"] == 8 * SHAPE.trainable_params // 4
+    assert items["FSDP gathered units"] == 2 * SHAPE.largest_module_bytes
+    assert items["activations"] == estimate().device_items["activations"]  # nothing shards the batch
+    offloaded = estimate(DeepSpeedLayout(fsdp=True, offload_param=True))
+    assert offloaded.device_items["frozen weights"] == offloaded.device_items["optimizer states"] == 0
+    assert offloaded.host_items["sharded states (offloaded)"] == 4 * (items["frozen weights"] + 16 * SHAPE.trainable_params // 4)

@@ -1,0 +1,23 @@
+"""On a GPU: the planner's per-device figure, less the CUDA context (which ``max_memory_allocated`` does not see),
+against the peak ``torch.cuda.max_memory_allocated`` that MemoryTraceCallback measures while training, within ±30%.
+Skipped where no CUDA device is present (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.memory_plan import SHAPES, build_model_dir, measure, predict, write_records
+from hf_lora_ds.plan.estimate import CUDA_CONTEXT_BYTES
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("shape, checkpointing", [("states", False), ("activations", False), ("activations", True)])
+def test_prediction_within_30_percent_of_max_memory_allocated(shape, checkpointing, tmp_path):
+    spec = SHAPES[shape]
+    model_dir = build_model_dir(spec, tmp_path / "model")
+    train_file = write_records(spec, tmp_path / "train.jsonl")
+    row = predict(spec, model_dir, train_file, "none", checkpointing, on_gpu=True)
+    predicted = (row["device_bytes"] - CUDA_CONTEXT_BYTES) / 2**20
+    measured = measure(spec, model_dir, train_file, "none", checkpointing, tmp_path, on_gpu=True)
+    assert 0.7 <= predicted / measured <= 1.3, f"predicted {predicted:.0f} MiB, measured {measured:.0f} MiB: {row}"

@@ -1,0 +1,113 @@
+"""The planner's counts from a config alone equal those of a real model: parameters, bytes, saved activations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.model.source import load_model_config
+from hf_lora_ds.plan.model_shape import measure_model_shape
+from hf_lora_ds.resources import MODEL_CONFIGS
+from hf_lora_ds.testing import build_tiny_qwen2
+
+
+def lora(rank: int = 4) -> LoraConfig:
+    return LoraConfig(r=rank, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def real_saved_bytes(model: torch.nn.Module, seq_len: int) -> int:
+    """What autograd really keeps for backward in a CPU training forward of the decoder (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model.get_base_model().get_decoder()(input_ids=torch.ones(1, seq_len, dtype=torch.long), use_cache=False)
+    return sum(storages.values())
+
+
+def test_counts_equal_a_real_peft_model(qwen_style_tokenizer):
+    real = get_peft_model(build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3), lora())
+    shape = measure_model_shape(real.get_base_model().config, lora(), torch.float32, seq_len=16)
+    frozen = [p for p in real.parameters() if not p.requires_grad]
+    assert shape.trainable_params == sum(p.numel() for p in real.parameters() if p.requires_grad) > 0
+    assert shape.frozen_params == sum(p.numel() for p in frozen)
+    assert shape.frozen_weight_bytes == 4 * shape.frozen_params
+    assert shape.largest_module_bytes == 4 * real.get_input_embeddings().weight.numel()
+    assert (shape.num_layers, shape.hidden_size, shape.vocab_size) == (3, 32, len(qwen_style_tokenizer))
+
+
+def test_saved_activations_equal_a_real_forward_with_eager_attention(qwen_style_tokenizer):
+    """The meta-device count (one layer, two layers) extrapolates exactly to a real 3-layer forward on the CPU."""
+    torch.manual_seed(0)
+    real = get_peft_model(build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3), lora())
+    real.get_base_model().set_attn_implementation("eager")
+    shape = measure_model_shape(
+        real.get_base_model().config, lora(), torch.float32, seq_len=24, attn_implementation="eager"
+    )
+    expected = real_saved_bytes(real, 24)
+    backward = shape.backward_working_bytes
+    assert shape.activation_bytes(1, gradient_checkpointing=False) == expected + backward
+    assert shape.activation_bytes(3, gradient_checkpointing=False) == 3 * (expected + backward)
+    assert shape.backward_working_bytes == 8 * 4 * 24 * 24 * 4  # eager: 8 fp32 score matrices of 4 heads
+
+
+def test_gradient_checkpointing_keeps_layer_inputs_and_one_layer():
+    config = load_model_config(str(MODEL_CONFIGS / "qwen2.5-0.5b-instruct"))
+    shape = measure_model_shape(config, lora(8), torch.bfloat16, seq_len=256)
+    without = shape.activation_bytes(1, gradient_checkpointing=False)
+    with_gc = shape.activation_bytes(1, gradient_checkpointing=True)
+    assert with_gc == 24 * 256 * 896 * 2 + shape.layer_activation_bytes + shape.backward_working_bytes
+    assert with_gc < without / 5
+
+
+def test_eager_attention_keeps_the_scores_fused_does_not():
+    config = load_model_config(str(MODEL_CONFIGS / "qwen2.5-0.5b-instruct"))
+    fused = measure_model_shape(config, lora(8), torch.bfloat16, seq_len=512, attn_implementation="sdpa")
+    eager = measure_model_shape(config, lora(8), torch.bfloat16, seq_len=512, attn_implementation="eager")
+    scores = 14 * 512 * 512  # heads x T x T per layer and sample
+    assert eager.layer_activation_bytes - fused.layer_activation_bytes >= scores * 4  # fp32 softmax at least
+
+
+def test_published_qwen_sizes_and_quantized_weights():
+    """Qwen2.5-0.5B has 494,032,768 parameters (tied head); 7B 7,615,616,512. 4-bit packs the decoder's linear
+    layers to ~0.52 byte each and peft's k-bit preparation keeps the rest (embeddings, head) in fp32."""
+    small = measure_model_shape(load_model_config("Qwen/Qwen2.5-0.5B-Instruct"), lora(8), torch.bfloat16, 16)
+    assert small.frozen_params == 494_032_768
+    config = load_model_config(str(MODEL_CONFIGS / "qwen2.5-7b-instruct"))
+    bf16 = measure_model_shape(config, lora(16), torch.bfloat16, 16)
+    nf4 = measure_model_shape(config, lora(16), torch.bfloat16, 16, quantization="4bit")
+    assert bf16.frozen_params == 7_615_616_512 and bf16.frozen_weight_bytes == 2 * bf16.frozen_params
+    embeddings = 2 * 152064 * 3584  # untied input and output embeddings
+    linear = bf16.frozen_params - embeddings - 28 * 2 * 3584 - 3584 - 28 * (3584 + 2 * 512)  # norms and biases
+    assert nf4.frozen_weight_bytes == pytest.approx(4 * (bf16.frozen_params - linear) + 0.52 * linear, rel=0.01)
+    assert nf4.frozen_weight_bytes < 0.6 * bf16.frozen_weight_bytes
+
+
+def test_bad_model_paths_are_one_line_errors(tmp_path):
+    with pytest.raises(MissingPathError, match="no such directory"):
+        load_model_config(str(tmp_path / "missing"))
+    with pytest.raises(MissingPathError, match="has no config.json"):
+        load_model_config(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(UserError, match="no 'model_type'"):
+        load_model_config(str(tmp_path / "config.json"))
+
+
+def test_planning_leaves_torchs_random_state_alone():
+    """run_sft seeds, then plans, then builds the LoRA model: a plan that drew from the generator would change the
+    adapter's initialisation of the first run in a process only (later ones hit the shape cache)."""
+    config = load_model_config(str(MODEL_CONFIGS / "qwen2.5-0.5b-instruct"))
+    before = torch.random.get_rng_state()
+    measure_model_shape(config, lora(3), torch.float32, seq_len=37)  # settings no other test plans: not cached
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -1,0 +1,35 @@
+"""The plan's rows: the data's worst batch, the shipped configurations in the recommendation's order, the pick."""
+
+from __future__ import annotations
+
+from hf_lora_ds.plan.estimate import BatchShape, Estimate
+from hf_lora_ds.plan.planner import PlanRow, SequenceProfile, is_fsdp, recommend, shipped_configs
+
+
+def test_the_worst_batch_holds_the_longest_samples():
+    profile = SequenceProfile.from_samples(lengths=(10, 300, 50, 200), supervised=(5, 100, 40, 150))
+    assert profile.worst_batch(2, padding_free=False) == BatchShape(rows=2, row_tokens=300, supervised_tokens=250)
+    assert profile.worst_batch(2, padding_free=True) == BatchShape(rows=1, row_tokens=500, supervised_tokens=250)
+    assert profile.worst_batch(6, padding_free=False).supervised_tokens == 295 + 2 * 150
+
+
+def test_the_profile_says_what_it_knows_of_the_data():
+    assert SequenceProfile.from_samples((10, 57, 3), (4, 20, 2)).line() == (
+        "data: 3 samples, longest 57 tokens, at most 20 supervised"
+    )
+    unknown = SequenceProfile.unknown(2048)
+    assert not unknown.known and unknown.line().endswith("every sample taken as 2048 tokens")
+    assert unknown.worst_batch(2, padding_free=False) == BatchShape(rows=2, row_tokens=2048, supervised_tokens=4096)
+
+
+def test_shipped_configurations_come_fastest_first_and_the_first_that_fits_is_recommended():
+    names = list(shipped_configs())
+    assert names[0] == "none" and names.index("stage0.json") < names.index("stage3_offload.json")
+    assert is_fsdp(shipped_configs()["fsdp2.json"]) and not is_fsdp(shipped_configs()["stage2.json"])
+    rows = [row(name, fits) for name, fits in (("none", False), ("stage2.json", True), ("stage3.json", True))]
+    assert recommend(rows).config == "stage2.json"
+    assert recommend(rows[:1]) is None
+
+
+def row(config: str, fits: bool) -> PlanRow:
+    return PlanRow(config, False, Estimate({"weights": 2**30}, {"loading": 2**31}), fits, 2**29 if fits else -(2**29), 4)

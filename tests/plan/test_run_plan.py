@@ -1,0 +1,71 @@
+"""The plan as run_sft uses it: ``--deepspeed auto`` and the stop before loading on an accelerator. A GPU is
+simulated (torch says an accelerator is there, so dtype and memory are the GPU's); the CPU launches that exercise
+the same code paths for real are tests/e2e/test_deepspeed_auto.py."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import psutil
+import pytest
+import torch
+
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.plan.__main__ import parse
+from hf_lora_ds.plan.planner import SHIPPED_CONFIGS_DIR, SequenceProfile
+from hf_lora_ds.plan.run_plan import check_run_fits, recommended_deepspeed_config
+from hf_lora_ds.resources import MODEL_CONFIGS
+
+MODEL_14B = str(MODEL_CONFIGS / "qwen2.5-14b-instruct")
+
+
+@pytest.fixture
+def two_32gb_gpus(monkeypatch):
+    """Rank 0 of 2 on a machine with accelerators and 512 GiB of host memory."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    memory = namedtuple("memory", "total")(512 * 2**30)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def run_args(*extra: str):
+    args, _ = parse(["--model_name_or_path", MODEL_14B, "--device_memory", "32GB", "--max_length", "1024",
+                     "--per_device_train_batch_size", "1", *extra])  # fmt: skip
+    args.process_index = 0
+    return args
+
+
+def test_auto_picks_zero3_for_14b_on_two_32gb_gpus(two_32gb_gpus):
+    assert (
+        recommended_deepspeed_config(run_args("--gradient_checkpointing", "true"))
+        == SHIPPED_CONFIGS_DIR / "stage3.json"
+    )
+
+
+def test_auto_without_any_fit_names_the_smallest(two_32gb_gpus):
+    with pytest.raises(
+        UserError, match=r"--deepspeed auto: no shipped DeepSpeed config fits; the smallest, ds_configs/"
+    ):
+        recommended_deepspeed_config(run_args("--per_device_train_batch_size", "64"))
+
+
+def test_a_run_that_will_not_fit_stops_before_loading(two_32gb_gpus, capsys):
+    args = run_args("--deepspeed", str(SHIPPED_CONFIGS_DIR / "stage2.json"), "--gradient_checkpointing", "true")
+    with pytest.raises(UserError, match="will not fit: ds_configs/stage2.json with gradient checkpointing") as err:
+        check_run_fits(args, SequenceProfile.unknown(1024))
+    assert "Would fit: ds_configs/stage3.json with gradient checkpointing" in str(err.value)
+    args.check_memory_plan = False  # the override: the plan line, then the run goes on
+    row = check_run_fits(args, SequenceProfile.unknown(1024))
+    assert not row.fits and row.config == "stage2.json"
+    assert capsys.readouterr().out.count("memory plan: ds_configs/stage2.json with gradient checkpointing") == 2
+
+
+def test_on_a_cpu_the_plan_line_never_stops_the_run(monkeypatch, capsys):
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    args = run_args("--device_memory", "1GiB")
+    row = check_run_fits(args, SequenceProfile.unknown(1024))
+    assert not row.fits
+    assert capsys.readouterr().out.startswith("memory plan: no DeepSpeed without gradient checkpointing")

@@ -1,0 +1,127 @@
+"""The folders show the architecture, and the code keeps to it: imports only go down the layers below, every
+TrainerCallback lives in callbacks/, the top level stays small, and every module has its test module at the same
+path under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from tests.test_imports import MODULES, PACKAGE, imported_modules
+
+TESTS = Path(__file__).resolve().parent
+
+# Bottom to top: a module imports only from its own group or from groups of a lower rank; two groups of one rank
+# import nothing of each other. A module belongs to the group of its longest matching name.
+LAYERS: list[dict[str, list[str]]] = [
+    {"core": ["hf_lora_ds.errors", "hf_lora_ds.distributed", "hf_lora_ds.devices", "hf_lora_ds.resources"]},
+    {"data": ["hf_lora_ds.data"], "model": ["hf_lora_ds.model"]},
+    {"training runtime": ["hf_lora_ds.training"]},
+    {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"]},
+    {"arguments": ["hf_lora_ds.launch"]},
+    {"planner": ["hf_lora_ds.plan"]},
+    {"callbacks": ["hf_lora_ds.callbacks"]},
+    {"trainer": ["hf_lora_ds.training.trainer"]},
+    {"command line": ["hf_lora_ds.launch.cli"]},
+    {
+        "entry points": [
+            "hf_lora_ds",
+            "hf_lora_ds.run_sft",
+            "hf_lora_ds.audit",
+            "hf_lora_ds.merge",
+            "hf_lora_ds.eval.__main__",
+            "hf_lora_ds.plan.__main__",
+            "hf_lora_ds.testing",
+        ]
+    },
+]
+
+
+def place(module: str) -> tuple[int, str]:
+    """The rank and group of ``module``: the layer entry with the longest name that is the module or contains it."""
+    matches = [
+        (len(prefix), rank, group)
+        for rank, groups in enumerate(LAYERS)
+        for group, prefixes in groups.items()
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    _, rank, group = max(matches)
+    return rank, group
+
+
+def against_the_layers(module: str, imported: set[str]) -> list[str]:
+    """The imports of ``module`` that go up the layers or across to another group of its rank."""
+    rank, group = place(module)
+    return sorted(
+        target
+        for target in imported
+        if place(target)[0] > rank or (place(target)[0] == rank and place(target)[1] != group)
+    )
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers(module):
+    assert against_the_layers(module, imported_modules(module)) == []
+
+
+def test_the_layer_check_sees_an_import_against_the_layers():
+    assert against_the_layers("hf_lora_ds.data.dataset", {"hf_lora_ds.training.checkpoints"}) == [
+        "hf_lora_ds.training.checkpoints"
+    ]
+    assert against_the_layers("hf_lora_ds.model.lora", {"hf_lora_ds.data.formats"}) == ["hf_lora_ds.data.formats"]
+    assert against_the_layers("hf_lora_ds.launch.arguments", {"hf_lora_ds.launch.cli", "hf_lora_ds.data.formats"}) == [
+        "hf_lora_ds.launch.cli"
+    ]
+    assert against_the_layers("hf_lora_ds.training.trainer", {"hf_lora_ds.callbacks.memory"}) == []
+    assert against_the_layers("hf_lora_ds.training.checkpoints", {"hf_lora_ds.callbacks.memory"}) == [
+        "hf_lora_ds.callbacks.memory"
+    ]
+
+
+def test_nothing_in_the_package_imports_its_testing_module():
+    assert [name for name in MODULES if "hf_lora_ds.testing" in imported_modules(name)] == []
+
+
+def test_the_top_level_holds_at_most_twelve_modules():
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_every_trainer_callback_is_defined_under_callbacks():
+    outside = []
+    for name in sorted(MODULES):
+        if name.endswith("__main__"):
+            continue
+        for _, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass):
+            if issubclass(cls, TrainerCallback) and cls.__module__ == name:
+                outside += [] if name.startswith("hf_lora_ds.callbacks.") else [f"{name}.{cls.__name__}"]
+    assert outside == []
+
+
+def mirrored_test(path: Path) -> Path:
+    """tests/<the module's folder>/test_<its name>.py; a package's __main__.py is tested by its test_main.py."""
+    relative = path.relative_to(PACKAGE)
+    stem = "main" if relative.stem == "__main__" else relative.stem
+    return TESTS / relative.parent / f"test_{stem}.py"
+
+
+def defines_code(path: Path) -> bool:
+    """A module with a function or class of its own (a package face that only hands names on has none)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in tree.body)
+
+
+def test_every_module_has_its_test_module_at_the_same_path():
+    missing = [
+        str(mirrored_test(path).relative_to(TESTS.parent))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.resolve().is_relative_to(PACKAGE) and defines_code(path) and not mirrored_test(path).is_file()
+    ]
+    assert missing == []

@@ -1,0 +1,71 @@
+"""The fused head-and-loss (hf_lora_ds.training.fused_head_loss): loss and gradients (hidden rows, and the head weight when
+it trains) equal the full-logits computation, and no tensor of shape (n, vocab) exists in forward or backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hf_lora_ds.training.fused_head_loss import chunk_rows, fused_head_loss
+
+
+def rows_and_head(n: int, vocab: int, hidden: int = 16, dtype=torch.float32, trainable_head: bool = True):
+    generator = torch.Generator().manual_seed(n)
+    rows = torch.randn(n, hidden, generator=generator).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, hidden, generator=generator) / 4).to(dtype).requires_grad_(trainable_head)
+    return rows, weight, torch.randint(0, vocab, (n,), generator=generator)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, (1e-5, 1e-7)), (torch.bfloat16, (2e-2, 1e-4))])
+def test_loss_and_gradients_equal_full_logits(dtype, tolerance):
+    rows, weight, targets = rows_and_head(37, 300, dtype=dtype)
+    budget = 5 * 300 * (2 * rows.element_size() + 8)
+    assert chunk_rows(300, rows.element_size(), budget) == 5  # 8 chunks, the last short
+    loss = fused_head_loss(rows, weight, targets, budget)
+    grads = torch.autograd.grad(loss * 0.5, (rows, weight))
+    expected = F.cross_entropy(F.linear(rows, weight).float(), targets, reduction="sum")
+    expected_grads = torch.autograd.grad(expected * 0.5, (rows, weight))
+    torch.testing.assert_close(loss, expected, rtol=tolerance[0] / 10, atol=1e-5)
+    for grad, expected_grad in zip(grads, expected_grads):
+        assert grad.dtype == dtype
+        torch.testing.assert_close(grad, expected_grad, rtol=tolerance[0], atol=tolerance[1])
+
+
+def test_a_frozen_head_gets_no_gradient():
+    rows, weight, targets = rows_and_head(12, 50, trainable_head=False)
+    fused_head_loss(rows, weight, targets, budget=4 * 50 * 16).backward()
+    assert weight.grad is None and rows.grad is not None
+
+
+class LargestTensor(TorchDispatchMode):
+    """The most elements of any tensor an operator returns while the mode is on (forward and backward alike)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(value, torch.Tensor):
+                self.largest = max(self.largest, value.numel())
+        return result
+
+
+def test_no_tensor_grows_with_the_rows_times_the_vocabulary():
+    """n grows 8x: the largest tensor any operator of a loss call returns (forward and backward) stays one chunk
+    of logits, far below n x vocab (hidden 4: the head weight, vocab x 4, is smaller than a chunk)."""
+    vocab, budget = 4096, 8 * 4096 * 16  # 8 rows a chunk in fp32
+    largest = {}
+    for n in (64, 512):
+        rows, weight, targets = rows_and_head(n, vocab, hidden=4, trainable_head=False)
+        with LargestTensor() as seen:
+            fused_head_loss(rows, weight, targets, budget).backward()
+        largest[n] = seen.largest
+    assert largest[64] == largest[512] == 8 * vocab  # a chunk's logits; everything else (n x 4 rows) is smaller
+    rows, weight, targets = rows_and_head(64, vocab, hidden=4, trainable_head=False)
+    with LargestTensor() as seen:  # what the fused loss replaces: n x vocab logits
+        F.cross_entropy(F.linear(rows, weight), targets, reduction="sum").backward()
+    assert seen.largest == 64 * vocab
