@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import torch
 
 __all__ = [
+    "WORLD_SIZE_VARIABLES",
     "launcher_world_size",
     "release_process_group",
     "exit_launched_rank",
@@ -26,12 +27,12 @@ __all__ = [
 ]
 
 # The variables accelerate itself reads for the world size of a CPU launch (torchrun/deepspeed, then MPI flavours).
-_WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def launcher_world_size() -> int:
     """Number of processes the launcher started (1 for a plain ``python`` run)."""
-    for name in _WORLD_SIZE_VARIABLES:
+    for name in WORLD_SIZE_VARIABLES:
         if os.environ.get(name):
             return int(os.environ[name])
     return 1

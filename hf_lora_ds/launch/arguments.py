@@ -217,7 +217,7 @@ class SFTTrainingArguments(TrainingArguments):
         default="sum_to_x", metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."}
     )
 
-    # Redeclared for its help text: "auto" is resolved in __post_init__ by the memory plan (hf_lora_ds.plan).
+    # Redeclared for its help text: "auto" is resolved from the command line by the memory plan (hf_lora_ds.launch.cli).
     deepspeed: dict | str | None = field(
         default=None,
         metadata={

@@ -37,7 +37,7 @@ import socket
 import torch
 from transformers import TrainingArguments
 
-from hf_lora_ds.distributed import _WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
+from hf_lora_ds.distributed import WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
 
 __all__ = [
     "prepare_distributed",
@@ -103,7 +103,7 @@ def emulate_single_process_launcher() -> None:
     exactly like ``deepspeed --num_gpus 1``; transformers' docs prescribe the same for notebooks. Any launcher
     (torchrun, deepspeed, accelerate, mpirun) already sets them, and then nothing is touched.
     """
-    if any(os.environ.get(name) for name in (*_WORLD_SIZE_VARIABLES, "RANK", "LOCAL_RANK")):
+    if any(os.environ.get(name) for name in (*WORLD_SIZE_VARIABLES, "RANK", "LOCAL_RANK")):
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
