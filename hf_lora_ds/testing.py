@@ -7,6 +7,7 @@ one per token. Building one locally keeps every run offline and deterministic.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -30,6 +31,7 @@ __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "SPECIAL_TOKENS",
     "train_chat_tokenizer",
+    "template_tokenizer",
     "build_tiny_qwen2",
 ]
 
@@ -228,6 +230,35 @@ def train_chat_tokenizer(
         padding_side="right",
         model_max_length=1024,
     )
+
+
+# The tokens a chat template writes as literals: <|im_start|>, <start_of_turn>, <｜User｜>, [INST], <|turn>, <turn|>,
+# and tags such as <think>, <tool_call>.
+_TEMPLATE_TOKENS = re.compile(
+    r"<\|[^<>|\s'\"]{1,40}\|?>|<[^<>|\s'\"]{1,40}\|>|<｜[^｜]{1,40}｜>|<[a-z_:/]{1,30}>|\[/?[A-Z_]{2,30}\]"
+)
+_TAG = re.compile(r"</?[a-z_:]+>")
+
+
+def template_tokenizer(base: PreTrainedTokenizerFast, template: str) -> PreTrainedTokenizerFast:
+    """``base``'s vocabulary with ``template`` as its chat template and the template's own tokens added, as its
+    model's tokenizer has them: turn tokens (``<|im_start|>``, ``<start_of_turn>``, ``<｜end▁of▁sentence｜>``) as
+    special tokens, tags the template also closes (``<think>``, ``<tool_call>``) as added ones. ``bos_token`` and ``eos_token`` are
+    ``<|bos|>`` and ``<|eos|>`` (the templates that write them read them from the tokenizer)."""
+    tokens = sorted(set(_TEMPLATE_TOKENS.findall(template)))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(base.backend_tokenizer.to_str()),
+        chat_template=template,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        pad_token=base.pad_token,
+    )
+    # A tag is one the template also closes (<think> ... </think>); <end_of_turn> and <sop> are turn tokens.
+    tags = [t for t in tokens if _TAG.fullmatch(t) and t.replace("</", "<") in tokens and t.replace("<", "</", 1) in tokens
+            or _TAG.fullmatch(t) and t.startswith("</")]  # fmt: skip
+    tokenizer.add_special_tokens({"additional_special_tokens": [t for t in tokens if t not in tags]})
+    tokenizer.add_tokens(tags)
+    return tokenizer
 
 
 def build_tiny_qwen2(

@@ -170,3 +170,14 @@ def test_debug_variable_shows_the_traceback(tmp_path, train_file):
     failure = run_sft(tmp_path / "no-model", train_file, tmp_path, env={"HF_LORA_DS_DEBUG": "1"})
     assert failure.returncode != 0
     assert "Traceback" in failure.stderr and "MissingPathError" in failure.stderr
+
+
+def test_an_error_the_chat_template_raises_names_the_record(tiny_model_dir, tmp_path, train_file):
+    model = model_copy_without(tiny_model_dir, tmp_path, "chat_template.jinja")
+    refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    (model / "chat_template.jinja").write_text(refusing + (tiny_model_dir / "chat_template.jinja").read_text())
+    with_system = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5="},
+                                {"role": "assistant", "content": "1 + 4"}]}  # fmt: skip
+    train_file.write_text(train_file.read_text() + json.dumps(with_system) + "\n")
+    check_one_line(run_sft(model, train_file, tmp_path),
+                   f"error: {train_file}, line 2: the chat template raised an exception: System role not supported")  # fmt: skip

@@ -2,18 +2,18 @@
 
 Stock chat templates (Qwen's among them) have no ``{% generation %}`` block, so transformers' assistant mask comes
 back all zeros with only a warning, and masking by response-marker strings breaks when the marker tokenizes
-differently in context. Instead, the supervised spans are derived from the template itself: for assistant turn i,
-the conversation rendered up to turn i with the generation prompt must be a prefix of the conversation rendered
-through turn i, and what lies between is exactly the assistant content followed by an end-of-turn special token.
-Those character spans are mapped to tokens with the fast tokenizer's offsets, and each decoded span is checked
-against ``content + end_of_turn`` (``hf_lora_ds.data.labels``, a batch at a time). An assistant turn with tool calls is
-trained whole, as the template writes it (Qwen2.5: ``<tool_call>`` JSON), through its end-of-turn special token;
-every call's name must appear in it. A thinking template's ``<think>`` block is trained or not by
-``hf_lora_ds.data.thinking``'s options. A template that renders earlier turns differently once the conversation goes on
-(Qwen3 drops their reasoning) gives such a turn a training text of its own, ending with it, so every turn is trained
-after the prompt it gets at inference (``hf_lora_ds.data.template_rule``). Whatever the template does that breaks this (a
-generation prompt that does not start the turn, merging the header into the content) raises a ``TemplateError``
-instead of training on a wrong mask.
+differently in context. Instead, the supervised spans are derived from the template as inference uses it
+(``hf_lora_ds.data.template_rule``): assistant turn i is trained on what the model must generate after its inference
+prompt (``apply_chat_template(messages[:i], add_generation_prompt=True, enable_thinking=...)``), through its
+end-of-turn token, checked to hold the content (and the reasoning). Those character spans are mapped to tokens with
+the fast tokenizer's offsets, and each decoded span is checked against the text (``hf_lora_ds.data.labels``, a batch
+at a time). An assistant turn with tool calls is trained whole, as the template writes it, through its end-of-turn
+special token; every call's name must appear in it. Think blocks, in every spelling a template has, are trained or
+not by ``hf_lora_ds.data.thinking``'s options. A template that renders earlier turns differently once the
+conversation goes on (Qwen3 drops their reasoning) gives such a turn a training text of its own, ending with it.
+Whatever the template does that breaks this (a generation prompt that does not start the turn, a content it
+rewrites) raises a ``TemplateError`` naming the record instead of training on a wrong mask, and so does an error the
+template raises itself.
 
 Those renders cost more than tokenizing; for a template that never looks at the contents it writes, the same
 samples come from one rendering per sequence of roles (``hf_lora_ds.data.skeleton``), and every other conversation
@@ -38,7 +38,7 @@ from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
-from hf_lora_ds.data.labels import FlatLabels, batch_labels, labels_from_spans
+from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
 from hf_lora_ds.data.record_table import cache_root
 from hf_lora_ds.data.records import DataError, decode_record
 from hf_lora_ds.data.skeleton import Locator
@@ -52,7 +52,7 @@ from hf_lora_ds.data.template_rule import (
     prefix_samples,
     render_samples,
 )
-from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning, renders_reasoning
+from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning
 from hf_lora_ds.distributed import main_process_first
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
@@ -197,7 +197,6 @@ class _Encoder:
         self.assistant_turns = assistant_turns
         self.formats = formats
         self.thinking = thinking
-        self.renders_reasoning = renders_reasoning(tokenizer)
         self.rules = TurnRules.of(tokenizer, thinking)
         self.locator = Locator(self.rules, assistant_turns)
 
@@ -218,22 +217,28 @@ class _Encoder:
         """Each record of the batch validated and normalised; the first bad one raises, naming its location."""
         for text, where in zip(batch["record"], batch["where"]):
             conversation = to_conversation(decode_record(text, where), where, self.system_prompt, self.formats)
-            if self.renders_reasoning:
+            if self.rules.traits.writes_reasoning:
                 conversation["messages"] = move_inline_reasoning(conversation["messages"])
             yield conversation
 
-    def samples(self, conversation: dict[str, Any]) -> list[TrainingText]:
+    def samples(self, conversation: dict[str, Any], where: str = "record") -> list[TrainingText]:
         """The training texts and spans of one conversation (``hf_lora_ds.data.template_rule.render_samples``)."""
-        return self.sample_lists([conversation])[0]
+        return self.sample_lists([conversation], [where])[0]
 
-    def sample_lists(self, conversations: list[dict[str, Any]]) -> list[list[TrainingText]]:
+    def sample_lists(self, conversations: list[dict[str, Any]], wheres: list[str]) -> list[list[TrainingText]]:
         """Each conversation's samples: located (``hf_lora_ds.data.skeleton``) where that is proven exact, else by the
-        prefix rule, which also raises, conversation by conversation, any error of either."""
+        prefix rule, which also raises, conversation by conversation, any error of either, naming the record."""
         located = self.locator.samples(conversations)
         return [
-            found if found is not None else prefix_samples(self.rules, c["messages"], self.assistant_turns, c["tools"])
-            for c, found in zip(conversations, located)
+            found if found is not None else self._rule_samples(conversation, where)
+            for conversation, where, found in zip(conversations, wheres, located)
         ]
+
+    def _rule_samples(self, conversation: dict[str, Any], where: str) -> list[TrainingText]:
+        try:
+            return prefix_samples(self.rules, conversation["messages"], self.assistant_turns, conversation["tools"])
+        except TemplateError as err:
+            raise TemplateError(f"{where}: {err}") from None
 
     def validate(self, batch: dict[str, list]) -> None:
         """The validation pass: a ``map`` function that returns nothing, so datasets writes nothing."""
@@ -248,14 +253,13 @@ class _Encoder:
         """A batch of records' samples: rendered, tokenized with offsets, labelled, as the samples' columns."""
         texts, spans, places = [], [], []
         conversations = list(self.conversations(batch))
-        for samples, where, source in zip(self.sample_lists(conversations), batch["where"], batch["source"]):
+        samples_of = self.sample_lists(conversations, batch["where"])
+        for samples, where, source in zip(samples_of, batch["where"], batch["source"]):
             for sample in samples:
                 texts.append(sample.text)
                 spans.append(sample.spans)
                 places.append((where, source))
-        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
-        ids = encoded["input_ids"]
-        return self.table(batch_labels(self.tokenizer, texts, spans, encoded["offset_mapping"], ids), places)
+        return self.table(tokenized_labels(self.tokenizer, texts, spans), places)
 
     def table(self, flat: FlatLabels, places: list[tuple[str, str]]) -> pa.Table:
         """The samples' columns (``_SAMPLE_FEATURES``), built as Arrow arrays from flat numpy ones rather than from

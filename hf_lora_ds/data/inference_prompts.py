@@ -7,7 +7,8 @@ another way, a prompt that tokenizes differently alone than inside the training 
 contexts it will never see. So for every trained turn the inference prompt's tokens must be the first tokens of its
 training text: checked at start on a sample (``run_sft.py`` stops, naming the first differing tokens) and on every
 record by the audit (``python -m hf_lora_ds.audit``), which adds the count. ``enable_thinking`` is on for a turn
-with reasoning and off for one without, as a thinking model would be prompted for each.
+with reasoning and off for one without (on with ``--empty_think train``), as the label rule prompts each
+(``hf_lora_ds.data.template_rule``); the training ids are the dataset's (``hf_lora_ds.data.labels.sample_tokens``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.dataset import ChatSFTDataset, TemplateError
+from hf_lora_ds.data.labels import sample_tokens
 from hf_lora_ds.data.template_rule import token_difference
 
 __all__ = ["RoundTrip", "round_trip", "check_round_trip", "turn_difference"]
@@ -46,10 +48,10 @@ def turn_difference(
     turn: int,
     tools: list[dict] | None,
     train_ids: list[int],
+    thinking: bool,
 ) -> str | None:
-    """None when the inference prompt of assistant turn ``turn`` is a token prefix of ``train_ids``; else where and
-    how they first differ."""
-    thinking = bool(messages[turn].get("reasoning_content"))
+    """None when the inference prompt of assistant turn ``turn`` (``enable_thinking=thinking``) is a token prefix of
+    ``train_ids``; else where and how they first differ."""
     prompt = tokenizer.apply_chat_template(
         messages[:turn], tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
     )
@@ -69,11 +71,13 @@ def round_trip(dataset: ChatSFTDataset, limit: int | None = None) -> RoundTrip:
     for begin in range(0, count, _BATCH):
         batch = records[begin : min(begin + _BATCH, count)]
         for conversation, where in zip(encoder.conversations(batch), batch["where"]):
-            for sample in encoder.samples(conversation):
-                ids = tokenizer(sample.text, add_special_tokens=False)["input_ids"]
+            messages = conversation["messages"]
+            for sample in encoder.samples(conversation, where):
+                ids = sample_tokens(tokenizer, sample.text, sample.spans)
                 for turn in sample.turns:
                     result.turns += 1
-                    difference = turn_difference(tokenizer, conversation["messages"], turn, conversation["tools"], ids)
+                    thinking = encoder.rules.thinking_on(messages[turn])
+                    difference = turn_difference(tokenizer, messages, turn, conversation["tools"], ids, thinking)
                     if difference:
                         result.failures += 1
                         result.first = result.first or f"{where}, {difference}"

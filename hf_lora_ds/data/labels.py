@@ -5,10 +5,14 @@ that straddles a span boundary is an error (the tokenizer merged template and co
 each span's tokens must decode to the span's text. ``batch_labels`` gives the same labels and the same first error
 for a batch, without a Python loop over every token of every span: where the offsets run in order (as a fast
 tokenizer's do), each span's tokens are found by binary search, and all of the batch's decode checks are one call.
+``tokenized_labels`` tokenizes a batch and labels it; a token merged across the start of a span (the end of a turn's
+inference prompt and the start of its reply: ``<think>\n`` + ``\n</think>``) is no error there but resolved as
+inference sees it: the prompt is tokenized on its own, as inference tokenizes it, and the reply after it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -18,7 +22,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from hf_lora_ds.data.template_rule import IGNORE_INDEX, TemplateError
 
-__all__ = ["FlatLabels", "labels_from_spans", "batch_labels"]
+__all__ = ["FlatLabels", "labels_from_spans", "batch_labels", "tokenized_labels", "sample_tokens"]
 
 
 def labels_from_spans(
@@ -87,6 +91,51 @@ def batch_labels(
     np.add.at(covered, first, 1)
     np.add.at(covered, np.maximum(first, stop), -1)
     return FlatLabels(ids, np.where(np.cumsum(covered[:-1]) > 0, ids, np.int32(IGNORE_INDEX)), lengths)
+
+
+def tokenized_labels(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]]
+) -> FlatLabels:
+    """The texts tokenized and labelled (``batch_labels``); a text with a token across a span's start is tokenized
+    in pieces cut at its spans' starts (``sample_tokens``), and only then can a crossing token be an error."""
+    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    try:
+        return batch_labels(tokenizer, texts, spans, offsets, ids)
+    except TemplateError:
+        for k, (text, text_spans) in enumerate(zip(texts, spans)):
+            if _crosses_a_start(offsets[k], text_spans):
+                ids[k], offsets[k] = _pieces(tokenizer, text, text_spans)
+    return batch_labels(tokenizer, texts, spans, offsets, ids)
+
+
+def sample_tokens(tokenizer: PreTrainedTokenizerBase, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """One training text's token ids, as ``tokenized_labels`` gives them."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+    if _crosses_a_start(encoded["offset_mapping"], spans):
+        return _pieces(tokenizer, text, spans)[0]
+    return encoded["input_ids"]
+
+
+def _crosses_a_start(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> bool:
+    starts = sorted({start for start, _ in spans})
+    for token_start, token_end in offsets:
+        k = bisect_right(starts, token_start)
+        if k < len(starts) and starts[k] < token_end:
+            return True
+    return False
+
+
+def _pieces(
+    tokenizer: PreTrainedTokenizerBase, text: str, spans: Sequence[tuple[int, int]]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """``text`` tokenized in pieces cut at its spans' starts: ids and offsets into ``text``."""
+    cuts = sorted({0, *(start for start, _ in spans), len(text)})
+    pieces = [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    encoded = tokenizer(pieces, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+    ids = [token for piece in encoded["input_ids"] for token in piece]
+    offsets = [(a + at, b + at) for at, piece in zip(cuts, encoded["offset_mapping"]) for a, b in piece]
+    return ids, offsets
 
 
 def _check(

@@ -8,7 +8,7 @@ rendering of the same roles with stand-in contents, with the real contents writt
 prefix rule runs once per shape (the sequence of roles), on stand-ins: a skeleton, with the start and end of each
 trained turn's reply. A conversation of that shape is the skeleton with its contents in place of the stand-ins, and
 each reply is where the skeleton's is, moved by the lengths of the contents before it; the checks on what the
-template wrote (``spans.reply_spans``) then run on that text, exactly as the prefix rule runs them.
+template wrote (``template_rule.reply_spans``) then run on that text, exactly as the prefix rule runs them.
 
 That rests on the proof, so each batch renders its first conversation of each shape for real, as a check on it
 (a transformers or Jinja release that rendered otherwise would fail it): a text that differs turns the shape back
@@ -73,7 +73,9 @@ class Locator:
     def __init__(self, rules: TurnRules, assistant_turns: AssistantTurns):
         self.rules = rules
         self.assistant_turns = assistant_turns
-        self.blind = content_blind(rules.tokenizer.get_chat_template())
+        # A template that writes no token after a final turn gets one appended by the rule: not a plain render.
+        self.blind = content_blind(rules.tokenizer.get_chat_template()) and rules.traits.turn_closers is None
+        self.thinking = rules.thinking_on({})  # plain turns (no reasoning) are all prompted alike
         self._skeletons: dict[Shape, _Skeleton | None] = {}
 
     def samples(self, conversations: Sequence[dict[str, Any]]) -> list[list[TrainingText] | None]:
@@ -108,7 +110,7 @@ class Locator:
             return
         try:
             texts = self.rules.tokenizer.apply_chat_template(
-                [conversations[k]["messages"] for k in firsts.values()], tokenize=False
+                [conversations[k]["messages"] for k in firsts.values()], tokenize=False, enable_thinking=self.thinking
             )
         except Exception:  # a template error: the prefix rule raises it, after any error of an earlier conversation
             texts = [None] * len(firsts)
@@ -122,13 +124,16 @@ class Locator:
         stand_ins = [{"role": role, "content": _STAND_IN.format(j)} for j, role in enumerate(shape)]
         turns = trained_turns(stand_ins, self.assistant_turns)
         try:
-            text = render(tokenizer, stand_ins)
+            text = render(tokenizer, stand_ins, enable_thinking=self.thinking)
             parts = _STAND_INS.split(text)
             pieces, order = tuple(parts[0::2]), tuple(int(j) for j in parts[1::2])
             replies = []
             for i in turns:
-                prompt = render(tokenizer, stand_ins[:i], add_generation_prompt=True)
-                through = text if i + 1 == len(shape) else render(tokenizer, stand_ins[: i + 1])
+                prompt = render(tokenizer, stand_ins[:i], add_generation_prompt=True, enable_thinking=self.thinking)
+                if i + 1 == len(shape):
+                    through = text
+                else:
+                    through = render(tokenizer, stand_ins[: i + 1], enable_thinking=self.thinking)
                 if not (through.startswith(prompt) and text.startswith(through)):
                     return None
                 replies.append((_place(pieces, order, len(prompt)), _place(pieces, order, len(through))))

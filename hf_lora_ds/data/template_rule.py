@@ -1,10 +1,15 @@
-"""The supervised character spans of a chat, derived from the template itself (see ``hf_lora_ds.data.dataset``).
+"""The supervised character spans of a chat, derived from the template as inference uses it.
 
-For assistant turn i, the conversation rendered up to turn i with the generation prompt must be a prefix of the
-conversation rendered through turn i, and what lies between is the trained reply: the think block a thinking
-template writes (trained or not, ``hf_lora_ds.data.thinking``), the content (or the tool calls as the template writes
-them), and the end-of-turn special token. ``prefix_samples`` is that rule, rendering per turn; ``hf_lora_ds.data.skeleton``
-gives its answer from fewer renders where it can prove it the same; ``hf_lora_ds.data.labels`` turns spans into labels.
+Assistant turn i is trained on what the model must generate after the prompt inference gives it: the text
+``apply_chat_template(messages[:i], add_generation_prompt=True, enable_thinking=...)`` is followed, in its training
+text, by whatever the template writes for the turn after that prompt, through its end-of-turn token: a think block's
+reasoning and close (trained or not, ``hf_lora_ds.data.thinking``), channel headers and wrappers, the content (or the
+tool calls as the template writes them) and the end-of-turn special token, checked to contain the content and the
+reasoning. ``enable_thinking`` is on for a turn with reasoning (and for every turn with ``empty_think="train"``), off
+otherwise, as a thinking model is prompted for each. Where the template's history drops a think block its
+generation prompt opens (DeepSeek-R1), the reply is what the model generates after that prompt: the reasoning, the
+block's close, the answer. ``prefix_samples`` is that rule, rendering per turn; ``hf_lora_ds.data.skeleton`` gives its
+answer from fewer renders where it can prove it the same; ``hf_lora_ds.data.labels`` turns spans into labels.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.data.thinking import ThinkingOptions, think_block
+from hf_lora_ds.data.template_probes import TemplateTraits, closing_tag, probe_template
+from hf_lora_ds.data.template_probes import render as _render
+from hf_lora_ds.data.thinking import ThinkingOptions
 from hf_lora_ds.errors import UserError
 
 __all__ = [
@@ -52,20 +59,31 @@ class TrainingText:
 
 @dataclass(frozen=True)
 class TurnRules:
-    """What the label rule reads besides the rendered text: the tokenizer, the thinking options and the tokenizer's
-    special and added tokens, which are slow to list, so they are listed once per dataset rather than once a turn."""
+    """What the label rule reads besides the rendered text: the tokenizer, the thinking options, the tokenizer's
+    special and added tokens (slow to list) and the template's probed traits, found once per dataset rather than
+    once a turn."""
 
     tokenizer: PreTrainedTokenizerBase
     thinking: ThinkingOptions
     end_of_turn: re.Pattern  # any added or special token, the longest first: an end-of-turn token is one of them
     special_tokens: tuple[str, ...]
+    traits: TemplateTraits
+    empty_block: re.Pattern  # an empty think block, or its close alone where the prompt opened it, with whitespace
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase, thinking: ThinkingOptions | None = None) -> TurnRules:
         specials = tuple(tokenizer.all_special_tokens)
         ends = sorted(set(tokenizer.get_added_vocab()) | set(specials), key=len, reverse=True)
         any_end = "|".join(map(re.escape, ends)) or "(?!)"  # (?!) matches nothing: no token, no end of turn
-        return cls(tokenizer, thinking or ThinkingOptions(), re.compile(any_end), specials)
+        traits = probe_template(tokenizer, specials)
+        tag = traits.think_open or "<think>"
+        empty = re.compile(rf"(?:{re.escape(tag)})?\s*{re.escape(closing_tag(tag))}\s*")
+        return cls(tokenizer, thinking or ThinkingOptions(), re.compile(any_end), specials, traits, empty)
+
+    def thinking_on(self, message: dict[str, Any]) -> bool:
+        """``enable_thinking`` for the prompt of assistant turn ``message``: on for a turn with reasoning, and for
+        one without when its empty think block is a target (the model learns to close the block itself)."""
+        return bool(message.get("reasoning_content")) or self.thinking.empty_think == "train"
 
 
 def render_samples(
@@ -94,38 +112,77 @@ def trained_turns(messages: list[dict[str, Any]], assistant_turns: AssistantTurn
 def prefix_samples(
     rules: TurnRules, messages: list[dict[str, Any]], assistant_turns: AssistantTurns, tools: list[dict] | None
 ) -> list[TrainingText]:
-    """``render_samples`` by the prefix rule itself: the reference, and the fallback of ``hf_lora_ds.data.skeleton``.
+    """``render_samples`` by the rule itself: the reference, and the fallback of ``hf_lora_ds.data.skeleton``.
 
     It renders each trained turn's prompt and the conversation through it (a few renders per turn); the located
     path renders the conversation once and must give exactly what this gives."""
-    tokenizer = rules.tokenizer
     pending = trained_turns(messages, assistant_turns)
     samples: list[TrainingText] = []
-    text, end = render(tokenizer, messages, tools=tools), len(messages)  # text renders messages[:end]
+    end = len(messages)  # the first text renders the whole conversation; later ones end with their turn
     while pending:
         anchor = pending[-1]
-        if samples:  # the turns left are rendered differently in the longer text: this text ends with them
-            end = anchor + 1
-            text = render(tokenizer, messages[:end], tools=tools)
-        spans, trained, left = [], [], []
-        for i in pending:
-            turn_spans = _turn_spans(rules, messages, i, (text, end), tools)
+        thinking = rules.thinking_on(messages[anchor])
+        text = render_through(rules, messages, end, tools, thinking)
+        spans = _turn_spans(rules, messages, anchor, (text, end, thinking), tools)
+        if spans is None:
+            end, text = anchor + 1, _generated_text(rules, messages, anchor, tools, thinking)
+            spans = _turn_spans(rules, messages, anchor, (text, end, thinking), tools)
+        if spans is None:
+            prompt = _ids(rules.tokenizer, render(rules.tokenizer, messages[:anchor], True, tools, thinking))
+            difference = token_difference(rules.tokenizer, prompt, _ids(rules.tokenizer, text), "rendered turn")
+            raise TemplateError(
+                f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it "
+                f"({difference}), "
+                "so the turn's tokens cannot be located exactly; use a template whose generation prompt starts the "
+                "assistant turn it writes"
+            )
+        trained, left = [anchor], []
+        for i in pending[:-1]:
+            turn_spans = None
+            if rules.thinking_on(messages[i]) == thinking:
+                turn_spans = _turn_spans(rules, messages, i, (text, end, thinking), tools)
             if turn_spans is None:
                 left.append(i)
             else:
                 spans += turn_spans
                 trained.append(i)
-        if anchor not in trained:
-            prompt = render(tokenizer, messages[:anchor], add_generation_prompt=True, tools=tools)
-            raise TemplateError(
-                f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it "
-                f"({token_difference(tokenizer, _ids(tokenizer, prompt), _ids(tokenizer, text), 'rendered turn')}), "
-                "so the turn's tokens cannot be located exactly; use a template whose generation prompt starts the "
-                "assistant turn it writes"
-            )
-        samples.append(TrainingText(text, spans, trained))
-        pending = left
+        samples.append(TrainingText(text, sorted(spans), sorted(trained)))
+        pending, end = left, (left[-1] + 1 if left else end)
     return samples[::-1]
+
+
+def render_through(
+    rules: TurnRules, messages: list[dict[str, Any]], end: int, tools: list[dict] | None, thinking: bool
+) -> str:
+    """``messages[:end]`` rendered; for a template that writes no token after a final assistant turn (GLM), with
+    the special token it writes there when the conversation goes on (its stop token), so the model learns to stop."""
+    text = render(rules.tokenizer, messages[:end], tools=tools, enable_thinking=thinking)
+    closers = rules.traits.turn_closers
+    if closers is None or messages[end - 1]["role"] != "assistant":
+        return text
+    following = messages[end]["role"] if end < len(messages) else "user"
+    return text + closers.get(following, closers.get("user", ""))
+
+
+def _generated_text(
+    rules: TurnRules, messages: list[dict[str, Any]], i: int, tools: list[dict] | None, thinking: bool
+) -> str:
+    """The training text of assistant turn ``i`` whose generation prompt opens a think block that the history,
+    rendered through the turn, does not write as the prompt opened it (DeepSeek-R1 drops it, Nemotron 3 writes an
+    empty one as ``<think></think>``): the prompt, then what the model generates after it, the reasoning, the
+    block's close, and the turn as the template writes it after its block. Otherwise the rendered turn itself."""
+    through = render_through(rules, messages, i + 1, tools, thinking)
+    prompt = render(rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    tag, close = rules.traits.think_open, rules.traits.close
+    opened = re.search(re.escape(tag) + r"\s*$", prompt) if tag and close else None
+    if opened is None or through.startswith(prompt) or not through.startswith(prompt[: opened.start()]):
+        return through
+    rest = through[opened.start() :]
+    if written := re.match(re.escape(tag) + r"\s*" + re.escape(closing_tag(tag)) + r"\s*", rest):
+        rest = rest[written.end() :]  # the history's empty block, in its own spelling
+    elif rest.startswith(tag):
+        return through  # the history writes a block of its own: the rule reports what differs
+    return prompt + (messages[i].get("reasoning_content") or "").strip() + close + rest
 
 
 def token_difference(tokenizer: PreTrainedTokenizerBase, prompt: list[int], text: list[int], name: str) -> str:
@@ -143,15 +200,19 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def _turn_spans(
-    rules: TurnRules, messages: list[dict[str, Any]], i: int, rendered: tuple[str, int], tools: list[dict] | None
+    rules: TurnRules,
+    messages: list[dict[str, Any]],
+    i: int,
+    rendered: tuple[str, int, bool],
+    tools: list[dict] | None,
 ) -> list[tuple[int, int]] | None:
-    """The spans of ``text`` (the rendering of ``messages[:end]``, given as ``rendered``) that train assistant turn
-    ``i``: its think block (if trained), its answer and its end-of-turn token; None when ``text`` does not hold the
-    turn as the template renders it last."""
-    text, end = rendered
-    prompt = render(rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+    """The spans of ``text`` (``rendered``: the training text of ``messages[:end]``, rendered with ``thinking``)
+    that train assistant turn ``i``; None when ``text`` does not hold the turn after its inference prompt as the
+    template renders the turn last (history that drops its reasoning, or ends it otherwise)."""
+    text, end, thinking = rendered
+    prompt = render(rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
     # The conversation through the text's last message is the text itself, already rendered.
-    through = text if i + 1 == end else render(rules.tokenizer, messages[: i + 1], tools=tools)
+    through = text if i + 1 == end else render_through(rules, messages, i + 1, tools, thinking)
     if not (through.startswith(prompt) and text.startswith(through)):
         return None
     return reply_spans(rules, messages[i], i, text, (len(prompt), len(through)))
@@ -160,36 +221,82 @@ def _turn_spans(
 def reply_spans(
     rules: TurnRules, message: dict[str, Any], i: int, text: str, reply: tuple[int, int]
 ) -> list[tuple[int, int]]:
-    """The trained spans of assistant turn ``i`` (``message``), whose reply is ``text[start:stop]`` (``reply``): the
-    rendered turn after its prompt, through the end of the conversation rendered through it. Located by the prefix
-    rule or by ``hf_lora_ds.data.skeleton``; the checks on what the template wrote are the same for both."""
+    """The trained spans of assistant turn ``i`` (``message``), whose reply is ``text[start:stop]`` (``reply``):
+    the training text after the turn's inference prompt, through the end of the conversation rendered through it.
+    Located by the rule or by ``hf_lora_ds.data.skeleton``; the checks on what the template wrote are the same for
+    both. The span runs from the reply's start (or, for a think block that is no target, from the answer's) through
+    the end-of-turn token."""
     start, stop = reply
     written = text[start:stop]
-    block = think_block(written, message["content"])
-    reasoning = message.get("reasoning_content")
-    if reasoning and reasoning.strip() not in block:
+    reasoning = (message.get("reasoning_content") or "").strip()
+    after = written.find(reasoning) + len(reasoning) if reasoning else 0
+    if after < len(reasoning):
         raise TemplateError(
-            f"the chat template does not render the reasoning (reasoning_content) of assistant turn {i}; use a "
-            "thinking model's template (Qwen3's), or put the reasoning into the content to train it as written"
-        )
-    body = written[len(block) :]
-    content = message["content"].lstrip("\n") if block else message["content"]
-    if not body.startswith(content):
-        raise TemplateError(
-            f"the chat template changes the content of assistant turn {i} (rendered {body[:60]!r}, "
-            f"expected it to start with {content[:60]!r}); strip or normalise the content in your data first"
+            f"the chat template does not render the reasoning (reasoning_content) of assistant turn {i}, and its "
+            "generation prompt opens no think block; use a thinking model's template (Qwen3's), or put the "
+            "reasoning into the content to train it as written"
         )
     calls = message.get("tool_calls")
-    if calls:
-        answer = _tool_call_reply(rules, body, calls, i)
-    else:
-        answer = content + _end_of_turn_after(rules, body[len(content) :])
-    end = start + len(block) + len(answer)
-    return [(start if not block or rules.thinking.trains(block) else start + len(block), end)]
+    content_at, end = (
+        _tool_call_reply(rules, written, after, message, i) if calls else _answer(rules, written, after, message, i)
+    )
+    trained_from = 0
+    if reasoning and not rules.thinking.train_reasoning:
+        trained_from = _answer_start(rules, written, after, content_at)
+    elif not reasoning and content_at and rules.thinking.empty_think == "mask":
+        empty = rules.empty_block.match(written, 0, content_at)  # stays in the input, as no target
+        trained_from = empty.end() if empty else 0
+    return [(start + trained_from, start + end)]
 
 
-def _tool_call_reply(rules: TurnRules, reply: str, calls: list[dict], turn: int) -> str:
-    """The trained part of an assistant turn with tool calls: the reply up to its end-of-turn token, inclusive.
+def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any], turn: int) -> tuple[int, int]:
+    """Where the content starts in the reply ``written`` (after ``after``, the end of its reasoning) and where the
+    end-of-turn tokens after it end: the last place the content stands followed by such a token, so that a content
+    that also occurs in a header (``assistant`` before GPT-OSS's ``<|channel|>``) cannot end the turn early."""
+    content = message["content"]  # never empty without tool calls (hf_lora_ds.data.formats)
+    at = written.rfind(content)
+    if at >= after and (eot := rules.end_of_turn.match(written, at + len(content))):  # the common case, at once
+        return at, _end_of_turn_run(rules, written, eot.end())
+    found = False
+    for needle in dict.fromkeys((content, content.lstrip("\n"))):
+        at = written.rfind(needle)
+        while at >= after:
+            found = True
+            if eot := rules.end_of_turn.match(written, at + len(needle)):
+                return at, _end_of_turn_run(rules, written, eot.end())
+            at = written.rfind(needle, after, at + len(needle) - 1)
+    if not found:
+        raise TemplateError(
+            f"the chat template changes the content of assistant turn {turn} (rendered {written[after:][:60]!r}, "
+            f"expected it to hold {content[:60]!r}); strip or normalise the content in your data first"
+        )
+    rest = written[written.rfind(content.lstrip("\n")) + len(content.lstrip("\n")) :]
+    raise TemplateError(
+        f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
+        "the model would never learn to stop"
+    )
+
+
+def _end_of_turn_run(rules: TurnRules, written: str, at: int) -> int:
+    """The end of the tokens the template writes right after the first end-of-turn token of a reply, with no text
+    between them (Command-A: ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``): the model generates all of them."""
+    while found := rules.end_of_turn.match(written, at):
+        at = found.end()
+    return at
+
+
+def _answer_start(rules: TurnRules, written: str, after: int, content_at: int) -> int:
+    """Where a reply's answer starts, past its reasoning and the template's close of it: the content, or for an
+    empty content (tool calls only) the end of the close the template writes there."""
+    close = rules.traits.close or ""
+    if content_at > after or not close or not written.startswith(close, after):
+        return content_at
+    return after + len(close)
+
+
+def _tool_call_reply(rules: TurnRules, reply: str, after: int, message: dict, turn: int) -> tuple[int, int]:
+    """Where the content of an assistant turn with tool calls starts, and where its reply ends: through its
+    end-of-turn token, inclusive.
 
     The template serialises the calls its own way (``<tool_call>`` JSON for Qwen2.5), so what the model must learn
     to write is whatever it rendered; a template that drops the calls (one without tool support) is refused.
@@ -201,14 +308,21 @@ def _tool_call_reply(rules: TurnRules, reply: str, calls: list[dict], turn: int)
             f"the chat template ends the tool calls of assistant turn {turn} with {body[-30:]!r} instead of an "
             "end-of-turn special token; the model would never learn to stop"
         )
-    for call in calls:
+    for call in message["tool_calls"]:
         name = call["function"]["name"]
-        if name not in body:
+        if name not in body[after:]:
             raise TemplateError(
                 f"the chat template does not render the tool call {name!r} of assistant turn {turn}; use a model "
                 "whose chat template supports tools (Qwen2.5's does)"
             )
-    return body
+    content = message["content"]
+    at = body.find(content, after) if content else after
+    if at < 0:
+        raise TemplateError(
+            f"the chat template changes the content of assistant turn {turn} (rendered {body[after:][:60]!r}, "
+            f"expected it to hold {content[:60]!r}); strip or normalise the content in your data first"
+        )
+    return at, len(body)
 
 
 def render(
@@ -216,18 +330,15 @@ def render(
     messages: list[dict],
     add_generation_prompt: bool = False,
     tools: list[dict] | None = None,
+    enable_thinking: bool | None = None,
 ) -> str:
-    """The template's text for ``messages``, rendered the one way every path here renders it."""
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-
-
-def _end_of_turn_after(rules: TurnRules, rest: str) -> str:
-    """The special token the template puts right after an assistant message (``<|im_end|>``, ``<|eot_id|>``...)."""
-    if found := rules.end_of_turn.match(rest):
-        return found.group()
-    raise TemplateError(
-        f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
-        "the model would never learn to stop"
-    )
+    """The template's text for ``messages`` (``hf_lora_ds.data.template_probes.render``); an error the template
+    raises (``raise_exception``, or any inside Jinja) is the record's, in one line."""
+    try:
+        return _render(tokenizer, messages, add_generation_prompt, tools, enable_thinking)
+    except Exception as err:
+        raised = "an exception" if type(err).__name__ == "TemplateError" else type(err).__name__
+        raise TemplateError(
+            f"the chat template raised {raised}: {err} (it does not take this record as it is: change the record "
+            "or the template)"
+        ) from None

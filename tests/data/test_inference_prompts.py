@@ -7,6 +7,7 @@ import pytest
 from transformers import AutoTokenizer, Qwen2Config
 
 from hf_lora_ds import audit
+from hf_lora_ds.data import inference_prompts
 from hf_lora_ds.data.dataset import ChatSFTDataset, TemplateError
 from hf_lora_ds.data.inference_prompts import check_round_trip, round_trip
 from hf_lora_ds.testing import QWEN3_TEMPLATE
@@ -51,28 +52,45 @@ def test_demo_model_template_round_trips(tmp_path):
     assert (result.turns, result.failures) == (64, 0)
 
 
-def test_broken_template_is_named_by_its_first_differing_tokens(qwen3_tokenizer, tmp_path):
+def test_template_whose_history_differs_from_its_inference_prompt_is_refused(qwen3_tokenizer, tmp_path):
+    # The label rule trains each turn after its inference prompt, so a template whose rendered turn does not follow
+    # that prompt is refused when the record is tokenized, naming the record and the first differing tokens.
     tokenizer = qwen3_tokenizer.__class__(
         tokenizer_object=qwen3_tokenizer.backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         chat_template=NO_EMPTY_THINK,
     )
-    data = dataset([{"messages": TWO_TURNS}, ALPACA], tokenizer, tmp_path)  # turns with reasoning still round-trip
+    assert len(dataset([{"messages": TWO_TURNS}], tokenizer, tmp_path)) == 2  # turns with reasoning still train
     at = len(tokenizer(USER.format("12="), add_special_tokens=False)["input_ids"])
-    difference = (
-        f"record 1, assistant turn 1 (enable_thinking=False): token {at}: prompt ['<think>', '\\n', '\\n', '</think>'] "
-        "vs training text ['3', ' ', '+', ' ']"
-    )
+    with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 1") as err:
+        dataset([{"messages": TWO_TURNS}, ALPACA], tokenizer, tmp_path)
+    assert str(err.value).startswith("record 1: ")
+    assert f"token {at}: prompt ['<think>', '\\n', '\\n', '</think>'] vs rendered turn ['3', ' ', '+', ' ']" in str(err.value)
+
+
+def test_training_ids_that_differ_from_the_inference_prompt_are_named(qwen3_tokenizer, tmp_path, monkeypatch):
+    # A tokenizer that tokenizes a training text otherwise than its prompt alone (stood in for here by training ids
+    # with one token changed) fails the start check and is counted by the audit.
+    data = dataset([{"messages": TWO_TURNS}, ALPACA], qwen3_tokenizer, tmp_path)
+    at = len(qwen3_tokenizer(USER.format("12="), add_special_tokens=False)["input_ids"]) - 1
+    real = inference_prompts.sample_tokens
+
+    def changed(tokenizer, text, spans):
+        ids = real(tokenizer, text, spans)
+        return ids if "12=" not in text else ids[:at] + [tokenizer.pad_token_id] + ids[at + 1 :]
+
+    monkeypatch.setattr(inference_prompts, "sample_tokens", changed)
     with pytest.raises(TemplateError, match="inference prompt is not the start of the training text") as err:
         check_round_trip(data)
-    assert str(err.value).endswith(f"(1/3 trained turns of the first 64 records): {difference}; the model would be "
-                                   "trained on contexts inference never gives it: fix the chat template")
-    tokenizer.save_pretrained(tmp_path / "tok")
-    Qwen2Config(vocab_size=len(tokenizer)).save_pretrained(tmp_path / "tok")  # the audit CLI reads a model directory
-    (tmp_path / "data.jsonl").write_text('{"instruction": "1=", "output": "1"}\n' * 3)
+    difference = (f"(1/3 trained turns of the first 64 records): record 1, assistant turn 1 (enable_thinking=False): "
+                  f"token {at}: prompt ['\\n', '<think>', '\\n', '\\n'] vs training text ['<|endoftext|>', '<think>', ")
+    assert difference in str(err.value)
+    assert round_trip(data, limit=1).failures == 0
+    qwen3_tokenizer.save_pretrained(tmp_path / "tok")
+    Qwen2Config(vocab_size=len(qwen3_tokenizer)).save_pretrained(tmp_path / "tok")  # the audit CLI reads a model dir
+    (tmp_path / "data.jsonl").write_text('{"instruction": "12=", "output": "1"}\n' * 3)
     report = audit.main(["--train_file", str(tmp_path / "data.jsonl"), "--model_name_or_path", str(tmp_path / "tok")])
     assert report.round_trip.turns == 3 and report.round_trip.failures == 3
     assert "round trip: 0/3 trained turns' inference prompts start their training text" in str(report)
-    assert round_trip(data, limit=1).failures == 0
 
 
 def test_generation_prompt_that_is_not_the_turn_header_is_named(chatml_tokenizer, tmp_path):

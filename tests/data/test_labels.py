@@ -77,3 +77,23 @@ def test_random_spans_and_offsets_give_what_the_rule_gives(chatml_tokenizer, see
     assert outcome_batched(chatml_tokenizer, TEXTS, spans, offsets, ids) == outcome_one_by_one(
         chatml_tokenizer, TEXTS, spans, offsets, ids
     )
+
+
+def test_a_token_merged_across_a_replys_start_is_resolved_as_inference_tokenizes_the_prompt():
+    # Qwen3.5's thinking prompt ends "<think>\n" and an empty reasoning's reply starts "\n</think>": whole, the text
+    # tokenizes "\n\n" as one token across the boundary; inference tokenizes the prompt alone, then the reply.
+    from hf_lora_ds.data.labels import sample_tokens, tokenized_labels
+    from hf_lora_ds.testing import train_chat_tokenizer
+
+    tokenizer = train_chat_tokenizer(["a\n\nb\n\nc\n\n"] * 20 + ["think"] * 5, vocab_size=300)
+    prompt, reply = "<|im_start|>assistant\nthink\n", "\nb<|im_end|>"
+    text, spans = prompt + reply, [(len(prompt), len(prompt + reply))]
+    whole = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    with pytest.raises(TemplateError, match="crosses the boundary"):  # the merge the labels cannot cut
+        labels_from_spans(tokenizer, text, spans, whole["offset_mapping"], whole["input_ids"])
+    ids = lambda part: tokenizer(part, add_special_tokens=False)["input_ids"]  # noqa: E731
+    expected = ids(prompt) + ids(reply)
+    flat = tokenized_labels(tokenizer, [text, TEXTS[2]], [spans, [(4, 9)]])
+    assert flat.ids[: flat.lengths[0]].tolist() == expected == sample_tokens(tokenizer, text, spans)
+    assert flat.labels[: flat.lengths[0]].tolist() == [-100] * len(ids(prompt)) + ids(reply)
+    assert flat.ids[flat.lengths[0] :].tolist() == ids(TEXTS[2])  # the other text keeps its whole tokenization

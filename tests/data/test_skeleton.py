@@ -147,7 +147,7 @@ def assert_located_exactly(tokenizer, records, tmp_path, **options) -> int:
         if isinstance(want, str):
             with pytest.raises(TemplateError) as err:
                 ChatSFTDataset([record], tokenizer, cache_dir=tmp_path, **options)
-            assert str(err.value) == want
+            assert str(err.value) == f"record 0: {want}"  # the dataset names the record
     return sum(found is not None for found in located)
 
 
@@ -209,4 +209,4 @@ def test_a_render_that_is_not_the_skeleton_filled_in_turns_its_shape_back(reques
     located = encoder.locator.samples(conversations)
     assert located[:2] == [None, None] and located[2] is not None  # the two-turn shape rendered as its skeleton
     assert encoder.locator.samples(conversations[1:2]) == [None]  # for good
-    assert encoder.sample_lists(conversations) == [reference(encoder, c) for c in conversations]
+    assert encoder.sample_lists(conversations, ["r"] * 3) == [reference(encoder, c) for c in conversations]

@@ -48,3 +48,72 @@ def test_the_first_differing_token_is_named(chatml_tokenizer):
     difference = token_difference(chatml_tokenizer, prompt, text, "text")
     first = [chatml_tokenizer.decode([token]) for token in prompt[1:5]]
     assert difference.startswith(f"token 1: prompt {first} vs text [")
+
+
+def _with_template(base, template: str, *specials: str):
+    tokenizer = base.__class__(tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>", chat_template=template)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
+    return tokenizer
+
+
+# Mistral v3's way: no system turn, the system prompt written into the last user turn, a space after [/INST].
+MISTRAL = (
+    "{%- set system = messages[0]['content'] if messages[0]['role'] == 'system' else '' %}"
+    "{%- set loop_messages = messages[1:] if system else messages %}{{ '<s>' }}"
+    "{%- for m in loop_messages %}{%- if m['role'] == 'user' %}"
+    "{%- if loop.last or loop_messages[loop.index0 + 1:] | selectattr('role', 'equalto', 'user') | list | length == 0 %}"
+    "{{ '[INST] ' + (system + '\\n\\n' if system else '') + m['content'] + '[/INST]' }}"
+    "{%- else %}{{ '[INST] ' + m['content'] + '[/INST]' }}{%- endif %}"
+    "{%- else %}{{ ' ' + m['content'] + '</s>' }}{%- endif %}{%- endfor %}"
+)
+
+
+def test_history_that_moves_trains_each_turn_after_its_own_inference_prompt(chatml_tokenizer):
+    tokenizer = _with_template(chatml_tokenizer, MISTRAL, "<s>", "</s>", "[INST]", "[/INST]")
+    samples = render_samples(tokenizer, CHAT)
+    assert [trained(sample.text, sample.spans) for sample in samples] == [[" 4</s>"], [" 6</s>"]]
+    for sample, turn in zip(samples, (2, 4)):  # the system prompt sits in the turn's own last user message
+        prompt = tokenizer.apply_chat_template(CHAT[:turn], tokenize=False, add_generation_prompt=True)
+        assert sample.turns == [turn] and sample.text == prompt + " " + CHAT[turn]["content"] + "</s>"
+        assert "[INST] Be brief.\n\n" + CHAT[turn - 1]["content"] in prompt
+
+
+def test_a_wrapper_and_a_second_end_of_turn_token_are_trained(chatml_tokenizer):
+    # Command-A's way: the answer inside <|START_RESPONSE|> ... <|END_RESPONSE|>, then the end-of-turn token.
+    template = chatml_tokenizer.chat_template.replace(
+        "'\\n' + message['content'] + '<|im_end|>\\n'",
+        "'\\n' + ('<|S|>' + message['content'] + '<|E|>' if message['role'] == 'assistant' else message['content']) "
+        "+ '<|im_end|>\\n'",
+    )
+    tokenizer = _with_template(chatml_tokenizer, template, "<|S|>", "<|E|>")
+    (sample,) = render_samples(tokenizer, CHAT[:3])
+    assert trained(sample.text, sample.spans) == ["<|S|>4<|E|><|im_end|>"]
+
+
+def test_an_error_the_template_raises_is_one_line_naming_it(chatml_tokenizer):
+    needs_tools = "{{ messages[0]['content'] + tools }}"  # None without tools: a TypeError inside Jinja
+    refusing = "{{ raise_exception('System role not supported') }}"
+    for template, said in [(refusing, "an exception: System role not supported"),
+                           (needs_tools, 'TypeError: can only concatenate str (not "NoneType") to str')]:  # fmt: skip
+        tokenizer = _with_template(chatml_tokenizer, template)
+        with pytest.raises(TemplateError) as err:
+            render_samples(tokenizer, CHAT[1:3])
+        assert str(err.value).startswith(f"the chat template raised {said}") and "\n" not in str(err.value)
+
+
+def test_a_content_that_also_stands_in_a_header_is_found_where_the_answer_is(chatml_tokenizer):
+    # GPT-OSS's way: "<|start|>assistant<|channel|>final<|message|>" after the reasoning; an answer "assistant" must
+    # not end the turn at the header's "assistant" (followed by a special token there too).
+    template = (
+        "{%- for m in messages %}{%- if m.role == 'user' %}{{ '<|start|>user<|message|>' + m.content + '<|end|>' }}"
+        "{%- else %}{{ '<|start|>assistant<|channel|>analysis<|message|>' + m.reasoning_content + '<|end|>' }}"
+        "{{ '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' }}{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|start|>assistant' }}{%- endif %}"
+    )
+    tokenizer = _with_template(chatml_tokenizer, template, "<|start|>", "<|end|>", "<|channel|>", "<|message|>",
+                               "<|return|>")  # fmt: skip
+    turn = {"role": "assistant", "content": "assistant", "reasoning_content": "hmm"}
+    (sample,) = render_samples(tokenizer, [{"role": "user", "content": "who?"}, turn])
+    assert trained(sample.text, sample.spans) == [
+        "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>assistant<|return|>"
+    ]

@@ -1,0 +1,129 @@
+"""What a chat template does around an assistant turn, found by rendering probes rather than read off a family table.
+
+Templates spell thinking many ways: Qwen3 writes ``<think>\\nR\\n</think>\\n\\n`` in the turn, Qwen3.5/3.6 and
+DeepSeek-R1 open ``<think>\\n`` in the generation prompt (R1's history then drops the block whole), GPT-OSS writes
+an ``analysis`` channel message before the ``final`` one, Muse a ``to=self`` message, Nemotron 3 ``</think>\\n``. And
+a few end an assistant turn with no token of their own (GLM: the next turn's ``<|user|>`` is the stop token). The
+label rule (``hf_lora_ds.data.template_rule``) needs three facts from each template, each probed once per dataset
+with marker strings no data contains:
+
+- what it writes between an assistant turn's reasoning and its answer (``close``: ``\\n</think>\\n\\n``,
+  ``<|end|><|start|>assistant<|channel|>final<|message|>``), when it writes reasoning at all;
+- the think tag its generation prompt ends with (``<think>``, ``<seed:think>``, ``[THINK]``), when the prompt opens
+  a block: a tag whose closing spelling (``</think>``, ``[/THINK]``) the template's source holds;
+- the special token it writes after a final assistant turn when the conversation goes on with a user turn or a
+  tool result, for a template that writes nothing after it while the turn is last.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+__all__ = ["TemplateTraits", "probe_template", "closing_tag", "render"]
+
+_QUERY, _ANSWER, _REASONING = "query-probe-7f3a", "answer-probe-7f3a", "reasoning-probe-7f3a"
+# A tag that ends a generation prompt, with the whitespace after it: <think>, <seed:think>, [THINK].
+_ENDING_TAG = re.compile(r"(<[^<>|\s/][^<>|\s]{0,38}>|\[[A-Z_]{2,30}\])(\s*)$")
+
+
+@dataclass(frozen=True)
+class TemplateTraits:
+    """The probed facts (see the module doc); None where the template has no such thing."""
+
+    close: str | None  # written between the reasoning and the answer
+    think_open: str | None  # the think tag the generation prompt ends with
+    turn_closers: dict[str, str] | None  # role of the next message -> the special token the template writes
+    # after an assistant turn before it (GLM: <|user|>, <|observation|>), where it writes none after a last turn
+
+    @property
+    def writes_reasoning(self) -> bool:
+        """Whether a turn's reasoning reaches the training text: written by the template, or generated after a
+        block its prompt opens."""
+        return self.close is not None
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    add_generation_prompt: bool = False,
+    tools: list[dict] | None = None,
+    enable_thinking: bool | None = None,
+) -> str:
+    """The template's text for ``messages``, rendered the one way every path here renders it (``enable_thinking``
+    passed only when given: a template reads it as defined or not)."""
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
+
+
+def closing_tag(tag: str) -> str:
+    """``</think>`` for ``<think>``, ``[/THINK]`` for ``[THINK]``."""
+    return f"[/{tag[1:]}" if tag.startswith("[") else f"</{tag[1:]}"
+
+
+def probe_template(tokenizer: PreTrainedTokenizerBase, special_tokens: tuple[str, ...]) -> TemplateTraits:
+    """The template's traits, from a few renders of a one-turn chat of markers. A probe the template raises on
+    finds nothing: the records themselves then meet the template's error, named with their line."""
+    user = {"role": "user", "content": _QUERY}
+    think_open = _think_open(tokenizer, user)
+    closers = _turn_closers(tokenizer, user, special_tokens)
+    return TemplateTraits(_close(tokenizer, user, think_open), think_open, closers)
+
+
+def _think_open(tokenizer: PreTrainedTokenizerBase, user: dict) -> str | None:
+    try:
+        prompt = render(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
+    except Exception:
+        return None
+    found = _ENDING_TAG.search(prompt)
+    if found is None or closing_tag(found.group(1)) not in (tokenizer.chat_template or ""):
+        return None  # a turn header (<|assistant|>, <|end_header_id|>) has no closing spelling
+    return found.group(1)
+
+
+def _close(tokenizer: PreTrainedTokenizerBase, user: dict, think_open: str | None) -> str | None:
+    """What the template writes from the end of the reasoning to the answer; for a template that drops reasoning
+    but opens a block in its prompt (DeepSeek-R1), the block's close as these models write it: the whitespace after
+    the open tag, the closing tag, a blank line."""
+    turn = {"role": "assistant", "content": _ANSWER, "reasoning_content": _REASONING}
+    try:
+        text = render(tokenizer, [user, turn], enable_thinking=True)
+    except Exception:
+        text = ""
+    at, answer = text.find(_REASONING), text.rfind(_ANSWER)
+    if 0 <= at < answer:
+        return text[at + len(_REASONING) : answer]
+    if think_open is None:
+        return None
+    prompt = render(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
+    return prompt[prompt.rindex(think_open) + len(think_open) :] + closing_tag(think_open) + "\n\n"
+
+
+def _turn_closers(
+    tokenizer: PreTrainedTokenizerBase, user: dict, special_tokens: tuple[str, ...]
+) -> dict[str, str] | None:
+    turn = {"role": "assistant", "content": _ANSWER}
+    try:
+        last = render(tokenizer, [user, turn])
+    except Exception:
+        return None
+    if not last.endswith(_ANSWER):
+        return None
+    closers = {}
+    for role in ("user", "tool"):
+        try:
+            longer = render(tokenizer, [user, turn, {"role": role, "content": _QUERY}])
+        except Exception:
+            continue
+        if longer.startswith(last) and (token := next_special_token(longer[len(last) :], special_tokens)):
+            closers[role] = token
+    return closers or None
+
+
+def next_special_token(text: str, special_tokens: tuple[str, ...]) -> str | None:
+    """The special token ``text`` starts with (the longest), or None."""
+    return max((token for token in special_tokens if token and text.startswith(token)), key=len, default=None)
