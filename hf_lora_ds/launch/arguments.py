@@ -354,8 +354,10 @@ class SFTTrainingArguments(TrainingArguments):
         if offloads(config.get("zero_optimization", {}), "offload_param"):
             # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
             # base quantized to fit the GPU gains nothing from being moved to CPU memory.
-            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters ({source}: {describe_zero(config)}): "
-                             "use ds_configs/stage3.json (or stage2_offload.json to offload the optimizer state only)")
+            named = "" if source == "--deepspeed" else f" in {source}"  # a dict: adopted from accelerate launch
+            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters (DeepSpeed {describe_zero(config)})"
+                             f"{named}: use ds_configs/stage3.json (or stage2_offload.json to offload the optimizer "
+                             "state only)")
 
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""

@@ -64,7 +64,7 @@ REFUSED = {
     # the same refusal as under --deepspeed ds_configs/stage3_offload.json
     "4bit": (["--load_in_4bit", "true"], "--load_in_4bit with a DeepSpeed config that offloads parameters "
              "(DeepSpeed ZeRO-3, offload optimizer cpu, parameters cpu)"),
-    "disagreeing-flag": (["--deepspeed", "stage2"], "stage2.json (ZeRO-2) and the Accelerate config "
+    "disagreeing-flag": (["--deepspeed", "stage2"], "--deepspeed stage2 (ZeRO-2) and the Accelerate config "
                          f"{REPO / 'accelerate_configs' / 'zero3_offload.yaml'} (ZeRO-3, offload optimizer cpu, "
                          "parameters cpu) disagree"),
 }  # fmt: skip
