@@ -73,7 +73,10 @@ def _exit_on_user_error(err: UserError) -> NoReturn:
 
     The process group is torn down first: a gloo group alive at interpreter exit can abort the process
     (``terminate called without an active exception``) and turn exit code 2 into a SIGABRT. No barrier: another
-    rank may not have reached the error, and waiting for it would hang.
+    rank may not have reached the error, and waiting for it would hang. A launched rank then leaves without
+    interpreter teardown (``exit_launched_rank``): after an error raised once the group existed (an FSDP config
+    refused under ``accelerate launch``), rank 0's teardown was seen stuck in garbage collection until the other
+    rank's grace period ran out, and both lines were printed.
     """
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
@@ -82,7 +85,7 @@ def _exit_on_user_error(err: UserError) -> NoReturn:
     print(f"error: {'' if rank == 0 else f'(rank {rank}) '}{one_line(str(err))}", file=sys.stderr, flush=True)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    sys.exit(USER_ERROR_EXIT_CODE)
+    exit_launched_rank(USER_ERROR_EXIT_CODE)
 
 
 def _close_progress_bars() -> None:
