@@ -160,26 +160,10 @@ def test_audit_cli(tiny_model_dir, tmp_path, train_file):
                    f"--model_name_or_path {model}: the directory has no tokenizer")  # fmt: skip
 
 
-def test_eval_cli_adapter_is_a_file(tiny_model_dir, tmp_path):
-    data, adapter = tmp_path / "eval.json", tmp_path / "adapter.safetensors"
-    data.write_text(json.dumps([RECORD]))
-    adapter.write_text("")
-    check_one_line(run_cli("-m", "hf_lora_ds.eval", "--model", str(tiny_model_dir), "--adapter", str(adapter),
-                           "--data", str(data)),
-                   f"--adapter {adapter}: is a file, not an adapter directory")  # fmt: skip
-
-
 def test_merge_cli(tiny_model_dir, tmp_path):
     check_one_line(run_cli("-m", "hf_lora_ds.merge", "--base", str(tiny_model_dir), "--adapter", str(tmp_path),
                            "--out", str(tmp_path / "merged")),
                    f"--adapter {tmp_path}: the directory has no adapter_config.json")  # fmt: skip
-
-
-def test_columns_type_error_names_the_users_column(tiny_model_dir, tmp_path):
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({**RECORD, "thought": ["a", "list"]}, ensure_ascii=False) + "\n", encoding="utf-8")
-    check_one_line(run_sft(tiny_model_dir, data, tmp_path, "--columns", "reasoning=thought"),
-                   f"{data}, line 1: field 'thought' must be a string, got list")
 
 
 def test_debug_variable_shows_the_traceback(tmp_path, train_file):

@@ -1,18 +1,19 @@
-"""FSDP2 under the configurations users run, on 2 CPU ranks: the final adapter and every checkpoint's adapter saved
-whole and non-zero, the same for FULL_STATE_DICT and SHARDED_STATE_DICT, and an exact resume from each.
+"""FSDP2 under the configurations users run, on 2 CPU ranks, through ``accelerate launch --config_file`` with the
+shipped ``accelerate_configs/fsdp2.yaml`` as a CPU user runs it (``use_cpu: true``): the final adapter and every
+checkpoint's adapter saved whole and non-zero, the same bit for bit for FULL_STATE_DICT and SHARDED_STATE_DICT, and
+an exact resume from a FULL_STATE_DICT checkpoint (which hung before the fix; resuming the shipped SHARDED config is
+test_resume.py's).
 
-Axes: the state dict type (FULL / SHARDED), CPU-RAM-efficient loading (on / off) and the launch form (``accelerate
-launch --config_file`` with ``use_cpu: true`` / ``torchrun ... --fsdp full_shard --fsdp_config``), paired so every
-value of each axis meets every value of the others (two launch forms, each running both state dict types, one with
-efficient loading on and one off): 4 trainings and 4 resumes instead of the full product's 8 and 8. The other two
-axes the issue names cannot run on a CPU: parameter offload (torch's CPUOffloadPolicy moves parameters between an
-accelerator and host memory) and QLoRA (bitsandbytes' 4-bit weights cannot be split into FSDP2's DTensor shards);
-both are refused before the model loads, with one line (the last test launches the offload config).
+Axes, paired to keep CI time down (3 launches): the state dict type (FULL / SHARDED) with CPU-RAM-efficient loading
+(on / off: the FULL run loads with it, the SHARDED run without). Trainer's own ``--fsdp --fsdp_config`` form is
+test_fsdp.py's. The other two axes the issue names cannot run on a CPU: parameter offload (torch's CPUOffloadPolicy
+moves parameters between an accelerator and host memory) and QLoRA (bitsandbytes' 4-bit weights cannot be split into
+FSDP2's DTensor shards); both are refused before the model loads, with one line (the last test launches the offload
+config).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -36,8 +37,8 @@ from tests.e2e.launching import (
 )
 
 STEPS = 4
-# (launch form, efficient loading of the FULL_STATE_DICT run); the SHARDED_STATE_DICT run takes the other value.
-FORMS = [("accelerate", True), ("torchrun", False)]
+# State dict type -> CPU-RAM-efficient loading of its run.
+RUNS = {"FULL_STATE_DICT": True, "SHARDED_STATE_DICT": False}
 
 
 def accelerate_config(tmp_path: Path, state_dict_type: str, efficient: bool, **fsdp: object) -> Path:
@@ -51,23 +52,10 @@ def accelerate_config(tmp_path: Path, state_dict_type: str, efficient: bool, **f
     return path
 
 
-def fsdp_flags(tmp_path: Path, state_dict_type: str, efficient: bool) -> list[str]:
-    """Trainer's own flags with the shipped ``fsdp_configs/fsdp2.json`` changed to the values asked."""
-    config = json.loads((REPO / "fsdp_configs" / "fsdp2.json").read_text())
-    config.update(state_dict_type=state_dict_type, cpu_ram_efficient_loading=efficient)
-    path = tmp_path / f"fsdp2-{state_dict_type}-{efficient}.json"
-    path.write_text(json.dumps(config))
-    return ["--fsdp", "full_shard", "--fsdp_config", str(path)]
-
-
-def launch(form: str, state_dict_type: str, efficient: bool, out: Path, tiny_model_dir, sum_data, tmp_path, *extra):
+def launch(state_dict_type: str, out: Path, tiny_model_dir, sum_data, tmp_path, *extra):
     args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", str(STEPS), "--save_strategy", "steps",
                     "--save_steps", "2", *extra, eval_file=False)  # fmt: skip
-    if form == "accelerate":
-        command = launcher("accelerate", 2, accelerate_config(tmp_path, state_dict_type, efficient))
-    else:
-        command = launcher("torchrun", 2)
-        args += fsdp_flags(tmp_path, state_dict_type, efficient)
+    command = launcher("accelerate", 2, accelerate_config(tmp_path, state_dict_type, RUNS[state_dict_type]))
     return run(command + [str(ENTRY)] + args, tmp_path / f"{out.name}.log")
 
 
@@ -79,21 +67,18 @@ def check_saved_whole(out: Path, model_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("form", "efficient"), FORMS, ids=[f"{form}-efficient-loading-{on}" for form, on in FORMS])
-def test_full_and_sharded_state_dicts_save_the_same_adapter_and_resume(form, efficient, tiny_model_dir, sum_data,
-                                                                       tmp_path):  # fmt: skip
-    runs = {"FULL_STATE_DICT": efficient, "SHARDED_STATE_DICT": not efficient}
-    outs = {kind: tmp_path / kind.lower() for kind in runs}
-    for kind, loading in runs.items():
+def test_full_and_sharded_state_dicts_save_the_same_adapter_and_full_resumes(tiny_model_dir, sum_data, tmp_path):
+    outs = {kind: tmp_path / kind.lower() for kind in RUNS}
+    for kind, efficient in RUNS.items():
         # With efficient loading rank 0's weights are broadcast: rank 1's own copy, offset by 1, must not matter.
-        offset = ["--offset_loaded_weights", "1"] if loading else []
-        trained = launch(form, kind, loading, outs[kind], tiny_model_dir, sum_data, tmp_path, *offset)
+        offset = ["--offset_loaded_weights", "1"] if efficient else []
+        trained = launch(kind, outs[kind], tiny_model_dir, sum_data, tmp_path, *offset)
         check_ok(trained)
         (engine,) = re.findall(r"^engine: .*$", trained.log, flags=re.MULTILINE)
         assert engine.startswith("engine: FSDP2 (full shard of "), engine
         check_saved_whole(outs[kind], tiny_model_dir)
 
-    full, sharded = (outs[kind] for kind in runs)
+    full, sharded = outs["FULL_STATE_DICT"], outs["SHARDED_STATE_DICT"]
     assert (full / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # FULL: one adapter-only file (rank 0's)
     assert (sharded / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()  # SHARDED: torch.distributed.checkpoint
     for saved in ("", "checkpoint-2", "checkpoint-4"):
@@ -101,19 +86,17 @@ def test_full_and_sharded_state_dicts_save_the_same_adapter_and_resume(form, eff
         assert expected.keys() == got.keys()
         assert all(torch.equal(got[name], expected[name]) for name in expected), saved or "final adapter"
 
-    # Resume each from its checkpoint-2 (checkpoint-4 set aside): steps 3 and 4 only, ending on the same adapter.
-    for kind, loading in runs.items():
-        resumed = tmp_path / f"{kind.lower()}-resumed"
-        resumed.mkdir()
-        shutil.copytree(outs[kind] / "checkpoint-2", resumed / "checkpoint-2")
-        again = launch(form, kind, loading, resumed, tiny_model_dir, sum_data, tmp_path, "--resume_from_checkpoint",
-                       "auto")  # fmt: skip
-        check_ok(again)
-        assert f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint)" in again.log
-        assert recorded_steps(resumed, 2) == [{"start": 2, "completed": [3, 4]}] * 2
-        assert trainer_state(resumed)["global_step"] == STEPS
-        expected, got = adapter_weights(outs[kind]), adapter_weights(resumed)
-        assert all(torch.equal(got[name], expected[name]) for name in expected), f"{kind} resumed"
+    # Resume from the FULL run's checkpoint-2 (checkpoint-4 set aside): steps 3 and 4 only, ending on the same adapter.
+    resumed = tmp_path / "full-resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    again = launch("FULL_STATE_DICT", resumed, tiny_model_dir, sum_data, tmp_path, "--resume_from_checkpoint", "auto")
+    check_ok(again)
+    assert f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint)" in again.log
+    assert recorded_steps(resumed, 2) == [{"start": 2, "completed": [3, 4]}] * 2
+    assert trainer_state(resumed)["global_step"] == STEPS
+    expected, got = adapter_weights(full), adapter_weights(resumed)
+    assert all(torch.equal(got[name], expected[name]) for name in expected), "FULL_STATE_DICT resumed"
 
 
 @pytest.mark.slow
