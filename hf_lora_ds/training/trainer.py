@@ -26,7 +26,12 @@ from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
-from hf_lora_ds.training.checkpoints import check_resume_world_size, resolve_resume_checkpoint, save_failures
+from hf_lora_ds.training.checkpoints import (
+    check_resume_world_size,
+    lost_ranks,
+    resolve_resume_checkpoint,
+    save_failures,
+)
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.training.nonfinite import NonFiniteGuard
 from hf_lora_ds.training.supervised_logits import (
@@ -113,7 +118,8 @@ class LoraSFTTrainer(Trainer):
                 for name, audit in audit_by_source(self.train_dataset).items():
                     print0(f"  {name}: {audit.line()}")
         try:
-            result = super().train(resume_from_checkpoint, *args, **kwargs)
+            with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
+                result = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.preemption.restore_handlers()
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
