@@ -1,6 +1,7 @@
-"""Ranks and the process group, as every part of the package sees them: who prints (``print0``), gathering a value
-from every rank, rank 0 first for shared caches, and leaving a launched rank cleanly. The launch itself (making
-Trainer's, accelerate's and DeepSpeed's world sizes agree) is hf_lora_ds.launch.world's.
+"""Ranks and the process group, as every part of the package sees them: who prints (``print0``, and
+``ErrorRelay`` for an error one rank alone hit), gathering a value from every rank, rank 0 first for shared caches,
+and leaving a launched rank cleanly. The launch itself (making Trainer's, accelerate's and DeepSpeed's world sizes
+agree) is hf_lora_ds.launch.world's.
 """
 
 from __future__ import annotations
@@ -9,12 +10,16 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import torch
 
 __all__ = [
+    "ErrorRelay",
     "WORLD_SIZE_VARIABLES",
     "launcher_world_size",
     "release_process_group",
@@ -111,3 +116,98 @@ def main_process_first() -> Iterator[None]:
     yield
     if distributed and is_main:
         torch.distributed.barrier()
+
+
+class ErrorRelay:
+    """Rank 0 says the error another rank alone hit, while rank 0 itself may be blocked in a collective.
+
+    One rank's failure (its part of a checkpoint did not fit its disk) leaves the others waiting in the next
+    collective, where no exception reaches them (NCCL waits for its timeout, 30 min by default; gloo fails only once
+    the failed rank is gone). The failed rank ``publish``es its line in the launch's key-value store (the TCPStore at
+    ``MASTER_ADDR:MASTER_PORT`` that every launcher's rendezvous runs, outside the collectives); on rank 0 a watcher
+    thread ``say``s it, once, and acknowledges it. The failed rank then leaves silently; without a store, or an
+    acknowledgement within its wait, it says the line itself. Rank 0 saying an error of its own waits (2 s at most)
+    for the other ranks to read the acknowledgement: when every rank fails at once it is still the one line. Keys
+    carry torchrun's run id and restart count: its agent's store outlives a restarted worker group.
+    """
+
+    POLL_S = 0.1
+    SEEN_WAIT_S = 2.0
+
+    def __init__(self) -> None:
+        self.store: Any = None
+        self.rank, self.world_size = 0, 1
+        self._lock = threading.Lock()
+        self._said = False
+        run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self._prefix = f"hf_lora_ds/error/{run}/"
+
+    def attach(self, store: Any, rank: int, world_size: int) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+
+    def start(self, say: Any, leave: Any) -> None:
+        """Watch in a daemon thread once the process group is up: on rank 0, ``say(message)`` a peer's error and
+        ``leave()``; elsewhere only attach, for ``publish``."""
+        threading.Thread(target=self._watch, args=(say, leave), name="hf_lora_ds-error-relay", daemon=True).start()
+
+    def _watch(self, say: Any, leave: Any) -> None:
+        while not process_group_exists():
+            time.sleep(self.POLL_S)
+        try:
+            store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                               is_master=False, timeout=timedelta(seconds=30))  # fmt: skip
+        except (KeyError, ValueError, RuntimeError):
+            return  # no store to reach: every rank says its own error (publish finds none)
+        self.attach(store, *rank_and_world())
+        while self.rank == 0:
+            message = self.peer_error()
+            if message is not None and self.say(message, say):
+                self.wait_until_seen()
+                leave()
+            time.sleep(self.POLL_S)
+
+    def peer_error(self) -> str | None:
+        """The first error another rank published, or None."""
+        for rank in range(1, self.world_size):
+            if self.store.check([self._prefix + f"rank{rank}"]):
+                return self.store.get(self._prefix + f"rank{rank}").decode()
+        return None
+
+    def say(self, message: str, say: Any) -> bool:
+        """``say(message)`` unless this rank already said an error; acknowledge it to the publishers."""
+        with self._lock:
+            if self._said:
+                return False
+            self._said = True
+            say(message)
+        if self.store is not None:
+            with contextlib.suppress(RuntimeError):
+                self.store.set(self._prefix + "said", "1")
+        return True
+
+    def publish(self, message: str, wait_s: float) -> bool:
+        """Hand ``message`` to rank 0. True (stay silent) once rank 0 acknowledged it within ``wait_s``, or when the
+        store is gone: under the deepspeed launcher rank 0 hosts it, so rank 0 has left, after its own line or
+        traceback. False where this rank must say it itself (no store, no acknowledgement)."""
+        if self.store is None or self.rank == 0:
+            return False
+        try:
+            self.store.set(self._prefix + f"rank{self.rank}", message)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if self.store.check([self._prefix + "said"]):
+                    self.store.set(self._prefix + f"seen{self.rank}", "1")
+                    return True
+                time.sleep(self.POLL_S)
+        except RuntimeError:  # torch.distributed.DistNetworkError: the store left with rank 0
+            return True
+        return False
+
+    def wait_until_seen(self) -> None:
+        """Rank 0, before it exits: every other rank that fails too has read the acknowledgement, or
+        ``SEEN_WAIT_S`` passed (a rank that does not fail never reads it)."""
+        deadline = time.monotonic() + self.SEEN_WAIT_S
+        others = [self._prefix + f"seen{rank}" for rank in range(1, self.world_size)]
+        with contextlib.suppress(RuntimeError):
+            while time.monotonic() < deadline and not all(self.store.check([key]) for key in others):
+                time.sleep(self.POLL_S)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hf_lora_ds.errors import run_cli
+from hf_lora_ds.errors import UserError, run_cli
+from hf_lora_ds.launch.checks import check_output_path
+from hf_lora_ds.model.adapter_check import check_adapter_directory
 from hf_lora_ds.model.gguf_export import GGUF_OUTTYPES, export_gguf
 from hf_lora_ds.model.merge_adapter import DEFAULT_PROMPTS, MERGE_DTYPES, merge_adapter
 
@@ -33,8 +35,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """The adapter, and the places the export goes, checked before a model is loaded or merged."""
+    check_adapter_directory(args.adapter, "--adapter")
+    check_output_path("--out", args.out)
+    if args.gguf is not None:
+        if args.gguf.is_dir():
+            raise UserError(f"--gguf {args.gguf}: is a directory; pass the GGUF file to write (e.g. {args.gguf}/model.gguf)")
+        check_output_path("--gguf", args.gguf, file=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    _check_paths(args)
     prompts = tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS
     diff = merge_adapter(args.base, args.adapter, args.out, args.dtype, prompts, args.atol, args.device, args.gguf_file)
     print(f"merged {args.adapter} into {args.base} -> {args.out}")

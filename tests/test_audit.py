@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hf_lora_ds.audit import main
+from hf_lora_ds.errors import UserError
 from tests.data.test_mask_audit import RECORDS, write_records
 
 
@@ -26,3 +29,12 @@ def test_audit_cli_takes_a_mixture_of_sources(tiny_model_dir, tmp_path, capsys):
     assert f"data: 5 samples from 2 source(s) ({a}: 3, {tmp_path / 'b_dir'}: 2)" in out
     assert f"--- source {a} ---\nsamples:                          3" in out
     assert f"--- source {tmp_path / 'b_dir'} ---\nsamples:                          2" in out
+
+
+@pytest.mark.parametrize("flag", ["--output_dir", "--dataset_cache_dir"])
+def test_a_file_where_a_directory_is_needed_is_refused_as_run_sft_refuses_it(flag, tiny_model_dir, tmp_path):
+    data = write_records(tmp_path / "train.jsonl", RECORDS)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(UserError, match=f"{flag} {afile}: {afile} is a file, not a directory"):
+        main(["--train_file", str(data), "--model_name_or_path", str(tiny_model_dir), flag, str(afile)])

@@ -163,7 +163,7 @@ def test_audit_cli(tiny_model_dir, tmp_path, train_file):
 def test_merge_cli(tiny_model_dir, tmp_path):
     check_one_line(run_cli("-m", "hf_lora_ds.merge", "--base", str(tiny_model_dir), "--adapter", str(tmp_path),
                            "--out", str(tmp_path / "merged")),
-                   f"{tmp_path}/adapter_config.json is missing")  # fmt: skip
+                   f"--adapter {tmp_path}: the directory has no adapter_config.json")  # fmt: skip
 
 
 def test_debug_variable_shows_the_traceback(tmp_path, train_file):

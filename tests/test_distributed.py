@@ -59,3 +59,52 @@ def test_print0_talks_on_global_rank_0_only(monkeypatch, capsys, rank, shown):
     monkeypatch.setenv("RANK", rank)  # before the process group exists, the launcher's RANK says which rank this is
     distributed.print0("one", "two")
     assert capsys.readouterr().out == shown
+
+
+@pytest.fixture
+def two_relays():
+    """Rank 0's and rank 1's ErrorRelay on one real TCPStore, as a 2-rank launch has them."""
+    from datetime import timedelta
+
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    relays = [distributed.ErrorRelay(), distributed.ErrorRelay()]
+    for rank, relay in enumerate(relays):
+        relay.attach(store, rank, 2)
+    return relays
+
+
+def test_rank_0_says_the_error_only_another_rank_hit(two_relays):
+    """Rank 1's line reaches rank 0 through the store, rank 0 says it once, and rank 1, acknowledged, stays silent."""
+    import threading
+
+    rank0, rank1 = two_relays
+    acknowledged = []
+    publisher = threading.Thread(target=lambda: acknowledged.append(rank1.publish("saving X failed: disk full", 10.0)))
+    publisher.start()
+    while (message := rank0.peer_error()) is None:
+        pass
+    said = []
+    assert rank0.say(message, said.append)
+    rank0.wait_until_seen()
+    publisher.join()
+    assert said == ["saving X failed: disk full"] and acknowledged == [True]
+    assert not rank0.say("a second error", said.append), "rank 0 says one error"
+    assert said == ["saving X failed: disk full"]
+
+
+def test_without_rank_0_the_other_rank_says_it_itself(two_relays):
+    assert two_relays[1].publish("saving X failed: disk full", 0.3) is False  # nobody acknowledged it
+    assert distributed.ErrorRelay().publish("no store attached", 0.3) is False
+
+
+class _StoreGone:
+    """The deepspeed launcher's store lives in rank 0's process: once rank 0 has left, every call fails."""
+
+    def set(self, key, value):
+        raise torch.distributed.DistNetworkError("Broken pipe")
+
+
+def test_a_store_gone_with_rank_0_means_rank_0_has_left_after_its_own_line():
+    relay = distributed.ErrorRelay()
+    relay.attach(_StoreGone(), 1, 2)
+    assert relay.publish("saving X failed: disk full", 5.0) is True  # silent: a second line would repeat rank 0's

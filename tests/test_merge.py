@@ -63,3 +63,26 @@ def test_cli_also_writes_a_gguf_that_loads_back_as_the_merged_model(tiny_model_d
     exported = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
     for prompt in PROMPTS:
         torch.testing.assert_close(_logits(exported.eval(), tokenizer, prompt), _logits(merged, tokenizer, prompt))
+
+
+def test_paths_are_checked_before_anything_is_loaded(tmp_path, trained_adapter, capsys):
+    """Adapter, output directory and GGUF file: one line each, exit 2, before the (here missing) base is read."""
+    afile, empty = tmp_path / "afile", tmp_path / "empty"
+    afile.write_text("")
+    empty.mkdir()
+    base = ["--base", str(tmp_path / "no-base")]
+    cases = {
+        (f"--adapter {afile}: is a file, not an adapter directory"): ["--adapter", str(afile), "--out", str(empty)],
+        (f"--adapter {empty}: the directory has no adapter_config.json"): ["--adapter", str(empty), "--out", str(empty)],
+        (f"--out {afile}: {afile} is a file, not a directory"): ["--adapter", str(trained_adapter), "--out", str(afile)],
+        (f"--gguf {empty}: is a directory; pass the GGUF file to write"): [
+            "--adapter", str(trained_adapter), "--out", str(tmp_path / "out"), "--gguf", str(empty)],
+        (f"--gguf {afile}/m.gguf: {afile} is a file, not a directory"): [
+            "--adapter", str(trained_adapter), "--out", str(tmp_path / "out"), "--gguf", str(afile / "m.gguf")],
+    }  # fmt: skip
+    for message, argv in cases.items():
+        with pytest.raises(SystemExit) as leaving:
+            run_cli(lambda argv=argv: main([*base, *argv]))
+        assert leaving.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err

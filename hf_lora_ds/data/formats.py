@@ -103,14 +103,14 @@ def to_conversation(
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     # A null field is an absent one: Arrow sources (parquet, save_to_disk, the Hub) give every row every column.
-    record = _map_columns({k: v for k, v in record.items() if v is not None}, options.columns, where)
-    tools = _tools(record.get("tools"), where)
+    record, names = _map_columns({k: v for k, v in record.items() if v is not None}, options.columns, where)
+    tools = _tools(record.get("tools"), where, names["tools"])
     if "conversations" in record:
-        messages = _sharegpt_messages(record, where, {**SHAREGPT_ROLES, **options.sharegpt_roles})
+        messages = _sharegpt_messages(record, where, {**SHAREGPT_ROLES, **options.sharegpt_roles}, names)
     elif "messages" in record:
-        messages = _messages(record["messages"], where, "messages")
+        messages = _messages(record["messages"], where, names["messages"])
     elif "instruction" in record or "output" in record:
-        messages = _alpaca_messages(record, where)
+        messages = _alpaca_messages(record, where, names)
     else:
         raise DataError(
             f"{where}: missing field: a record needs 'messages' (chat format) "
@@ -126,25 +126,36 @@ def to_messages(record: Any, system_prompt: str | None = None, where: str = "rec
     return to_conversation(record, where, system_prompt)["messages"]
 
 
-def _map_columns(record: dict, columns: dict[str, str], where: str) -> dict:
-    """Rename the dataset's columns to the known fields (``prompt``/``query`` → instruction, ``response`` → output).
+class _FieldNames(dict):
+    """Known field -> the name the record gave it: the ``--columns`` column it was renamed from, else the field's
+    own name, so that errors name what the user wrote (``field 'thought'``, not ``'reasoning'``)."""
+
+    def __missing__(self, field_name: str) -> str:
+        return field_name
+
+
+def _map_columns(record: dict, columns: dict[str, str], where: str) -> tuple[dict, _FieldNames]:
+    """Rename the dataset's columns to the known fields (``prompt``/``query`` → instruction, ``response`` → output),
+    and say which column each renamed field came from.
 
     A record already in a known format needs none of the mapped columns, so one ``--columns`` serves a mixture of
     layouts; a record in no known format is told which mapped column it lacks.
     """
+    names = _FieldNames()
     if not columns:
-        return record  # already the caller's own copy
+        return record, names  # already the caller's own copy
     mapped = dict(record)
     missing = []
     for key, column in columns.items():
         if column in record:
             mapped[COLUMN_ALIASES.get(key, key)] = mapped.pop(column)
+            names[COLUMN_ALIASES.get(key, key)] = column
         else:
             missing.append((key, column))
     if unmet := _unmet_columns(missing, mapped):
         key, column = unmet[0]
         raise DataError(f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}")
-    return mapped
+    return mapped, names
 
 
 def _unmet_columns(missing: list[tuple[str, str]], mapped: dict) -> list[tuple[str, str]]:
@@ -157,7 +168,7 @@ def _unmet_columns(missing: list[tuple[str, str]], mapped: dict) -> list[tuple[s
     return [(key, column) for key, column in missing if COLUMN_ALIASES.get(key, key) in ALPACA_FIELDS - mapped.keys()]
 
 
-def _tools(tools: Any, where: str) -> list[dict] | None:
+def _tools(tools: Any, where: str, name: str) -> list[dict] | None:
     """A record's tool schemas: a list of objects, or that list as a JSON string (LLaMA-Factory stores it so)."""
     if tools is None or tools == "" or tools == []:
         return None
@@ -165,20 +176,20 @@ def _tools(tools: Any, where: str) -> list[dict] | None:
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as err:
-            raise DataError(f"{where}: field 'tools' is not valid JSON ({err.msg} at column {err.colno})") from None
+            raise DataError(f"{where}: field '{name}' is not valid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise DataError(f"{where}: field 'tools' must be a list of tool schemas (objects)")
+        raise DataError(f"{where}: field '{name}' must be a list of tool schemas (objects)")
     return tools
 
 
-def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[dict[str, Any]]:
+def _sharegpt_messages(record: dict, where: str, roles: dict[str, str], names: _FieldNames) -> list[dict[str, Any]]:
     """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call."""
-    turns = record["conversations"]
+    turns, list_name = record["conversations"], names["conversations"]
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"{where}: field 'conversations' must be a non-empty list of {{from, value}} objects")
+        raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{from, value}} objects")
     messages: list[dict[str, Any]] = []
     for i, turn in enumerate(turns):
-        name = f"conversations[{i}]"
+        name = f"{list_name}[{i}]"
         if not isinstance(turn, dict):
             raise DataError(f"{where}: field '{name}' must be an object with 'from' and 'value'")
         speaker, value = turn.get("from"), turn.get("value")
@@ -196,13 +207,14 @@ def _sharegpt_messages(record: dict, where: str, roles: dict[str, str]) -> list[
             messages.append({"role": "assistant", "content": "", "tool_calls": [call], **reasoning})
         else:
             messages.append({"role": role, "content": value, **reasoning})
-    messages = _messages(messages, where, "conversations", validate_calls=False, content_field="value")
+    messages = _messages(messages, where, list_name, validate_calls=False, content_field="value")
     system = record.get("system")
     if system:  # prepended after validation, so errors index the record's own turns
         if not isinstance(system, str):
-            raise DataError(f"{where}: field 'system' must be a string, got {type(system).__name__}")
+            raise DataError(f"{where}: field '{names['system']}' must be a string, got {type(system).__name__}")
         if messages[0]["role"] == "system":
-            raise DataError(f"{where}: field 'system': conversations[0] is a system turn already; keep one of them")
+            raise DataError(f"{where}: field '{names['system']}': {list_name}[0] is a system turn already; keep one "
+                            "of them")  # fmt: skip
         messages.insert(0, {"role": "system", "content": system})
     return messages
 
@@ -217,12 +229,13 @@ def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
     return _tool_call({"function": call} if isinstance(call, dict) else call, where, f"{name}.value")
 
 
-def _alpaca_messages(record: dict, where: str) -> list[dict[str, Any]]:
-    instruction = _string_field(record, "instruction", where)
-    output = _string_field(record, "output", where)
-    extra = _string_field(record, "input", where, required=False, allow_empty=True)
-    system = _string_field(record, "system", where, required=False, allow_empty=True)
-    reasoning = _string_field(record, "reasoning", where, required=False, allow_empty=True)
+def _alpaca_messages(record: dict, where: str, names: _FieldNames) -> list[dict[str, Any]]:
+    instruction = _string_field(record, "instruction", where, label=names["instruction"])
+    output = _string_field(record, "output", where, label=names["output"])
+    optional = {"required": False, "allow_empty": True}
+    extra = _string_field(record, "input", where, label=names["input"], **optional)
+    system = _string_field(record, "system", where, label=names["system"], **optional)
+    reasoning = _string_field(record, "reasoning", where, label=names["reasoning"], **optional)
     messages = [{"role": "system", "content": system}] if system else []
     user = f"{instruction}\n{extra}" if extra else instruction
     answer = {"role": "assistant", "content": output} | ({"reasoning_content": reasoning} if reasoning else {})

@@ -21,6 +21,8 @@ from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
+from hf_lora_ds.launch.checks import check_output_path
+from hf_lora_ds.model.adapter_check import check_adapter_directory
 from hf_lora_ds.model.gguf_import import model_source, plain_model
 from hf_lora_ds.model.source import check_model_source, hub_load_errors
 
@@ -122,6 +124,9 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     state = PartialState()  # joins the process group when launched by torchrun; picks this rank's device
+    if args.adapter:
+        check_adapter_directory(args.adapter, "--adapter")
+    check_output_path("--output_dir", args.output_dir)
     records = load_records(args.data)[: args.max_samples]
     load_samples(records, task, args.system_prompt)  # every record checked before a model is loaded
     source, kwargs = model_source(args.model, args.gguf_file, "--model", need_tokenizer=not args.tokenizer)

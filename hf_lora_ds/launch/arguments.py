@@ -7,7 +7,6 @@ is loaded, with a message that says which flag to change.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
@@ -328,8 +327,6 @@ class SFTTrainingArguments(TrainingArguments):
         from (on a CPU-only machine torch's CPUOffloadPolicy fails after loading: no accelerator device)."""
         if not self.fsdp:
             return
-        if isinstance(self.fsdp_config, str) and not os.path.isfile(self.fsdp_config):
-            raise MissingPathError(f"--fsdp_config {self.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
         settings = fsdp_settings(self.fsdp_config)
         if str(settings.get("version", 2)) != "2":
             raise UserError(f"--fsdp_config version {settings['version']}: hf_lora_ds runs FSDP2 (version 2) only")

@@ -7,7 +7,8 @@ torch's "Invalid learning rate", ``--seed -3``: numpy's "Seed must be between 0 
 (``--gradient_accumulation_steps -3`` and ``--max_steps -3`` train as if unset). Found by the argument sweep in
 tests/test_cli_sweep.py; checked before any model is loaded. Then the flags whose bad values the sweep found
 failing later: JSON-valued flags, config files, --report_to, --torch_compile_backend/_mode,
---attn_implementation, --eval_task, and a file where --output_dir or --dataset_cache_dir needs a directory.
+--attn_implementation, --eval_task. And the paths (``check_paths``, shared with the audit, the planner, the eval
+and merge commands): a missing data file, a file where --output_dir or --dataset_cache_dir needs a directory.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ __all__ = [
     "check_fields",
     "check_lora",
     "check_model_and_data",
+    "check_output_path",
+    "check_paths",
     "check_ranges",
     "check_training_flags",
 ]
@@ -97,14 +100,7 @@ def check_model_and_data(args: Any) -> None:
         raise UserError("--model_name_or_path is required: a local model directory or a hub id")
     if not args.train_file:
         raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
-    for flag in ("train_file", "eval_file"):
-        spec = getattr(args, flag)
-        if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
-            setattr(args, flag, spec := ",".join(_source_text(entry) for entry in spec))
-        # Mixture weights and missing local files fail here; directories and Hub ids are checked when read.
-        for source in parse_sources(spec) if spec else []:
-            if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
-                raise MissingPathError(f"--{flag} {source.location}: no such file")
+    check_paths(args)
     FormatOptions.from_flags(args.columns, args.sharegpt_roles)  # a bad mapping fails before the model loads
     if args.preprocessing_num_workers is not None and args.preprocessing_num_workers < 1:
         raise UserError(f"--preprocessing_num_workers must be a positive integer, got {args.preprocessing_num_workers}")
@@ -131,6 +127,32 @@ def check_lora(args: Any) -> None:
         raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
 
 
+def check_paths(args: Any) -> None:
+    """The run's paths, before anything reads or writes them: a local data file of --train_file/--eval_file that is
+    missing (mixture weights are parsed here too; directories and Hub ids are checked when read), a file where
+    --output_dir or --dataset_cache_dir needs a directory, an --fsdp_config that is no file. ``args`` holds run_sft's
+    fields (parsed values or the arguments object)."""
+    for flag in ("train_file", "eval_file"):
+        spec = getattr(args, flag)
+        if isinstance(spec, list):  # a YAML list of sources: the same as the comma-separated flag
+            setattr(args, flag, spec := ",".join(_source_text(entry) for entry in spec))
+        for source in parse_sources(spec) if spec else []:
+            if source.location.lower().endswith(DATA_SUFFIXES) and not os.path.isfile(source.location):
+                raise MissingPathError(f"--{flag} {source.location}: no such file")
+    for flag in ("output_dir", "dataset_cache_dir"):
+        check_output_path(f"--{flag}", getattr(args, flag))
+    if args.fsdp and isinstance(args.fsdp_config, str) and not os.path.isfile(args.fsdp_config):
+        raise MissingPathError(f"--fsdp_config {args.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
+
+
+def check_output_path(flag: str, value: str | os.PathLike | None, *, file: bool = False) -> None:
+    """Raise a ``UserError`` when ``value``, a directory to be created or written (``file``: a file to be written,
+    whose folders are), is blocked by a file: makedirs would fail with a traceback only once there is something to
+    write."""
+    if value and (blocker := _file_in_the_way(Path(value).parent if file else Path(value))):
+        raise UserError(f"{flag} {value}: {blocker} is a file, not a directory; choose another path")
+
+
 def _source_text(entry: str | dict) -> str:
     """One YAML source entry (``"a.jsonl:0.7"`` or ``{path: a.jsonl, weight: 0.7}``) as flag text."""
     if isinstance(entry, dict):
@@ -142,9 +164,6 @@ def check_training_flags(args: Any) -> None:
     """The non-numeric flags above, in the order a user would fix them; ``args`` is an SFTTrainingArguments."""
     _check_dict_flags(args)
     _check_names(args)
-    for flag in ("output_dir", "dataset_cache_dir"):
-        if (value := getattr(args, flag)) and (blocker := _file_in_the_way(Path(value))):
-            raise UserError(f"--{flag} {value}: {blocker} is a file, not a directory; choose another path")
 
 
 def _check_dict_flags(args: Any) -> None:

@@ -18,9 +18,15 @@ from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, get_peft_mod
 from peft.utils import load_peft_weights
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig
 
-from hf_lora_ds.errors import UserError
+from hf_lora_ds.errors import MissingPathError, UserError
 
-__all__ = ["AdapterIntegrityError", "UntrainedAdapterError", "check_adapter_trained", "verify_adapter"]
+__all__ = [
+    "AdapterIntegrityError",
+    "UntrainedAdapterError",
+    "check_adapter_directory",
+    "check_adapter_trained",
+    "verify_adapter",
+]
 
 _EMPTY_HINT = (
     "Under DeepSpeed ZeRO-3 the adapter must be saved with the partitioned weights gathered: set "
@@ -39,6 +45,22 @@ class AdapterIntegrityError(UserError):
 
 class UntrainedAdapterError(AdapterIntegrityError):
     """Optimizer steps ran at a non-zero learning rate, yet every ``lora_B`` is still exactly zero."""
+
+
+def check_adapter_directory(path: str | os.PathLike, flag: str = "--adapter") -> None:
+    """Raise a one-line ``UserError`` naming ``flag`` unless ``path`` is a directory holding ``adapter_config.json``,
+    before any model is loaded (PEFT's own ``from_pretrained`` says "Can't find 'adapter_config.json'" with a
+    traceback, and treats a path it cannot find as a Hub id)."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingPathError(f"{flag} {path}: no such directory; pass the directory a run saved its adapter to "
+                               "(its --output_dir, or a checkpoint-N in it)")  # fmt: skip
+    if not path.is_dir():
+        raise UserError(f"{flag} {path}: is a file, not an adapter directory; pass the directory that holds "
+                        "adapter_config.json")  # fmt: skip
+    if not (path / "adapter_config.json").is_file():
+        raise UserError(f"{flag} {path}: the directory has no adapter_config.json, so it is not a saved PEFT adapter; "
+                        "pass a run's --output_dir or a checkpoint-N in it")  # fmt: skip
 
 
 def check_adapter_trained(adapter_dir: str | os.PathLike, steps: int, max_learning_rate: float) -> None:

@@ -77,18 +77,22 @@ def merge_adapter(
 
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=saved_dtype).to(device).eval()
     exported = _logits(reloaded, tokenizer, prompts, device)
-    diff = max((ref - got).abs().max().item() for ref, got in zip(reference, exported))
+    if not list(Path(out).glob("*.safetensors")):
+        raise MergeMismatchError(f"No safetensors weights were written to {out}.")
     if atol is None:
         scale = max(1.0, max(ref.abs().max().item() for ref in reference))
         atol = _DEFAULT_RTOL.get(saved_dtype, 1e-1) * scale
-    if not list(Path(out).glob("*.safetensors")):
-        raise MergeMismatchError(f"No safetensors weights were written to {out}.")
-    if not diff <= atol:
-        raise MergeMismatchError(
-            f"Merged model in {out} differs from base + adapter by {diff:.3g} (> {atol:.3g}) in logits on "
-            f"{len(prompts)} prompts. Merge in higher precision (--dtype float32) or check the adapter."
-        )
-    return diff
+    # Prompt by prompt, and "not <=": a NaN difference fails every comparison, so max() over the prompts would
+    # drop it unless it came first, and "diff > atol" would pass it.
+    diffs = [(ref - got).abs().max().item() for ref, got in zip(reference, exported)]
+    for number, (prompt, diff) in enumerate(zip(prompts, diffs), start=1):
+        if not diff <= atol:
+            raise MergeMismatchError(
+                f"Merged model in {out} differs from base + adapter by {diff:.3g} (> {atol:.3g}) in logits on prompt "
+                f"{number} of {len(prompts)} ({prompt!r}). Merge in higher precision (--dtype float32) or check the "
+                "adapter (a NaN or infinite logit fails any tolerance)."
+            )
+    return max(diffs)
 
 
 def _tokenizer(adapter: Path, base: str, base_kwargs: dict) -> PreTrainedTokenizerBase:

@@ -20,6 +20,7 @@ import sys
 import torch
 
 from hf_lora_ds.errors import run_cli
+from hf_lora_ds.launch.checks import check_paths
 from hf_lora_ds.launch.cli import read_run_values
 from hf_lora_ds.plan.planner import PlanRow, recommend
 from hf_lora_ds.plan.run_plan import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
@@ -32,8 +33,9 @@ PLAN_DEFAULTS = {**DEMO_ARGUMENTS, "train_file": None, "eval_file": None}
 
 def parse(argv: list[str]):
     """run_sft's fields as parsed values (through its parser; no arguments object, which would prepare a launch),
-    and the planner's own."""
+    with their paths checked as run_sft checks them, and the planner's own."""
     namespace = read_run_values(argv, PLAN_DEFAULTS, extra=[PlanArguments])
+    check_paths(namespace)
     plan_args = PlanArguments(**{name: getattr(namespace, name) for name in PlanArguments.__dataclass_fields__})
     return namespace, plan_args
 

@@ -34,7 +34,9 @@ from hf_lora_ds.training.universal_checkpoint import universal_refusal, zero_che
 __all__ = [
     "COMPLETE_MARKER",
     "CheckpointSaveError",
+    "RankLostError",
     "save_failures",
+    "lost_ranks",
     "mark_checkpoint_complete",
     "is_complete_checkpoint",
     "find_latest_complete_checkpoint",
@@ -69,10 +71,37 @@ def save_failures(target: str | os.PathLike, output_dir: str | os.PathLike) -> I
         cause = err.strerror if isinstance(err, OSError) and err.strerror else _write_failure(Path(target))
         if cause is None:
             raise
-        latest, _ = find_latest_complete_checkpoint(output_dir)
-        resume = (f"{latest} is the last complete checkpoint (--resume_from_checkpoint auto continues from it)"
-                  if latest else f"no complete checkpoint in {output_dir}")  # fmt: skip
-        raise CheckpointSaveError(f"saving {target} failed: {cause}; {resume}") from err
+        raise CheckpointSaveError(f"saving {target} failed: {cause}; {_resume_hint(output_dir)}") from err
+
+
+class RankLostError(UserError):
+    """Another rank's process stopped mid-run (killed, out of memory); the last complete checkpoint is named."""
+
+
+# gloo's words for a collective whose peer process is gone: the kernel closed the dead process's sockets.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
+
+
+@contextlib.contextmanager
+def lost_ranks(output_dir: str | os.PathLike) -> Iterator[None]:
+    """Turn the collective that fails because another rank's process is gone (a SIGKILL inside a save, the OOM
+    killer) into one line naming the checkpoint to resume from, instead of gloo's traceback on every survivor. The
+    dead rank's own cause is in the launcher's report of it. (NCCL notices a dead peer only at its timeout.)"""
+    try:
+        yield
+    except RuntimeError as err:
+        gone = next((text for text in _PEER_GONE if text in str(err)), None)
+        if gone is None:
+            raise
+        raise RankLostError(f"another rank of this run stopped (its connection: {gone}; the launcher's report says "
+                            f"which and why); {_resume_hint(output_dir)}") from err  # fmt: skip
+
+
+def _resume_hint(output_dir: str | os.PathLike) -> str:
+    latest, _ = find_latest_complete_checkpoint(output_dir)
+    if latest is None:
+        return f"no complete checkpoint in {output_dir}"
+    return f"{latest} is the last complete checkpoint (--resume_from_checkpoint auto continues from it)"
 
 
 def _write_failure(target: Path) -> str | None:

@@ -6,6 +6,12 @@ FSDP on the CPU: accelerate turns its state into ``DistributedType.FSDP`` only f
 (``MULTI_CPU``, gloo) trains as plain DDP and saves a DDP checkpoint, with exit code 0. PyTorch's ``fully_shard``
 itself runs over a gloo CPU mesh; ``shard_on_cpu`` gives the state the FSDP plugin accelerate would have kept, so
 ``accelerator.prepare`` applies FSDP2 exactly as on GPUs.
+
+The type must also be written where accelerate writes it (``PartialState``'s shared state, as
+``AcceleratorState.__init__`` does for GPUs): every later ``AcceleratorState()`` (the optimizer wrapper makes one)
+copies PartialState's type back, and from then on ``accelerator.is_fsdp2`` is False. ``get_state_dict`` then took
+its FSDP1 branch and returned the sharded DTensors, whose save died in PEFT's ``save_pretrained`` (FULL_STATE_DICT:
+"invalid python storage"), and the resume from a FULL_STATE_DICT checkpoint hung (rank 0's broadcast never sent).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ __all__ = ["shard_on_cpu", "full_grad_norm", "full_adapter_state_dict"]
 
 def shard_on_cpu(trainer: Trainer) -> bool:
     """Give a CPU multi-process accelerator the FSDP plugin the run asked for; True when it did (see module doc)."""
+    from accelerate import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = trainer.accelerator.state
@@ -27,6 +34,7 @@ def shard_on_cpu(trainer: Trainer) -> bool:
         return False
     state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
     state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # kept by every later AcceleratorState()
     return True
 
 

@@ -26,7 +26,12 @@ from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line, wrap_with_lora
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
-from hf_lora_ds.training.checkpoints import check_resume_world_size, resolve_resume_checkpoint, save_failures
+from hf_lora_ds.training.checkpoints import (
+    check_resume_world_size,
+    lost_ranks,
+    resolve_resume_checkpoint,
+    save_failures,
+)
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.training.nonfinite import NonFiniteGuard
 from hf_lora_ds.training.supervised_logits import (
@@ -113,7 +118,8 @@ class LoraSFTTrainer(Trainer):
                 for name, audit in audit_by_source(self.train_dataset).items():
                     print0(f"  {name}: {audit.line()}")
         try:
-            result = super().train(resume_from_checkpoint, *args, **kwargs)
+            with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
+                result = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.preemption.restore_handlers()
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
@@ -269,14 +275,19 @@ class LoraSFTTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves
-        zero-size tensors without any error, and the run only fails later, at merge or load time. Under FSDP2 the
-        adapter is always written whole, whatever the checkpoint's state dict type."""
+        zero-size tensors without any error, and the run only fails later, at merge or load time.
+
+        Under FSDP2 the adapter is gathered whole onto rank 0 (a collective: every rank), whatever the state dict
+        type: Trainer writes none for SHARDED_STATE_DICT (Accelerate's default, for resuming), and for
+        FULL_STATE_DICT it would gather every frozen base weight onto rank 0 too, only for PEFT to keep the LoRA
+        ones. The checkpoint's resume state stays Trainer's (accelerate's ``save_fsdp_model``, either type)."""
         with save_failures(output_dir or self.args.output_dir, self.args.output_dir):
-            super().save_model(output_dir, _internal_call)
-            if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
-                # A sharded state dict (Accelerate's FSDP default) is for resuming; Trainer then writes no adapter
-                # at all, so gather the full one (a collective: every rank) as Trainer does for FULL_STATE_DICT.
+            if self.is_fsdp_enabled:
                 self._save(output_dir, state_dict=full_adapter_state_dict(self.model))
+                if self.args.push_to_hub and not _internal_call:  # as Trainer.save_model does after its own save
+                    self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+            else:
+                super().save_model(output_dir, _internal_call)
         if self.args.should_save:
             verify_adapter(output_dir or self.args.output_dir, base_model=self.model.get_base_model().config)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import torch
 from transformers import Trainer, TrainingArguments
@@ -29,3 +30,28 @@ def test_trainer_saves_carry_the_marker(tiny_model, tmp_path):
         assert marker["global_step"] == step and marker["world_size"] == 1
         assert {"trainer_state.json", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(marker["files"])
     assert find_latest_complete_checkpoint(tmp_path) == (tmp_path / "checkpoint-2", [])
+
+
+class Barrier:
+    """``distributed_state.wait_for_everyone`` as one rank sees it: records that the rank reached it, and whether
+    the checkpoint was marked before every rank had (the other rank may still be writing its part)."""
+
+    def __init__(self, checkpoint):
+        self.checkpoint, self.reached = checkpoint, []
+
+    def wait_for_everyone(self):
+        self.reached.append((self.checkpoint / COMPLETE_MARKER).exists())
+
+
+def test_the_marker_is_written_only_after_every_rank_finished(tmp_path):
+    """Multi-rank: rank 0 marks the checkpoint after the barrier; the other ranks (should_save False) still meet it,
+    or rank 0 would wait for them forever."""
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    for rank, should_save in ((1, False), (0, True)):
+        barrier = Barrier(checkpoint)
+        args = SimpleNamespace(distributed_state=barrier, output_dir=str(tmp_path), should_save=should_save,
+                               world_size=2, process_index=rank)  # fmt: skip
+        CheckpointCompletionCallback().on_save(args, SimpleNamespace(global_step=3), None)
+        assert barrier.reached == [False], f"rank {rank}"
+        assert (checkpoint / COMPLETE_MARKER).exists() == should_save

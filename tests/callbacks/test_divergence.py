@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 
 import run_sft
-from hf_lora_ds.callbacks.divergence import DivergenceCallback
+from hf_lora_ds.callbacks.divergence import DivergenceCallback, DivergenceError
 from hf_lora_ds.errors import run_cli
+from hf_lora_ds.training.checkpoints import mark_checkpoint_complete
 
 
 def signs(losses, grad_norms):
@@ -55,3 +57,17 @@ def test_on_divergence_stop(tmp_path, capsys):
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]  # not after the bar
     assert error == [f"error: divergence at step 2: {GRADIENT_STOPS}; lower --learning_rate (or raise --warmup_steps); "
                      "stopped by --on_divergence stop, no complete checkpoint yet"]  # fmt: skip
+
+
+def test_the_stop_names_the_last_complete_checkpoint(tmp_path):
+    """What the user resumes from: checkpoint-2 is complete, checkpoint-4 was never marked (a save cut short)."""
+    for step in (2, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    mark_checkpoint_complete(tmp_path / "checkpoint-2", 2, world_size=1)
+    guard = DivergenceCallback("stop")
+    state = SimpleNamespace(global_step=5, log_history=[{"loss": 4.0}])
+    guard.on_log(SimpleNamespace(output_dir=str(tmp_path)), state, None, logs={"loss": 4.0, "grad_norm": 0.5})
+    with pytest.raises(DivergenceError, match=rf"stopped by --on_divergence stop, last complete checkpoint: "
+                       rf"{tmp_path}/checkpoint-2$"):  # fmt: skip
+        guard.on_log(SimpleNamespace(output_dir=str(tmp_path)), state, None, logs={"loss": 40.0, "grad_norm": 0.5})

@@ -8,8 +8,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from hf_lora_ds.callbacks.engine_line import EngineMismatchError, check_engine_honoured, engine_line
+from hf_lora_ds.callbacks.engine_line import EngineMismatchError, check_engine_honoured, engine_line, engine_record
 from tests.training.test_trainer import make_trainer
 
 
@@ -44,3 +45,31 @@ def test_honoured_engines_pass_and_name_their_setup():
     fsdp = record(engine="FSDP2", sharded_modules=7, reshard_after_forward=True, offload_parameters="cpu")
     check_engine_honoured(SimpleNamespace(args=SimpleNamespace(deepspeed=None, fsdp="full_shard")), fsdp)
     assert engine_line(fsdp).startswith("engine: FSDP2 (full shard of 7 modules, offload parameters cpu)")
+
+
+class DeepSpeedEngine(torch.nn.Module):
+    """The parts of deepspeed's engine the line reads: ZeRO-3 offloading the optimizer only (DeepSpeed's own
+    ``zero_offload_optimizer`` / ``zero_offload_param`` give the offload config, or None where there is none)."""
+
+    def zero_optimization_stage(self):
+        return 3
+
+    def zero_offload_optimizer(self):
+        return SimpleNamespace(device="cpu")
+
+    def zero_offload_param(self):
+        return None
+
+    def bfloat16_enabled(self):
+        return False
+
+    def fp16_enabled(self):
+        return False
+
+
+def test_the_deepspeed_line_reads_optimizer_and_parameter_offload_each_from_its_own_config():
+    trainer = SimpleNamespace(model_wrapped=DeepSpeedEngine(), model=torch.nn.Linear(2, 2),
+                              accelerator=SimpleNamespace(num_processes=1))  # fmt: skip
+    line = engine_line(engine_record(trainer))
+    assert line == ("engine: DeepSpeed ZeRO-3 (offload optimizer cpu), world size 1, backend none, weights float32, "
+                    "mixed precision no")

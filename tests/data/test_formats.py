@@ -175,6 +175,27 @@ def test_a_bad_turn_gets_one_message_whatever_the_other_turns_hold(bad_turn, mes
         to_conversation(record, "r")
 
 
+@pytest.mark.parametrize(
+    ("columns", "record", "message"),
+    [
+        ({"reasoning": "thought"}, {"instruction": "q", "output": "a", "thought": ["a", "list"]},
+         r"^r: field 'thought' must be a string, got list"),
+        ({"prompt": "question", "response": "answer"}, {"question": "q", "answer": 3},
+         r"^r: field 'answer' must be a string, got int"),
+        ({"messages": "dialog"}, {"dialog": [{"role": "user", "content": ["hi"]}]},
+         r"^r: field 'dialog\[0\].content' must be a string, got list"),
+        ({"conversations": "turns", "system": "persona"}, {"turns": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "persona": 1},
+         r"^r: field 'persona' must be a string, got int"),
+        ({"tools": "functions"}, {"instruction": "q", "output": "a", "functions": "{"},
+         r"^r: field 'functions' is not valid JSON"),
+    ],
+    ids=["reasoning", "response", "messages", "sharegpt-system", "tools"],
+)  # fmt: skip
+def test_a_bad_value_in_a_mapped_column_names_the_users_column(columns, record, message):
+    with pytest.raises(DataError, match=message):
+        to_conversation(record, "r", options=FormatOptions(columns=columns))
+
+
 def test_mapped_column_missing_and_bad_flags():
     options = FormatOptions(columns={"prompt": "question", "response": "answer"})
     with pytest.raises(DataError, match=r"^r: missing field 'question' \(mapped to prompt by --columns\)"):

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, Qwen2Config
 from hf_lora_ds import audit
 from hf_lora_ds.data import inference_prompts
 from hf_lora_ds.data.dataset import ChatSFTDataset, TemplateError
-from hf_lora_ds.data.inference_prompts import check_round_trip, round_trip
+from hf_lora_ds.data.inference_prompts import check_round_trip, round_trip, turn_difference
 from hf_lora_ds.testing import QWEN3_TEMPLATE
 from tests import REPO
 from tests.data.test_thinking import TOOL_CONVERSATION, TWO_TURNS, USER
@@ -107,3 +107,16 @@ def test_generation_prompt_that_is_not_the_turn_header_is_named(chatml_tokenizer
     with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 1 as it renders it ") as err:
         dataset([ALPACA], tokenizer, tmp_path)
     assert difference in str(err.value)
+
+
+def test_the_prompts_last_token_is_compared_too(chatml_tokenizer):
+    """A training text that differs from the inference prompt at the prompt's last token only (the generation prompt's
+    final newline, say) is a difference: the model would be trained after a context inference never ends with."""
+    messages = [{"role": "user", "content": "12="}, {"role": "assistant", "content": "3 + 9"}]
+    prompt = chatml_tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    prompt_ids = chatml_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer = chatml_tokenizer("3 + 9<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert turn_difference(chatml_tokenizer, messages, 1, None, prompt_ids + answer) is None
+    other = next(token for token in answer if token != prompt_ids[-1])
+    difference = turn_difference(chatml_tokenizer, messages, 1, None, prompt_ids[:-1] + [other] + answer)
+    assert difference is not None and difference.startswith("assistant turn 1 (enable_thinking=False): ")

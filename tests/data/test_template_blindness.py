@@ -43,6 +43,9 @@ def test_templates_that_only_write_contents_are_blind(template):
         "{{ message['content'] | trim }}",  # transformed: where it ends depends on it
         "{% if 'x' in message.content %}{{ 'x' }}{% endif %}",
         "{% if message.content == 'hi' %}{{ 'hi' }}{% endif %}",
+        "{% if message.content is eq 'hi' %}{{ 'hi' }}{% endif %}",  # the comparison as a test
+        "{% if message['content'] is in ['hi', 'hello'] %}{{ 'hi' }}{% endif %}",
+        "{% if message is eq messages[0] %}{{ 'first' }}{% endif %}",  # a whole message compared
         "{% if message.content.startswith('<tool_response>') %}{{ 'tool' }}{% endif %}",
         "{{ message.content.split('</think>')[-1] }}",
         "{{ message.content[0] }}",

@@ -2,8 +2,12 @@
 
     deepspeed --num_gpus 2 tests/e2e/sft_entry.py [--kill_rank R --kill_step N --kill_on step_end|save]
         [--sigterm_step N] [--nan_grad_rank R --nan_grad_step N]
-        [--record_engine_state] RUN_SFT_ARGS
+        [--record_engine_state] [--offset_loaded_weights R] [--disk_fault full|read_only --disk_fault_step N]
+        RUN_SFT_ARGS
 
+- ``offset_loaded_weights`` (``--offset_loaded_weights R``): rank R adds 1 to every base weight it loaded, before
+  LoRA and any engine. With FSDP's CPU-RAM-efficient loading rank 0's weights are broadcast over every other
+  rank's, and the run is the same as without the offset; without it rank R's shards come from its own copy.
 - ``SampleRecorder``: when training ends, each rank writes the samples its own (sharded) training dataloader yields
   to ``OUTPUT_DIR/e2e_samples_rank{R}.json``. run_sft.py shows the world size and the global batch, not which rank
   got which sample; this is the one observation it lacks. The loader is read after training, so it cannot change
@@ -14,6 +18,8 @@
 - ``KillRank``: SIGKILLs rank R at step N, at the end of the step (before any checkpoint of that step) or inside
   the save (after Trainer wrote ``checkpoint-N``, before run_sft's completion marker, whose callback comes later).
   It first writes ``OUTPUT_DIR/e2e_killed.json`` with the wall-clock time of the kill.
+- ``DiskFault`` (``--disk_fault full|read_only --disk_fault_step N``): as step N begins, rank 0 fills the file
+  system of ``--output_dir`` (a file ``filler`` beside it) or remounts it read-only, so the next save fails there.
 - ``SigtermAtStep``: every rank sends itself SIGTERM as step N begins, as a scheduler preempting the job does.
 - ``NaNGradient`` (``--nan_grad_rank R --nan_grad_step N``): during step N only, rank R's gradient of its first
   lora_B weight becomes NaN in the backward pass (the loss stays finite), as an overflow on one GPU would.
@@ -22,16 +28,19 @@
   by rank 0 to ``OUTPUT_DIR/e2e_engine_state_{save|resumed}_step{N}.pt`` after each save and when a resumed run
   begins (after the checkpoint is loaded, before its first step).
 
-After ``main`` returns, each rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
+It runs behind run_sft.py's error boundary (``run_cli``), as users' launches do. After ``main`` returns, each
+rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
 alive (it must not be: see ``release_process_group``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,7 +52,21 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import run_sft  # noqa: E402  (needs the repository root on sys.path)
-from hf_lora_ds.distributed import exit_launched_rank  # noqa: E402
+from hf_lora_ds.errors import run_cli  # noqa: E402
+
+
+def offset_loaded_weights(rank: int) -> None:
+    load = run_sft.load_base_model
+
+    def load_and_offset(args):
+        model, quantized = load(args)
+        if args.process_index == rank:
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.add_(1.0)
+        return model, quantized
+
+    run_sft.load_base_model = load_and_offset
 
 
 class SampleRecorder(TrainerCallback):
@@ -58,7 +81,8 @@ class SampleRecorder(TrainerCallback):
 
 class StepRecorder(TrainerCallback):
     def _write(self, args, steps: dict) -> None:
-        Path(args.output_dir, f"e2e_steps_rank{args.process_index}.json").write_text(json.dumps(steps))
+        with contextlib.suppress(OSError):  # a file system DiskFault made refuse writes: the run's own saves say so
+            Path(args.output_dir, f"e2e_steps_rank{args.process_index}.json").write_text(json.dumps(steps))
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.steps = {"start": state.global_step, "completed": []}
@@ -67,6 +91,29 @@ class StepRecorder(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self.steps["completed"].append(state.global_step)
         self._write(args, self.steps)
+
+
+class DiskFault(TrainerCallback):
+    """As step N begins (after checkpoint N-1's save and its completion marker), rank 0 makes the file system of
+    ``--output_dir`` refuse writes: ``full`` fills it with a file beside the output directory, leaving 64 KiB;
+    ``read_only`` remounts it read-only (root, and a mount of its own: the ``small_disk`` fixture's tmpfs)."""
+
+    def __init__(self, step: int, kind: str):
+        self.step, self.kind = step, kind
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 != self.step or args.process_index != 0:
+            return
+        mount_point = Path(args.output_dir).resolve()
+        while not os.path.ismount(mount_point):
+            mount_point = mount_point.parent
+        print(f"[e2e] {self.kind} file system at {mount_point}, step {self.step}", flush=True)
+        if self.kind == "read_only":
+            subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+            return
+        stats = os.statvfs(args.output_dir)
+        with open(Path(args.output_dir).parent / "filler", "wb") as filler:
+            filler.write(b"0" * (stats.f_bavail * stats.f_frsize - 64 * 1024))
 
 
 class SigtermAtStep(TrainerCallback):
@@ -158,6 +205,9 @@ def main() -> None:
     parser.add_argument("--record_engine_state", action="store_true")
     parser.add_argument("--nan_grad_rank", type=int, default=None)
     parser.add_argument("--nan_grad_step", type=int, default=None)
+    parser.add_argument("--offset_loaded_weights", type=int, default=None)
+    parser.add_argument("--disk_fault", choices=("full", "read_only"), default=None)
+    parser.add_argument("--disk_fault_step", type=int, default=None)
     ours, run_sft_args = parser.parse_known_args()
     callbacks = [SampleRecorder(), StepRecorder()]
     if ours.kill_rank is not None:
@@ -168,12 +218,19 @@ def main() -> None:
         callbacks.append(NaNGradient(ours.nan_grad_rank, ours.nan_grad_step))
     if ours.record_engine_state:
         callbacks.append(EngineStateRecorder())
-    run_sft.main(run_sft_args, callbacks=callbacks)
-    # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
-    output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
-    left = {"process_group_alive": torch.distributed.is_initialized()}
-    Path(output_dir, f"e2e_exit_rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(left))
-    exit_launched_rank(0)  # as run_sft.py's run_cli leaves
+    if ours.disk_fault is not None:
+        callbacks.append(DiskFault(ours.disk_fault_step, ours.disk_fault))
+    if ours.offset_loaded_weights is not None:
+        offset_loaded_weights(ours.offset_loaded_weights)
+
+    def run_and_record_exit() -> None:
+        run_sft.main(run_sft_args, callbacks=callbacks)
+        # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
+        output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
+        left = {"process_group_alive": torch.distributed.is_initialized()}
+        Path(output_dir, f"e2e_exit_rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(left))
+
+    run_cli(run_and_record_exit)  # behind run_sft.py's own error boundary: a user error is one line, exit code 2
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ fsdp_configs/fsdp2.json``) on 2 CPU ranks with gloo, where accelerate alone woul
 One launch shows: the engine line read from the sharded model; the supervised-position loss of the sharded model
 equal to DDP's on the same batches; the non-finite guard dropping a step whose gradient is NaN on one rank only (the
 norm of FSDP2's sharded gradients is a DTensor) on both ranks; the memory trace per rank; the adapter saved whole.
-The Accelerate FSDP2 config (training, sharded checkpoint and exact resume) is test_resume.py's."""
+The Accelerate FSDP2 config (a kill inside a save, exact resume) is test_resume.py's; both state dict types, efficient
+loading and resume from each, test_fsdp_matrix.py's."""
 
 from __future__ import annotations
 

@@ -109,3 +109,20 @@ def test_argument_errors(capsys, tmp_path, varied_model_dir):
     with pytest.raises(SystemExit):
         main(["score", "--task", "sum-to-x", "--data", "x.json"])
     assert "unknown eval task 'sum-to-x'" in capsys.readouterr().err
+
+
+def test_paths_are_checked_before_the_model_loads(capsys, tmp_path, sum_records_file):
+    """A file where the adapter or output directory belongs, a directory that is not an adapter: one line each (PEFT
+    itself raised a ValueError traceback, makedirs a FileExistsError one), before any model is read: the model here
+    does not even exist."""
+    afile, empty = tmp_path / "afile", tmp_path / "empty"
+    afile.write_text("")
+    empty.mkdir()
+    model = ["--model", str(tmp_path / "no-model"), "--data", str(sum_records_file)]
+    assert _cli_error(capsys, [*model, "--adapter", str(afile)]) == (
+        f"error: --adapter {afile}: is a file, not an adapter directory; pass the directory that holds "
+        "adapter_config.json\n")  # fmt: skip
+    assert _cli_error(capsys, [*model, "--adapter", str(empty)]).startswith(
+        f"error: --adapter {empty}: the directory has no adapter_config.json, so it is not a saved PEFT adapter")
+    assert _cli_error(capsys, [*model, "--output_dir", str(afile)]) == (
+        f"error: --output_dir {afile}: {afile} is a file, not a directory; choose another path\n")

@@ -90,6 +90,25 @@ def test_a_deepspeed_flag_that_disagrees_names_both(launched):
         adopt_accelerate_launch(run_args(deepspeed=stage2_path, gradient_accumulation_steps=4))
 
 
+def test_a_deepspeed_flag_that_differs_in_offload_only_is_refused(launched):
+    """Same ZeRO stage, no offload in the file: the user's memory plan differs all the same."""
+    launched(ZERO3_CPU)
+    with pytest.raises(UserError, match=r"--deepspeed .*stage3.json \(ZeRO-3\) and the Accelerate config .*\(ZeRO-3, "
+                       r"offload optimizer cpu, parameters cpu\) disagree"):  # fmt: skip
+        adopt_accelerate_launch(run_args(deepspeed=str(DEEPSPEED_CONFIGS / "stage3.json"), gradient_accumulation_steps=4))
+
+
+@pytest.mark.parametrize(("optimizer", "parameters", "cpu_adam"), [("cpu", "none", True), ("none", "cpu", False)])
+def test_deepspeeds_cpu_adam_follows_the_optimizer_offload(launched, optimizer, parameters, cpu_adam):
+    """Optimizer offload alone needs DeepSpeed's CPU Adam; parameter offload alone keeps Trainer's optimizer."""
+    launched({**ZERO3_CPU, "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": optimizer,
+              "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": parameters})  # fmt: skip
+    args = run_args()
+    adopt_accelerate_launch(args)
+    assert zero_summary(args.deepspeed) == (3, optimizer, parameters)
+    assert ("optimizer" in args.deepspeed) == cpu_adam
+
+
 def test_a_deepspeed_flag_that_agrees_is_kept(launched):
     launched(ZERO3_CPU)
     path = str(DEEPSPEED_CONFIGS / "stage3_offload.json")
@@ -127,6 +146,12 @@ def test_what_cannot_run_is_refused_naming_the_config(launched, variables, messa
     launched(variables)
     with pytest.raises(UserError, match=f"^Accelerate config .*{message}"):
         accelerate_launch()
+
+
+def test_an_fsdp1_config_under_an_fsdp2_launch_is_refused(launched):
+    launched(FSDP2)
+    with pytest.raises(UserError, match="^Accelerate config .* asks for FSDP2 and --fsdp_config does not"):
+        adopt_accelerate_launch(run_args(fsdp="full_shard", fsdp_config={"fsdp_version": 1}))
 
 
 def test_fsdp_config_with_a_deepspeed_flag_is_refused(launched):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.launch.checks import RANGES, check_fields, check_lora, check_ranges, check_training_flags
+from hf_lora_ds.launch.checks import RANGES, check_fields, check_lora, check_paths, check_ranges, check_training_flags
 
 
 def fields(tmp_path, **changes) -> SimpleNamespace:
@@ -17,6 +17,7 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
     values = dict(model_name_or_path="m", train_file=str(train), eval_file=None, columns=None, sharegpt_roles=None,
                   preprocessing_num_workers=None, max_length=16, batching="auto", pad_to_multiple_of=None,
                   use_cache=False, lora_rank=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
+                  output_dir=str(tmp_path / "run"), dataset_cache_dir=None, fsdp="", fsdp_config=None,
                   **{name: None for name in RANGES})  # fmt: skip
     return SimpleNamespace(**{**values, **changes})
 
@@ -57,11 +58,14 @@ def test_a_yaml_list_of_sources_becomes_the_flag_text_and_missing_files_are_name
 
 def test_a_file_where_a_directory_is_needed(tmp_path):
     (tmp_path / "taken").write_text("")
+    for flag in ("output_dir", "dataset_cache_dir"):
+        with pytest.raises(UserError, match=rf"--{flag} .*taken/run: .*taken is a file, not a directory"):
+            check_paths(fields(tmp_path, **{flag: str(tmp_path / "taken" / "run")}))
+        with pytest.raises(UserError, match=rf"--{flag} .*taken: .*taken is a file, not a directory"):
+            check_fields(fields(tmp_path, **{flag: str(tmp_path / "taken")}))  # the run's own checks include it
+    with pytest.raises(MissingPathError, match="--fsdp_config .*: no such file"):
+        check_paths(fields(tmp_path, fsdp="full_shard", fsdp_config=str(tmp_path)))  # a directory
     values = SimpleNamespace(_VALID_DICT_FIELDS=[], report_to="none", torch_compile_backend=None,
-                             torch_compile_mode=None, attn_implementation=None, eval_task="sum_to_x",
-                             output_dir=str(tmp_path / "taken" / "run"), dataset_cache_dir=None)  # fmt: skip
-    with pytest.raises(UserError, match=r"--output_dir .*taken/run: .*taken is a file, not a directory"):
-        check_training_flags(values)
-    values.output_dir, values.attn_implementation = str(tmp_path / "run"), "flash_attention_9"
+                             torch_compile_mode=None, attn_implementation="flash_attention_9", eval_task="sum_to_x")
     with pytest.raises(UserError, match="--attn_implementation flash_attention_9: unknown; use one of"):
         check_training_flags(values)

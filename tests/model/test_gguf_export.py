@@ -45,6 +45,22 @@ def test_exported_gguf_loads_back_with_the_same_logits_ids_and_template(tiny_dir
     assert (got - expected).abs().max() <= TOLERANCE[outtype] * expected.abs().max(), outtype
 
 
+def test_the_files_metadata_read_back_with_gguf(tiny_dir, tmp_path):
+    """What llama.cpp reads and transformers' loader does not check: the special token ids (an EOS left out loads
+    with ``eos_token None``: generation never stops), F32 for every 1-D tensor whatever the outtype, the template."""
+    reader = gguf.GGUFReader(export_gguf(tiny_dir, tmp_path / "model.gguf", "f16"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    keys = gguf.Keys.Tokenizer
+    for kind, key in (("bos", keys.BOS_ID), ("eos", keys.EOS_ID), ("pad", keys.PAD_ID)):
+        field = reader.fields.get(key)
+        assert (field.contents() if field else None) == getattr(tokenizer, f"{kind}_token_id"), kind
+    assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
+    assert reader.fields[gguf.Keys.Tokenizer.CHAT_TEMPLATE].contents() == tokenizer.chat_template
+    types = {tensor.name: (len(tensor.shape), tensor.tensor_type.name) for tensor in reader.tensors}
+    assert {kind for dims, kind in types.values() if dims == 1} == {"F32"}, types
+    assert {kind for dims, kind in types.values() if dims == 2} == {"F16"}, types
+
+
 def test_gguf_base_to_tuned_gguf_with_run_sft_and_merge(qwen_style_tokenizer, tmp_path):
     model_dir = tmp_path / "hf"
     build_tiny_causal_lm("qwen2", qwen_style_tokenizer).save_pretrained(model_dir)

@@ -10,7 +10,7 @@ from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen
 from hf_lora_ds import audit
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora import wrap_with_lora
-from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
+from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, LoraCoverage, Site, lora_coverage
 from hf_lora_ds.report import write_report
 from tests.training.test_trainer import make_trainer
 
@@ -107,3 +107,20 @@ def test_audit_shows_the_coverage_for_a_model(tiny_model_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\nLoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4        0/3\n" in out
     assert out.rstrip().endswith("LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)")
+
+
+def experts_tuned_in(tuned_layers: int, moe_layers: int, layers: int = 4) -> LoraCoverage:
+    """``layers`` decoder layers, attention adapted in each; the first ``moe_layers`` have experts, of which the
+    first ``tuned_layers`` are adapted (a hybrid MoE, or targets matching some layers' expert names only)."""
+    sites = [Site(layer, "attention", "q_proj", True) for layer in range(layers)]
+    sites += [Site(layer, "experts", "w1", layer < tuned_layers) for layer in range(moe_layers)]
+    return LoraCoverage(sites)
+
+
+def test_experts_tuned_in_half_the_moe_layers_or_fewer_stop():
+    """The rule is "most MoE layers' experts tuned", not "any": a run adapting the experts of 1 or 2 of 4 MoE layers
+    leaves most of the model untrained."""
+    for tuned in (1, 2):
+        assert f"LoRA adapts the experts of {tuned} of the 4 MoE layers" in experts_tuned_in(tuned, 4).problem()
+    assert experts_tuned_in(3, 4).problem() is None
+    assert experts_tuned_in(0, 2, layers=5).problem() is None  # experts in 2 of 5 layers only: not most of the model

@@ -31,3 +31,24 @@ def test_a_merge_that_loses_the_adapter_is_refused(tiny_model_dir, trained_adapt
     monkeypatch.setattr(LoraModel, "merge_and_unload", LoraModel.unload)  # the base alone, the adapter dropped
     with pytest.raises(MergeMismatchError, match="differs from base \\+ adapter"):
         merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "lost")
+
+
+def test_a_nan_logit_on_any_prompt_is_refused_and_named(tiny_model_dir, trained_adapter, tmp_path, monkeypatch):
+    """The export's logits NaN on prompt 2 only: Python's max over the prompts' differences drops a NaN that does not
+    come first, and the merge passed verification (diff 2.0e-4)."""
+    import hf_lora_ds.model.merge_adapter as merging
+
+    computed = []
+
+    def logits_nan_on_the_exports_second_prompt(*args):
+        logits = merging_logits(*args)
+        computed.append(logits)
+        if len(computed) == 2:  # the reloaded export's
+            logits[1][0, -1, 0] = float("nan")
+        return logits
+
+    merging_logits = merging._logits
+    monkeypatch.setattr(merging, "_logits", logits_nan_on_the_exports_second_prompt)
+    prompts = ("Hello, how can I help you today?", "What is the capital of France?", "Tell me a joke about cats.")
+    with pytest.raises(MergeMismatchError, match=r"by nan \(> .*\) in logits on prompt 2 of 3 \('What is the capital"):
+        merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "nan", prompts=prompts)

@@ -149,3 +149,16 @@ def test_device_memory_without_device_plans_gpus_on_a_machine_without_one(capsys
     captured = capsys.readouterr()
     assert "planning for 1 x GPU with 24 GiB" in captured.err  # stdout stays the JSON alone
     assert row(json.loads(captured.out), "none", False)["device_bytes"] > 14e9  # a 7B's bf16 weights: a GPU plan
+
+
+def test_paths_are_checked_as_run_sft_checks_them(tmp_path):
+    """A data file that is not there and a file where a directory is needed: one-line errors (the planner read the
+    data anyway, and its cache directory, with tracebacks)."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(MissingPathError, match=f"--train_file {tmp_path}/gone.json: no such file"):
+        main(["--model_name_or_path", MODEL_7B, "--train_file", str(tmp_path / "gone.json")])
+    with pytest.raises(UserError, match=f"--dataset_cache_dir {afile}: {afile} is a file, not a directory"):
+        main(["--model_name_or_path", MODEL_7B, "--dataset_cache_dir", str(afile)])
+    with pytest.raises(MissingPathError, match=f"--fsdp_config {tmp_path}: no such file"):
+        main(["--model_name_or_path", MODEL_7B, "--fsdp", "full_shard", "--fsdp_config", str(tmp_path)])

@@ -11,7 +11,9 @@ import pytest
 
 from hf_lora_ds.training.checkpoints import (
     COMPLETE_MARKER,
+    RankLostError,
     find_latest_complete_checkpoint,
+    lost_ranks,
     mark_checkpoint_complete,
     resolve_resume_checkpoint,
 )
@@ -93,3 +95,15 @@ def test_zero_checkpoints_on_another_number_of_ranks_need_a_run_that_loads_unive
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "trainer_state.json").write_text("{}")  # Trainer's own format: any world size
     assert resolve_resume_checkpoint(str(tmp_path / "plain"), tmp_path, world_size=4)[0] == str(tmp_path / "plain")
+
+
+def test_a_rank_gone_from_a_collective_is_one_line_naming_the_last_complete_checkpoint(tmp_path):
+    """A rank SIGKILLed inside a save leaves the survivors' next collective with gloo's "Connection reset by peer"."""
+    _checkpoint(tmp_path, 2, complete=True)
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:4242: Connection reset by peer.")
+    with pytest.raises(RankLostError, match=rf"^another rank of this run stopped \(its connection: Connection reset by "
+                       rf"peer; .*\); {tmp_path}/checkpoint-2 is the last complete checkpoint"):  # fmt: skip
+        with lost_ranks(tmp_path):
+            raise gloo
+    with pytest.raises(RuntimeError, match="a bug"), lost_ranks(tmp_path):
+        raise RuntimeError("a bug, not a lost rank")
