@@ -29,7 +29,7 @@ from hf_lora_ds.launch.deepspeed_config import (
     run_deepspeed_config,
 )
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
-from hf_lora_ds.model.lora import lora_config_from_args
+from hf_lora_ds.model.lora import lora_config_from_args, shape_config
 from hf_lora_ds.plan.planner import (
     SHIPPED_CONFIGS_DIR,
     PlanRow,
@@ -129,7 +129,7 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
     world_size, per_node = _world(plan_args, on_accelerator)
     settings = PlanSettings(
         model_config=base_model_config(args),
-        lora=lora_config_from_args(args),
+        lora=shape_config(lora_config_from_args(args)),
         dtype=_compute_dtype(args.dtype, on_accelerator),
         batch_size=args.per_device_train_batch_size,
         profile=profile,

@@ -22,6 +22,13 @@
   by rank 0 to ``OUTPUT_DIR/e2e_engine_state_{save|resumed}_step{N}.pt`` after each save and when a resumed run
   begins (after the checkpoint is loaded, before its first step).
 
+- ``LogitsRecorder`` (``--record_logits``): when training ends, the live trained model's logits on fixed token ids
+  (every rank runs the forward: a collective under ZeRO-3), written by rank 0 to ``OUTPUT_DIR/e2e_logits.pt`` with
+  the ids, so a test can load the saved adapter on the original base and compare.
+- ``--variant NAME:ARGS`` (repeatable): one launch trains several runs one after another, each with the common
+  flags plus ARGS and ``--output_dir OUTPUT_DIR/NAME``; the process group is released once, after the last. A
+  2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches.
+
 After ``main`` returns, each rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
 alive (it must not be: see ``release_process_group``).
 """
@@ -149,6 +156,33 @@ class EngineStateRecorder(TrainerCallback):
             self._record(args, state, model, "resumed")
 
 
+class LogitsRecorder(TrainerCallback):
+    IDS = list(range(3, 40))
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        ids = torch.tensor([self.IDS])
+        training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float().cpu()
+        model.train(training)
+        if args.process_index == 0:
+            torch.save({"input_ids": ids, "logits": logits}, Path(args.output_dir, "e2e_logits.pt"))
+
+
+def run_variants(run_sft_args: list[str], variants: list[str], callbacks: list) -> None:
+    """Each variant's run in turn in this process, the process group kept between them."""
+    output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
+    release = run_sft.release_process_group
+    run_sft.release_process_group = lambda: None
+    try:
+        for name, extra in (variant.split(":", 1) for variant in variants):
+            run_sft.main([*run_sft_args, *extra.split(), "--output_dir", str(output_dir / name)], callbacks=callbacks)
+    finally:
+        run_sft.release_process_group = release
+    release()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--kill_rank", type=int, default=None)
@@ -158,6 +192,8 @@ def main() -> None:
     parser.add_argument("--record_engine_state", action="store_true")
     parser.add_argument("--nan_grad_rank", type=int, default=None)
     parser.add_argument("--nan_grad_step", type=int, default=None)
+    parser.add_argument("--record_logits", action="store_true")
+    parser.add_argument("--variant", action="append", metavar="NAME:ARGS", default=[])
     ours, run_sft_args = parser.parse_known_args()
     callbacks = [SampleRecorder(), StepRecorder()]
     if ours.kill_rank is not None:
@@ -168,7 +204,12 @@ def main() -> None:
         callbacks.append(NaNGradient(ours.nan_grad_rank, ours.nan_grad_step))
     if ours.record_engine_state:
         callbacks.append(EngineStateRecorder())
-    run_sft.main(run_sft_args, callbacks=callbacks)
+    if ours.record_logits:
+        callbacks.append(LogitsRecorder())
+    if ours.variant:
+        run_variants(run_sft_args, ours.variant, callbacks)
+    else:
+        run_sft.main(run_sft_args, callbacks=callbacks)
     # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
     output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
     left = {"process_group_alive": torch.distributed.is_initialized()}

@@ -17,6 +17,8 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
     values = dict(model_name_or_path="m", train_file=str(train), eval_file=None, columns=None, sharegpt_roles=None,
                   preprocessing_num_workers=None, max_length=16, batching="auto", pad_to_multiple_of=None,
                   use_cache=False, lora_rank=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
+                  lora_init="default", lora_init_samples=256, lora_optimizer="adamw", loraplus_lr_ratio=None,
+                  load_in_4bit=False, load_in_8bit=False, use_dora=False, fsdp=None, gguf_file=None,
                   **{name: None for name in RANGES})  # fmt: skip
     return SimpleNamespace(**{**values, **changes})
 
