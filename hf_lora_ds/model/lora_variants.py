@@ -164,6 +164,11 @@ def variant_line(config: LoraConfig, lora_optimizer: str = "adamw", loraplus_lr_
     parts = [f"LoRA init {'default' if init == 'True' else init}"]
     if converted_at_save(init):
         parts.append(f"adapter converted at the end to plain LoRA of rank {2 * config.r} for the original base")
+    if rewrites_base(init) and config.lora_dropout:
+        # The adapter now carries the weights' principal part: dropout on its input drops that too (PiSSA's and
+        # CorDA's authors train without it), so the training forward is not the base even at step 0.
+        parts.append(f"--lora_dropout {config.lora_dropout:g} also drops the principal part the adapter holds (0 "
+                     "keeps the training forward at the base at the start)")  # fmt: skip
     if init == "eva":
         ranks = sorted(set((config.rank_pattern or {}).values()) | {config.r})
         parts.append(f"ranks after the data pass {ranks[0]}-{ranks[-1]} (budget r {config.r} a module)"

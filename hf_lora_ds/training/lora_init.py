@@ -60,7 +60,8 @@ def init_batches(dataset: Any, collator: Callable[[list], Batch] | None, samples
     if collator is None:
         raise ValueError("--lora_init eva and corda run the base over training samples: pass data_collator")
     chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples].tolist()
-    return [collator([dataset[i] for i in chosen[start:start + batch_size]]) for start in range(0, len(chosen), batch_size)]
+    return [dict(collator([dataset[i] for i in chosen[start:start + batch_size]]))
+            for start in range(0, len(chosen), batch_size)]
 
 
 @contextmanager

@@ -176,8 +176,13 @@ def run_variants(run_sft_args: list[str], variants: list[str], callbacks: list) 
     release = run_sft.release_process_group
     run_sft.release_process_group = lambda: None
     try:
+        environment = dict(os.environ)
         for name, extra in (variant.split(":", 1) for variant in variants):
             run_sft.main([*run_sft_args, *extra.split(), "--output_dir", str(output_dir / name)], callbacks=callbacks)
+            # Accelerate exports its DeepSpeed settings (ACCELERATE_*) for the run it built; the next run would take
+            # them for an ``accelerate launch`` config.
+            os.environ.clear()
+            os.environ.update(environment)
     finally:
         run_sft.release_process_group = release
     release()

@@ -96,8 +96,10 @@ def test_what_each_init_needs():
 
 def test_the_variant_line():
     assert variant_line(LoraConfig(r=8)) is None
-    assert variant_line(LoraConfig(r=8, init_lora_weights="pissa")) == (
+    assert variant_line(LoraConfig(r=8, init_lora_weights="pissa", lora_dropout=0.0)) == (
         "LoRA init pissa; adapter converted at the end to plain LoRA of rank 16 for the original base")
+    assert "--lora_dropout 0.05 also drops the principal part" in variant_line(
+        LoraConfig(r=8, init_lora_weights="olora", lora_dropout=0.05))
     eva = LoraConfig(r=8, init_lora_weights="eva", rank_pattern={"a": 4, "b": 12})
     assert variant_line(eva) == "LoRA init eva; ranks after the data pass 4-12 (budget r 8 a module)"
     assert variant_line(LoraConfig(r=8), "loraplus", None) == "LoRA init default; LoRA+: B at 16x the learning rate of A"
