@@ -206,8 +206,8 @@ class SFTTrainingArguments(TrainingArguments):
             "vectors of each weight; the base keeps the residual), olora (QR of each weight), eva (SVD of each "
             "layer's inputs over --lora_init_samples training samples; ranks redistributed), corda (SVD weighted "
             "by those inputs' covariance), loftq (--load_in_4bit only: fits the 4-bit quantisation error), "
-            "orthogonal (even rank). pissa/olora/corda/loftq are saved converted to a plain LoRA adapter of twice "
-            "the rank for the original base."
+            "orthogonal (even rank). pissa/olora/corda rewrite the base to its residual: their adapter is saved "
+            "converted to plain LoRA of twice the rank for the original base."
         },
     )
     lora_init_samples: int = field(

@@ -7,9 +7,7 @@ on the ORIGINAL weight. That is PEFT's ``subtract_mutated_init``, which ``save_p
 path_initial_model_for_weight_conversion=DIR)`` runs by loading the start from DIR into the live model as a second
 adapter; under ZeRO-3 that model sits partitioned inside the engine. Here the same arithmetic runs on the adapter
 file Trainer has already gathered and saved, with the start kept in memory since the model was wrapped
-(``adapter_snapshot``), so it is the same for every engine. LoftQ is converted the same way: its start fits the
-difference between the full-precision and the 4-bit weight, so on the full-precision base the converted adapter
-gives the trained model up to the part of the quantisation error rank r cannot hold.
+(``adapter_snapshot``), so it is the same for every engine.
 
 The run's checkpoints stay as trained (they resume onto the residual base); only the final adapter is converted.
 """

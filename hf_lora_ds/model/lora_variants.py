@@ -12,8 +12,11 @@ PEFT 0.21 starts an adapter in one of three ways, and each asks something differ
 - from data: ``eva`` (A from the SVD of each layer's input activations; ranks redistributed by explained variance)
   and ``corda`` run the base over training samples before step 1 (hf_lora_ds.training.lora_init).
 
-``loftq`` fits the adapter to the 4-bit quantisation error of each weight (so it needs ``--load_in_4bit``); its
-start is the base's full-precision weight, not the 4-bit one, so it is converted at the end like PiSSA.
+``loftq`` fits the adapter to the 4-bit quantisation error of each weight (so it needs ``--load_in_4bit``): the model
+starts nearer the full-precision base than the 4-bit one does. The trained model is the 4-bit base plus the adapter,
+so the adapter is saved as trained, for that base, as any QLoRA adapter; converted for the full-precision base it
+would still miss what rank r cannot hold of the quantisation error (measured on the demo model: further from the
+trained model's logits than the unconverted adapter on that base, 9.2 against 8.0).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ __all__ = [
     "init_family",
     "needs_data_pass",
     "peft_init_lora_weights",
-    "rewrites_base",
     "variant_line",
 ]
 
@@ -48,7 +50,7 @@ INITS: dict[str, str] = {
     "olora": "A, B from each weight's QR decomposition, the base keeps the residual",
     "eva": "A from the SVD of each layer's inputs over --lora_init_samples training samples, ranks redistributed",
     "corda": "A, B from each weight's SVD weighted by its inputs' covariance over --lora_init_samples samples",
-    "loftq": "--load_in_4bit only: A, B fit to each weight's 4-bit quantisation error",
+    "loftq": "--load_in_4bit only: A, B fit to each weight's 4-bit quantisation error (rank r of it)",
     "orthogonal": "A, B random orthogonal (even rank): not zero, so the model starts slightly off the base",
 }
 LORA_OPTIMIZERS = ("adamw", "loraplus", "lorafa")
@@ -70,14 +72,9 @@ def peft_init_lora_weights(init: str) -> bool | str:
 
 
 def converted_at_save(init: str) -> bool:
-    """Whether the adapter at step 0 is not zero on the original base: the saved adapter is then rewritten as the
-    difference from its start, a plain LoRA adapter of twice the rank for the original base."""
-    return init_family(init) in (*_REWRITE_BASE, "loftq")
-
-
-def rewrites_base(init: str) -> bool:
-    """Whether PEFT rewrites the base weights to their residual: switching the adapter off then leaves a model
-    nobody started from, and setting it back to its start gives the original base."""
+    """Whether PEFT rewrites the base weights to their residual: the saved adapter is then rewritten as its
+    difference from the start, a plain LoRA adapter of twice the rank for the original base; and switching the
+    adapter off leaves a model nobody started from, while setting it back to its start gives the original base."""
     return init_family(init) in _REWRITE_BASE
 
 
@@ -164,7 +161,7 @@ def variant_line(config: LoraConfig, lora_optimizer: str = "adamw", loraplus_lr_
     parts = [f"LoRA init {'default' if init == 'True' else init}"]
     if converted_at_save(init):
         parts.append(f"adapter converted at the end to plain LoRA of rank {2 * config.r} for the original base")
-    if rewrites_base(init) and config.lora_dropout:
+    if converted_at_save(init) and config.lora_dropout:
         # The adapter now carries the weights' principal part: dropout on its input drops that too (PiSSA's and
         # CorDA's authors train without it), so the training forward is not the base even at step 0.
         parts.append(f"--lora_dropout {config.lora_dropout:g} also drops the principal part the adapter holds (0 "

@@ -124,7 +124,7 @@ def fit_loftq(model: PeftModel, weights_path: str | None) -> int:
         rank = module.r[adapter]
         root = (singular[:rank] / module.scaling[adapter]).sqrt()
         lora_a, lora_b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
-        lora_a.data = (root[:, None] * vh[:rank]).to(lora_a.dtype)
-        lora_b.data = (u[:, :rank] * root).to(lora_b.dtype)
+        lora_a.data = (root[:, None] * vh[:rank]).to(lora_a.dtype).contiguous()
+        lora_b.data = (u[:, :rank] * root).to(lora_b.dtype).contiguous()
         fitted += 1
     return fitted

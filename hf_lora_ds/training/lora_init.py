@@ -112,18 +112,17 @@ def eva_pass(model: PeftModel, batches: list[Batch]) -> None:
 
 @torch.no_grad()
 def corda_pass(model: torch.nn.Module, config: LoraConfig, samples: list[Batch]) -> None:
-    """PEFT's CorDA preprocessing (``preprocess_corda``), step by step so that each weight can be gathered for its
-    own SVD: the covariance of every target's inputs over ``samples`` (one sample a batch: PEFT's hook takes one
-    sequence), then each weight's covariance-weighted SVD, cropped to its rank."""
-    targets = list(corda.target_modules(model, config))
-    for _name, module in targets:
-        module.corda_method = config.corda_config.corda_method
-        module.rank = config.r
+    """PEFT's CorDA preprocessing (``preprocess_corda``) in its instruction-previewed mode, step by step so that each
+    weight can be gathered for its own SVD: the covariance of every target's inputs over ``samples`` (one sample a
+    batch: PEFT's hook takes one sequence), then each weight's covariance-weighted SVD, cut to its top r right
+    away (PEFT keeps every layer's full factors until the end)."""
+    targets = [module for _name, module in corda.target_modules(model, config)]
     with gathered_module_by_module(model):
         corda.calib_cov_distribution(model, config, lambda: [_decoder_forward(model, s) for s in samples], None, None)
-    for _name, module in targets:
+    for module in targets:
         with gather_params_ctx(module.weight, modifier_rank=None):
-            module.eigens = corda.collect_eigens_for_layer(module, config)
-    corda.crop_corda_eigens(model, config)
-    for _name, module in targets:
-        del module.covariance_matrix, module.sample_count, module.corda_method, module.rank
+            eigens = corda.collect_eigens_for_layer(module, config)
+        rank = config.r
+        module.eigens = corda.CordaEigens(S_WC=eigens.S_WC[:rank].clone(), U_WC=eigens.U_WC[:, :rank].clone(),
+                                          V_WC=eigens.V_WC[:, :rank].clone())  # fmt: skip
+        del module.covariance_matrix, module.sample_count

@@ -28,7 +28,7 @@ from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_
 from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
-from hf_lora_ds.model.lora_variants import converted_at_save, rewrites_base, variant_line
+from hf_lora_ds.model.lora_variants import converted_at_save, variant_line
 from hf_lora_ds.training.checkpoints import check_resume_world_size, resolve_resume_checkpoint, save_failures
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.training.lora_init import wrap_as_initialised
@@ -64,8 +64,9 @@ class LoraSFTTrainer(Trainer):
         # PiSSA/OLoRA/CorDA/EVA/LoftQ start from the base weights or from data (hf_lora_ds.training.lora_init).
         model = wrap_as_initialised(model, config, args, trainer_kwargs.get("train_dataset"),
                                     trainer_kwargs.get("data_collator"))  # fmt: skip
-        # A start that is not zero on the original base is kept (on the CPU), to convert the saved adapter into a plain
-        # one for that base at the end and to put the base back for the "before" eval (hf_lora_ds.model.adapter_conversion).
+        # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
+        # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
+        # (hf_lora_ds.model.adapter_conversion).
         self.adapter_start = adapter_snapshot(model) if wrapping and converted_at_save(args.lora_init) else None
         # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
@@ -146,7 +147,7 @@ class LoraSFTTrainer(Trainer):
         """The base the run started from, for the "before" eval: the adapter switched off or, where PEFT rewrote
         the base to its residual (PiSSA, OLoRA, CorDA), the adapter set back to its start, which is the original
         base again. Under ZeRO-3 every rank must enter it (each tensor is gathered)."""
-        if self.adapter_start is not None and rewrites_base(self.args.lora_init):
+        if self.adapter_start is not None:
             return adapter_set_to(self.model, self.adapter_start)
         return self.model.disable_adapter()
 

@@ -24,7 +24,8 @@
 
 - ``LogitsRecorder`` (``--record_logits``): when training ends, the live trained model's logits on fixed token ids
   (every rank runs the forward: a collective under ZeRO-3), written by rank 0 to ``OUTPUT_DIR/e2e_logits.pt`` with
-  the ids, so a test can load the saved adapter on the original base and compare.
+  the ids and the learning rates of the optimizer's parameter groups, so a test can load the saved adapter on the
+  original base and compare, and see LoRA+'s groups as the engine holds them.
 - ``--variant NAME:ARGS`` (repeatable): one launch trains several runs one after another, each with the common
   flags plus ARGS and ``--output_dir OUTPUT_DIR/NAME``; the process group is released once, after the last. A
   2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches.
@@ -159,7 +160,7 @@ class EngineStateRecorder(TrainerCallback):
 class LogitsRecorder(TrainerCallback):
     IDS = list(range(3, 40))
 
-    def on_train_end(self, args, state, control, model=None, **kwargs):
+    def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         ids = torch.tensor([self.IDS])
         training = model.training
         model.eval()
@@ -167,7 +168,8 @@ class LogitsRecorder(TrainerCallback):
             logits = model(input_ids=ids).logits.float().cpu()
         model.train(training)
         if args.process_index == 0:
-            torch.save({"input_ids": ids, "logits": logits}, Path(args.output_dir, "e2e_logits.pt"))
+            rates = sorted({group["lr"] for group in optimizer.param_groups if len(group["params"])})
+            torch.save({"input_ids": ids, "logits": logits, "group_lrs": rates}, Path(args.output_dir, "e2e_logits.pt"))
 
 
 def run_variants(run_sft_args: list[str], variants: list[str], callbacks: list) -> None:

@@ -16,7 +16,6 @@ from hf_lora_ds.model.lora_variants import (
     converted_at_save,
     init_family,
     needs_data_pass,
-    rewrites_base,
     variant_line,
 )
 
@@ -86,10 +85,8 @@ def test_engines_that_take_the_lora_optimizer(optimizer, stage):
 
 
 def test_what_each_init_needs():
-    assert [init for init in ("default", "pissa_niter_3", "olora", "corda", "eva", "loftq") if converted_at_save(init)] \
-        == ["pissa_niter_3", "olora", "corda", "loftq"]  # fmt: skip
-    assert [init for init in ("pissa", "olora", "corda", "loftq", "eva") if rewrites_base(init)] == ["pissa", "olora",
-                                                                                                      "corda"]  # fmt: skip
+    assert [init for init in ("default", "pissa_niter_3", "olora", "corda", "eva", "loftq", "orthogonal")
+            if converted_at_save(init)] == ["pissa_niter_3", "olora", "corda"]  # fmt: skip
     assert [init for init in ("pissa", "eva", "corda") if needs_data_pass(init)] == ["eva", "corda"]
     assert init_family("pissa_niter_16") == "pissa"
 
@@ -103,5 +100,5 @@ def test_the_variant_line():
     eva = LoraConfig(r=8, init_lora_weights="eva", rank_pattern={"a": 4, "b": 12})
     assert variant_line(eva) == "LoRA init eva; ranks after the data pass 4-12 (budget r 8 a module)"
     assert variant_line(LoraConfig(r=8), "loraplus", None) == "LoRA init default; LoRA+: B at 16x the learning rate of A"
-    assert variant_line(LoraConfig(r=8), "lorafa", lora_init="loftq").startswith("LoRA init loftq; adapter converted")
+    assert variant_line(LoraConfig(r=8), "lorafa", lora_init="loftq") == "LoRA init loftq; LoRA-FA: A frozen, only B trains"
     assert variant_line(LoraConfig(r=8, use_dora=True)).endswith("DoRA: + a magnitude vector per adapted module")
