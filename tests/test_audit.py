@@ -26,3 +26,11 @@ def test_audit_cli_takes_a_mixture_of_sources(tiny_model_dir, tmp_path, capsys):
     assert f"data: 5 samples from 2 source(s) ({a}: 3, {tmp_path / 'b_dir'}: 2)" in out
     assert f"--- source {a} ---\nsamples:                          3" in out
     assert f"--- source {tmp_path / 'b_dir'} ---\nsamples:                          2" in out
+
+
+def test_the_audit_says_what_the_lora_variant_does(tiny_model_dir, tmp_path, capsys):
+    data = write_records(tmp_path / "train.jsonl", RECORDS)
+    main(["--train_file", str(data), "--model_name_or_path", str(tiny_model_dir), "--lora_init", "corda",
+          "--lora_init_samples", "64", "--lora_dropout", "0", "--lora_optimizer", "loraplus"])  # fmt: skip
+    assert ("LoRA init corda; a pass over 64 training samples before step 1; adapter converted at the end to plain "
+            "LoRA of rank 16 for the original base; LoRA+: B at 16x the learning rate of A") in capsys.readouterr().out

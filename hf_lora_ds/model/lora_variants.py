@@ -30,6 +30,7 @@ from peft import LoraConfig
 from hf_lora_ds.errors import UserError
 
 __all__ = [
+    "DEFAULT_LORAPLUS_RATIO",
     "INITS",
     "LORA_OPTIMIZERS",
     "check_lora_variant",
@@ -54,6 +55,7 @@ INITS: dict[str, str] = {
     "orthogonal": "A, B random orthogonal (even rank): not zero, so the model starts slightly off the base",
 }
 LORA_OPTIMIZERS = ("adamw", "loraplus", "lorafa")
+DEFAULT_LORAPLUS_RATIO = 16.0  # the LoRA+ paper's recommendation (2^4) for decoder LLMs
 _PISSA_NITER = re.compile(r"pissa_niter_(\d+)")
 _REWRITE_BASE = ("pissa", "olora", "corda")
 _NEED_DATA = ("eva", "corda")
@@ -151,14 +153,18 @@ def check_lora_optimizer_engine(args: Any, zero_stage: int | None, has_optimizer
                         "--lora_optimizer loraplus")  # fmt: skip
 
 
-def variant_line(config: LoraConfig, lora_optimizer: str = "adamw", loraplus_lr_ratio: float | None = None,
-                 lora_init: str | None = None) -> str | None:  # fmt: skip
-    """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA.
-    ``lora_init``: the flag, where the config cannot tell (LoftQ starts as default LoRA in PEFT's terms)."""
-    init = lora_init or str(config.init_lora_weights)
-    if init in ("default", "True") and not config.use_dora and lora_optimizer == "adamw":
+def variant_line(config: LoraConfig, args: Any = None) -> str | None:
+    """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA. ``args``:
+    the run's flags (``lora_init``, ``lora_init_samples``, ``lora_optimizer``, ``loraplus_lr_ratio``); without them,
+    what ``config`` says (an adapter built elsewhere)."""
+    init = getattr(args, "lora_init", None) or ("default" if config.init_lora_weights is True else str(config.init_lora_weights))
+    optimizer = getattr(args, "lora_optimizer", "adamw")
+    if init == "default" and not config.use_dora and optimizer == "adamw":
         return None
-    parts = [f"LoRA init {'default' if init == 'True' else init}"]
+    parts = [f"LoRA init {init}"]
+    if needs_data_pass(init):
+        samples = getattr(args, "lora_init_samples", None)
+        parts.append(f"a pass over {samples or 'the'} training samples before step 1")
     if converted_at_save(init):
         parts.append(f"adapter converted at the end to plain LoRA of rank {2 * config.r} for the original base")
     if converted_at_save(init) and config.lora_dropout:
@@ -166,14 +172,13 @@ def variant_line(config: LoraConfig, lora_optimizer: str = "adamw", loraplus_lr_
         # CorDA's authors train without it), so the training forward is not the base even at step 0.
         parts.append(f"--lora_dropout {config.lora_dropout:g} also drops the principal part the adapter holds (0 "
                      "keeps the training forward at the base at the start)")  # fmt: skip
-    if init == "eva":
-        ranks = sorted(set((config.rank_pattern or {}).values()) | {config.r})
-        parts.append(f"ranks after the data pass {ranks[0]}-{ranks[-1]} (budget r {config.r} a module)"
-                     if config.rank_pattern else "ranks set by a data pass before step 1")  # fmt: skip
+    if init == "eva" and config.rank_pattern:
+        ranks = sorted({*config.rank_pattern.values(), config.r})
+        parts.append(f"ranks after the data pass {ranks[0]}-{ranks[-1]} (budget r {config.r} a module)")
     if config.use_dora:
         parts.append("DoRA: + a magnitude vector per adapted module")
-    if lora_optimizer == "loraplus":
-        parts.append(f"LoRA+: B at {loraplus_lr_ratio or 16:g}x the learning rate of A")
-    elif lora_optimizer == "lorafa":
+    if optimizer == "loraplus":
+        parts.append(f"LoRA+: B at {getattr(args, 'loraplus_lr_ratio', None) or DEFAULT_LORAPLUS_RATIO:g}x the learning rate of A")
+    elif optimizer == "lorafa":
         parts.append("LoRA-FA: A frozen, only B trains")
     return "; ".join(parts)

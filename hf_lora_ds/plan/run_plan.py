@@ -29,7 +29,7 @@ from hf_lora_ds.launch.deepspeed_config import (
     run_deepspeed_config,
 )
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
-from hf_lora_ds.model.lora import lora_config_from_args, shape_config
+from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.plan.planner import (
     SHIPPED_CONFIGS_DIR,
     PlanRow,
@@ -129,7 +129,7 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
     world_size, per_node = _world(plan_args, on_accelerator)
     settings = PlanSettings(
         model_config=base_model_config(args),
-        lora=shape_config(lora_config_from_args(args)),
+        lora=lora_config_from_args(args),
         dtype=_compute_dtype(args.dtype, on_accelerator),
         batch_size=args.per_device_train_batch_size,
         profile=profile,
@@ -144,6 +144,7 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
         padding_free=args.batching == "padding_free"
         or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
         supervised_logits_only=args.supervised_logits_only,
+        lora_optimizer=args.lora_optimizer,
     )
     if not 0 <= settings.headroom < 1:
         raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")

@@ -17,9 +17,9 @@ from peft import PeftModel
 from peft.optimizers import create_lorafa_optimizer, create_loraplus_optimizer
 from transformers import Trainer, TrainingArguments
 
-__all__ = ["DEFAULT_LORAPLUS_RATIO", "create_lora_optimizer"]
+from hf_lora_ds.model.lora_variants import DEFAULT_LORAPLUS_RATIO
 
-DEFAULT_LORAPLUS_RATIO = 16.0  # the LoRA+ paper's recommendation (2^4) for decoder LLMs
+__all__ = ["create_lora_optimizer"]
 
 
 def create_lora_optimizer(model: PeftModel, args: TrainingArguments) -> torch.optim.Optimizer:

@@ -70,8 +70,7 @@ class LoraSFTTrainer(Trainer):
         self.adapter_start = adapter_snapshot(model) if wrapping and converted_at_save(args.lora_init) else None
         # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
-        self.variant_line = variant_line(model.peft_config[model.active_adapter], args.lora_optimizer,
-                                         args.loraplus_lr_ratio, args.lora_init if wrapping else None)  # fmt: skip
+        self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
         print0(self.lora_coverage.table(), *([self.variant_line] if self.variant_line else []))
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config))
         super().__init__(model, args, *trainer_args, **trainer_kwargs)

@@ -98,7 +98,10 @@ def test_the_variant_line():
     assert "--lora_dropout 0.05 also drops the principal part" in variant_line(
         LoraConfig(r=8, init_lora_weights="olora", lora_dropout=0.05))
     eva = LoraConfig(r=8, init_lora_weights="eva", rank_pattern={"a": 4, "b": 12})
-    assert variant_line(eva) == "LoRA init eva; ranks after the data pass 4-12 (budget r 8 a module)"
-    assert variant_line(LoraConfig(r=8), "loraplus", None) == "LoRA init default; LoRA+: B at 16x the learning rate of A"
-    assert variant_line(LoraConfig(r=8), "lorafa", lora_init="loftq") == "LoRA init loftq; LoRA-FA: A frozen, only B trains"
+    assert variant_line(eva, _args(lora_init="eva", lora_init_samples=64)) == (
+        "LoRA init eva; a pass over 64 training samples before step 1; ranks after the data pass 4-12 (budget r 8 a module)")
+    assert variant_line(LoraConfig(r=8), _args(lora_optimizer="loraplus")) == (
+        "LoRA init default; LoRA+: B at 16x the learning rate of A")
+    assert variant_line(LoraConfig(r=8), _args(lora_optimizer="lorafa", lora_init="loftq")) == (
+        "LoRA init loftq; LoRA-FA: A frozen, only B trains")
     assert variant_line(LoraConfig(r=8, use_dora=True)).endswith("DoRA: + a magnitude vector per adapted module")

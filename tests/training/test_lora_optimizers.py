@@ -8,7 +8,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import TrainingArguments
 
-from hf_lora_ds.training.lora_optimizers import DEFAULT_LORAPLUS_RATIO, create_lora_optimizer
+from hf_lora_ds.model.lora_variants import DEFAULT_LORAPLUS_RATIO
+from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 
 
 def _args(tmp_path, optimizer: str, ratio: float | None = None) -> TrainingArguments:
