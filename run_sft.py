@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
     results = {}
     if eval_records:
         # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.
-        # "before" is the same model with the adapter switched off: the base, even for a resumed run.
-        with trainer.model.disable_adapter():
+        # "before" is the same model as the base it started from (the adapter off, or back at its start where PiSSA-like
+        # inits rewrote the base): the base, even for a resumed run.
+        with trainer.base_model_view():
             results["before"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "before")
         results["after"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "after")
         report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))

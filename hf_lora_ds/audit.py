@@ -7,8 +7,9 @@ is spent.
 Takes run_sft.py's own flags (or its YAML/JSON file, then flags; what is set nowhere is the demo's) through the same
 parser and checks, and builds the tokenizer and the dataset through the same functions as training, so it counts the
 samples training will see. Prints the mask audit of ``--train_file`` (hf_lora_ds.data.mask_audit, one per source of a
-mixture), the train-to-inference round trip of every record (hf_lora_ds.data.inference_prompts), and where the LoRA
-adapters would land (built from the model's config on the meta device: no weight is read).
+mixture), the train-to-inference round trip of every record (hf_lora_ds.data.inference_prompts), where the LoRA
+adapters would land (built from the model's config on the meta device: no weight is read) and what the LoRA variant
+does (hf_lora_ds.model.lora_variants: an init that rewrites the base, a data pass, LoRA+ or LoRA-FA).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.cli import read_checked_values
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
+from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.model.lora_coverage import meta_coverage
+from hf_lora_ds.model.lora_variants import variant_line
 
 
 def main(argv: list[str] | None = None) -> MaskAudit:
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> MaskAudit:
             print(f"\n--- source {name} ---\n{source_report}")
     coverage = meta_coverage(base_model_config(args), args.lora_target_modules, args.trust_remote_code)
     note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
-    print("\n" + coverage.table() + (f"\n{note}" if note else ""))
+    variant = variant_line(lora_config_from_args(args), args)
+    print("\n" + "\n".join([coverage.table(), *([note] if note else []), *([variant] if variant else [])]))
     return report
 
 

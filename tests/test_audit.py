@@ -38,3 +38,11 @@ def test_a_file_where_a_directory_is_needed_is_refused_as_run_sft_refuses_it(fla
     afile.write_text("")
     with pytest.raises(UserError, match=f"{flag} {afile}: {afile} is a file, not a directory"):
         main(["--train_file", str(data), "--model_name_or_path", str(tiny_model_dir), flag, str(afile)])
+
+
+def test_the_audit_says_what_the_lora_variant_does(tiny_model_dir, tmp_path, capsys):
+    data = write_records(tmp_path / "train.jsonl", RECORDS)
+    main(["--train_file", str(data), "--model_name_or_path", str(tiny_model_dir), "--lora_init", "corda",
+          "--lora_init_samples", "64", "--lora_dropout", "0", "--lora_optimizer", "loraplus"])  # fmt: skip
+    assert ("LoRA init corda; a pass over 64 training samples before step 1; adapter converted at the end to plain "
+            "LoRA of rank 16 for the original base; LoRA+: B at 16x the learning rate of A") in capsys.readouterr().out

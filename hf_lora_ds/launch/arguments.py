@@ -28,6 +28,7 @@ from hf_lora_ds.launch.deepspeed_config import (
     load_deepspeed_config,
     offloads,
 )
+from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
 
@@ -196,6 +197,38 @@ class SFTTrainingArguments(TrainingArguments):
     )
     use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA: scale by alpha / sqrt(r)."})
     use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
+    lora_init: str = field(
+        default="default",
+        metadata={
+            "help": "How the adapter starts (PEFT's init_lora_weights; trade-offs in hf_lora_ds.model.lora_variants "
+            "and the README): default (B zero: the base exactly), gaussian, pissa / pissa_niter_N (top singular "
+            "vectors of each weight; the base keeps the residual), olora (QR of each weight), eva (SVD of each "
+            "layer's inputs over --lora_init_samples training samples; ranks redistributed), corda (SVD weighted "
+            "by those inputs' covariance), loftq (--load_in_4bit only: fits the 4-bit quantisation error), "
+            "orthogonal (even rank). pissa/olora/corda rewrite the base to its residual: their adapter is saved "
+            "converted to plain LoRA of twice the rank for the original base."
+        },
+    )
+    lora_init_samples: int = field(
+        default=256,
+        metadata={
+            "help": "Training samples EVA and CorDA run through the base before step 1 (the same ones on every "
+            "rank, so the start does not depend on the rank count). More: a steadier start, a longer pass."
+        },
+    )
+    lora_optimizer: Literal["adamw", "loraplus", "lorafa"] = field(
+        default="adamw",
+        metadata={
+            "help": "adamw: Trainer's optimizer (--optim). loraplus: the same optimizer with B at "
+            "--loraplus_lr_ratio x the learning rate of A (LoRA+, peft.optimizers). lorafa: A frozen at its init, "
+            "B's gradient projected (LoRA-FA, its own AdamW): no gradients or Adam moments for A; one process, "
+            "DDP or ZeRO-0 only."
+        },
+    )
+    loraplus_lr_ratio: float | None = field(
+        default=None,
+        metadata={"help": "LoRA+: learning rate of B over that of A (>= 1; default 16, the LoRA+ paper's choice)."},
+    )
     # ---- memory plan (hf_lora_ds.plan) ----
     device_memory: str | None = field(
         default=None,
@@ -280,6 +313,9 @@ class SFTTrainingArguments(TrainingArguments):
         check_fields(self)
         check_training_flags(self)
         deepspeed = self._check_deepspeed_config()
+        config, source = deepspeed or ({}, "")
+        stage = config.get("zero_optimization", {}).get("stage")
+        check_lora_optimizer_engine(self, stage if isinstance(stage, int) else None, "optimizer" in config, source)
         self._check_fsdp()
         self._check_quantization(deepspeed)
         self._resolve_precision()

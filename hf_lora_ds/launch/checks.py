@@ -23,6 +23,7 @@ from typing import Any
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.sources import DATA_SUFFIXES, parse_sources
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.model.lora_variants import check_lora_variant
 
 __all__ = [
     "RANGES",
@@ -116,7 +117,8 @@ def check_model_and_data(args: Any) -> None:
 
 
 def check_lora(args: Any) -> None:
-    """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""
+    """LoRA's numbers in range, some target named and the variant possible, before PEFT fails on them with a
+    traceback (or, for a variant, trains something else than asked: hf_lora_ds.model.lora_variants)."""
     if args.lora_rank < 1:
         raise UserError(f"--lora_rank must be a positive integer, got {args.lora_rank}")
     if args.lora_alpha <= 0:
@@ -125,6 +127,7 @@ def check_lora(args: Any) -> None:
         raise UserError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     if not args.lora_target_modules.strip(" ,"):
         raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+    check_lora_variant(args)
 
 
 def check_paths(args: Any) -> None:

@@ -19,6 +19,7 @@ from peft.utils import load_peft_weights
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig
 
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.model.lora import shape_config
 
 __all__ = [
     "AdapterIntegrityError",
@@ -196,7 +197,8 @@ def _check_against_base(
             "adapter was trained on, and save config and weights together."
         )
     try:
-        PeftModel.from_pretrained(_meta_base(base_config), str(adapter_dir), low_cpu_mem_usage=True)
+        PeftModel.from_pretrained(_meta_base(base_config), str(adapter_dir), config=shape_config(config),
+                                  low_cpu_mem_usage=True)  # fmt: skip
     except Exception as error:  # any failure here means users cannot load the adapter either
         raise AdapterIntegrityError(
             f"PeftModel.from_pretrained failed for adapter {adapter_dir} on base {base_model}: {error}"
@@ -205,7 +207,8 @@ def _check_against_base(
 
 def _expected_shapes(base_config, config: LoraConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of the LoRA tensors peft creates for ``config`` on this base, computed on the meta device."""
-    state = get_peft_model_state_dict(get_peft_model(_meta_base(base_config), config), save_embedding_layers=False)
+    model = get_peft_model(_meta_base(base_config), shape_config(config))  # no SVD or data pass of a weightless base
+    state = get_peft_model_state_dict(model, save_embedding_layers=False)
     return {name: tuple(tensor.shape) for name, tensor in state.items()}
 
 

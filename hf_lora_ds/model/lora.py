@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from peft import EvaConfig, LoraConfig, PeftModel, TaskType, get_peft_model
+from peft.tuners.lora.config import CordaConfig
 from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.lora_variants import peft_init_lora_weights
 
 __all__ = [
     "lora_config_from_args",
+    "shape_config",
     "wrap_with_lora",
     "check_target_modules",
     "trainable_parameters_line",
@@ -26,6 +30,7 @@ LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.
 def lora_config_from_args(args: Any) -> LoraConfig:
     """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
     ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
+    init = getattr(args, "lora_init", "default")
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,
@@ -34,7 +39,18 @@ def lora_config_from_args(args: Any) -> LoraConfig:
         target_modules=parse_targets(args.lora_target_modules),
         use_rslora=args.use_rslora,
         use_dora=args.use_dora,
+        init_lora_weights=peft_init_lora_weights(init),
+        # EVA and CorDA read the layers' inputs before step 1 (hf_lora_ds.training.lora_init); CorDA in its
+        # instruction-previewed mode, the one meant for fast convergence on the task.
+        eva_config=EvaConfig() if init == "eva" else None,
+        corda_config=CordaConfig(corda_method="ipm") if init == "corda" else None,
     )
+
+
+def shape_config(config: LoraConfig) -> LoraConfig:
+    """The same adapter shapes with PEFT's default initialisation: for models built on the meta device (the planner,
+    the audit, the adapter check), where an SVD of the base weights or a data pass has nothing to read."""
+    return dataclasses.replace(config, init_lora_weights=True, eva_config=None, corda_config=None)
 
 
 def parse_targets(text: str) -> str | list[str]:

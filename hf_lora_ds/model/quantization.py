@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from peft import PeftModel
     from transformers import BitsAndBytesConfig
 
     from hf_lora_ds.launch.arguments import SFTTrainingArguments
 
-__all__ = ["quantization_config_from_args", "quantized_load_kwargs", "prepare_quantized_model", "quantized_layers_line"]
+__all__ = [
+    "fit_loftq",
+    "quantization_config_from_args",
+    "quantized_load_kwargs",
+    "prepare_quantized_model",
+    "quantized_layers_line",
+]
 
 
 def quantization_config_from_args(args: SFTTrainingArguments) -> BitsAndBytesConfig | None:
@@ -87,3 +94,37 @@ def quantized_layers_line(model: torch.nn.Module) -> str | None:
     else:
         kind = "8-bit LLM.int8"
     return f"quantized base: {len(layers)} {layers[0] if layers else 'bitsandbytes'} layers ({kind})"
+
+
+@torch.no_grad()
+def fit_loftq(model: PeftModel, weights_path: str | None) -> int:
+    """LoftQ on a 4-bit base: each adapted 4-bit layer's A and B become the rank-r SVD of its quantisation error,
+    the full-precision weight (read from the base's safetensors at ``weights_path``; None: the Hub cache of the
+    model's name) minus the 4-bit one, divided by LoRA's scaling so that the adapter adds exactly that. The model
+    then starts at the full-precision weights, up to what rank r cannot hold. Returns the layers fitted.
+
+    PEFT's ``replace_lora_weights_loftq`` does the same fit, but on a CUDA device only and without the scaling
+    (right only when lora_alpha equals r). Under ZeRO-3 each packed weight is gathered for its own fit."""
+    from bitsandbytes.functional import dequantize_4bit
+    from peft.tuners.lora.bnb import Linear4bit
+    from peft.utils.integrations import gather_params_ctx
+    from peft.utils.loftq_utils import _SafetensorLoader  # the base's (sharded) safetensors by module name
+
+    weights = _SafetensorLoader(model, weights_path)
+    adapter = model.active_adapter
+    fitted = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear4bit) or adapter not in module.lora_A:
+            continue
+        full = weights.get_tensor(name.removeprefix("base_model.model.") + ".weight").to(torch.float32)
+        packed = module.get_base_layer().weight
+        with gather_params_ctx(packed, modifier_rank=None):
+            error = full - dequantize_4bit(packed.data, packed.quant_state).to(torch.float32).reshape(full.shape)
+        u, singular, vh = torch.linalg.svd(error, full_matrices=False)
+        rank = module.r[adapter]
+        root = (singular[:rank] / module.scaling[adapter]).sqrt()
+        lora_a, lora_b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+        lora_a.data = (root[:, None] * vh[:rank]).to(lora_a.dtype).contiguous()
+        lora_b.data = (u[:, :rank] * root).to(lora_b.dtype).contiguous()
+        fitted += 1
+    return fitted

@@ -125,6 +125,7 @@ def estimate_memory(
     if moved_optimizer:
         host["optimizer states (offloaded)"] = (states["optimizer"] + states["gradients"]) * ranks_per_node
     _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only)
+    _add_init_pass(device, shape)
     device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
     device["runtime"] = runtime_bytes
     host["model loading"] = _loading_bytes(shape, stage, world_size) * ranks_per_node
@@ -138,6 +139,15 @@ def _add_batch_terms(device: dict[str, int], shape: ModelShape, batch: BatchShap
         shape.activation_bytes(batch.rows, gradient_checkpointing) * batch.row_tokens // shape.seq_len
     )
     device["logits and loss"] = _logits_bytes(shape, batch, weight_bytes, supervised_logits_only)
+
+
+def _add_init_pass(device: dict[str, int], shape: ModelShape) -> None:
+    """The LoRA init's data pass (CorDA) holds its covariances before step 1, beside the weights but without the
+    training's gradients, optimizer states, activations and logits: the peak is the larger of the two phases."""
+    training_only = sum(device.get(item, 0) for item in ("gradients", "optimizer states", "activations",
+                                                          "logits and loss"))  # fmt: skip
+    if shape.init_pass_bytes > training_only:
+        device["LoRA init pass (beyond training's peak)"] = shape.init_pass_bytes - training_only
 
 
 def _one_memory_on_cpu(device: dict[str, int], host: dict[str, int], ranks_per_node: int, on_accelerator: bool):

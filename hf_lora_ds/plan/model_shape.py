@@ -18,10 +18,11 @@ from functools import cache
 
 import torch
 from peft import LoraConfig
+from peft.tuners.lora import LoraLayer
 from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_utils import set_zero3_state
 
-from hf_lora_ds.model.lora import wrap_with_lora
+from hf_lora_ds.model.lora import shape_config, wrap_with_lora
 
 __all__ = [
     "ModelShape",
@@ -48,6 +49,7 @@ class ModelShape:
     layer_activation_bytes: int  # saved by each further layer (the first saves less: its input needs no grad)
     layer_input_bytes: int  # a layer's input: what gradient checkpointing keeps per layer
     backward_working_bytes: int  # what a layer's backward allocates on top of what was saved
+    init_pass_bytes: int = 0  # held by the LoRA init's data pass before step 1 (CorDA's input covariances)
 
     def activation_bytes(self, batch_size: int, gradient_checkpointing: bool) -> int:
         """Saved for backward over the whole forward of ``batch_size`` samples of ``seq_len`` tokens, plus the
@@ -71,21 +73,24 @@ def measure_model_shape(
     attn_implementation: str | None = None,
     quantization: str | None = None,
     adapters_in_compute_dtype: bool = False,
+    train_lora_a: bool = True,
 ) -> ModelShape:
     """Count parameters and saved activations for ``seq_len`` tokens of one sample. ``quantization`` is ``"4bit"``,
     ``"8bit"`` or None; quantized bases are counted with bitsandbytes' storage of their linear layers.
+    ``train_lora_a`` False: LoRA-FA, whose A is frozen (no gradient, no optimizer state). ``lora``'s
+    initialisation is read for what its data pass holds (``init_pass_bytes``); the shapes are PEFT's default's.
 
     PEFT keeps adapters in fp32 under a 16-bit base, so every adapted layer saves an fp32 copy of its input;
     DeepSpeed casts all parameters to the compute dtype (``adapters_in_compute_dtype``), and those copies go.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
     key = (config.to_json_string(), repr(lora), dtype, seq_len, attn_implementation, quantization,
-           adapters_in_compute_dtype)  # fmt: skip
+           adapters_in_compute_dtype, train_lora_a)  # fmt: skip
     if key not in _MEASURED:
         # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
         # LoRA initialisation of the run that plans (run_sft seeds before it plans).
         with torch.random.fork_rng(devices=[]):
             _MEASURED[key] = _measure(
-                config, lora, dtype, seq_len, attn_implementation, quantization, adapters_in_compute_dtype
+                config, lora, dtype, seq_len, attn_implementation, quantization, adapters_in_compute_dtype, train_lora_a
             )
     return _MEASURED[key]
 
@@ -98,8 +103,14 @@ def _measure(
     attn_implementation: str | None,
     quantization: str | None,
     adapters_in_compute_dtype: bool,
+    train_lora_a: bool,
 ) -> ModelShape:
+    init = lora.init_lora_weights
+    lora = shape_config(lora)
     model = _meta_peft_model(config, lora, dtype, attn_implementation, adapters_in_compute_dtype)
+    if not train_lora_a:
+        for name, param in model.named_parameters():
+            param.requires_grad_(param.requires_grad and ".lora_A." not in name)
     frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
     weight_bytes = sum(_stored_bytes(name, p, dtype, quantization) for name, p in frozen)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
@@ -121,7 +132,14 @@ def _measure(
         layer_activation_bytes=two - one,
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
         backward_working_bytes=_backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
+        init_pass_bytes=_covariance_bytes(model) if init == "corda" else 0,
     )
+
+
+def _covariance_bytes(model: torch.nn.Module) -> int:
+    """CorDA's pass keeps an fp32 in x in covariance of the inputs of every adapted layer at once, on every rank
+    (PEFT's own note: about twice a 16-bit model)."""
+    return sum(4 * module.in_features**2 for module in model.modules() if isinstance(module, LoraLayer))
 
 
 def _backward_working_bytes(config: PretrainedConfig, seq_len: int, largest_saved: int, attn: str | None) -> int:

@@ -97,6 +97,7 @@ class PlanSettings:
     quantization: str | None = None  # "4bit", "8bit" or None
     padding_free: bool = False
     supervised_logits_only: bool = True
+    lora_optimizer: str = "adamw"  # "lorafa": A frozen (hf_lora_ds.training.lora_optimizers)
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
         shapes[under_deepspeed] = measure_model_shape(
             settings.model_config, settings.lora, settings.dtype, seq_len, settings.attn_implementation,
             settings.quantization, adapters_in_compute_dtype=under_deepspeed,
+            train_lora_a=settings.lora_optimizer != "lorafa",
         )  # fmt: skip
     rows = [
         _row(shapes[config is not None and not is_fsdp(config)], settings, name, DeepSpeedLayout.from_config(config),

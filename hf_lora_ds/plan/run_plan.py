@@ -144,6 +144,7 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
         padding_free=args.batching == "padding_free"
         or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
         supervised_logits_only=args.supervised_logits_only,
+        lora_optimizer=args.lora_optimizer,
     )
     if not 0 <= settings.headroom < 1:
         raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")

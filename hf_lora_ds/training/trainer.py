@@ -7,11 +7,12 @@ Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``repo
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig
+from peft import LoraConfig, PeftModel
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -24,8 +25,10 @@ from hf_lora_ds.distributed import gather_from_ranks, print0
 from hf_lora_ds.launch.arguments import SFTTrainingArguments
 from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
-from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line, wrap_with_lora
+from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
+from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
+from hf_lora_ds.model.lora_variants import converted_at_save, variant_line
 from hf_lora_ds.training.checkpoints import (
     check_resume_world_size,
     lost_ranks,
@@ -33,6 +36,8 @@ from hf_lora_ds.training.checkpoints import (
     save_failures,
 )
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
+from hf_lora_ds.training.lora_init import wrap_as_initialised
+from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 from hf_lora_ds.training.nonfinite import NonFiniteGuard
 from hf_lora_ds.training.supervised_logits import (
     accepts_position_mask,
@@ -60,10 +65,18 @@ class LoraSFTTrainer(Trainer):
         **trainer_kwargs: Any,
     ):
         config = lora_config or lora_config_from_args(args)
-        model = wrap_with_lora(model, config)
+        wrapping = not isinstance(model, PeftModel)
+        # PiSSA/OLoRA/CorDA/EVA/LoftQ start from the base weights or from data (hf_lora_ds.training.lora_init).
+        model = wrap_as_initialised(model, config, args, trainer_kwargs.get("train_dataset"),
+                                    trainer_kwargs.get("data_collator"))  # fmt: skip
+        # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
+        # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
+        # (hf_lora_ds.model.adapter_conversion).
+        self.adapter_start = adapter_snapshot(model) if wrapping and converted_at_save(args.lora_init) else None
         # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
-        print0(self.lora_coverage.table())
+        self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
+        print0(self.lora_coverage.table(), *([self.variant_line] if self.variant_line else []))
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config))
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if coverage_note:
@@ -111,7 +124,8 @@ class LoraSFTTrainer(Trainer):
             print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if self.is_world_process_zero():  # for the run report
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
-            (Path(self.args.output_dir) / COVERAGE_FILE).write_text(self.lora_coverage.table() + "\n")
+            lines = [self.lora_coverage.table(), *([self.variant_line] if self.variant_line else [])]
+            (Path(self.args.output_dir) / COVERAGE_FILE).write_text("\n".join(lines) + "\n")
         if isinstance(self.train_dataset, ChatSFTDataset):
             print0(audit_dataset(self.train_dataset).line())
             if len(self.train_dataset.source_counts) > 1:
@@ -131,21 +145,44 @@ class LoraSFTTrainer(Trainer):
         # Trainer's events end with training, so the memory tracer sees this save only if it is wrapped for it.
         with self.run_callbacks.memory.phase("save"):
             self.save_model()
-        self._check_final_adapter_trained()
+        self._finish_final_adapter()
         return result
 
-    def _check_final_adapter_trained(self) -> None:
-        """Rank 0 reads the saved adapter; every rank raises the same error, so no rank is left in a collective."""
+    def base_model_view(self) -> AbstractContextManager:
+        """The base the run started from, for the "before" eval: the adapter switched off or, where PEFT rewrote
+        the base to its residual (PiSSA, OLoRA, CorDA), the adapter set back to its start, which is the original
+        base again. Under ZeRO-3 every rank must enter it (each tensor is gathered)."""
+        if self.adapter_start is not None:
+            return adapter_set_to(self.model, self.adapter_start)
+        return self.model.disable_adapter()
+
+    def _finish_final_adapter(self) -> None:
+        """Rank 0 makes the saved adapter plain LoRA for the original base (converted from its start where that was
+        not zero: hf_lora_ds.model.adapter_conversion) and checks that it trained; every rank raises the same error,
+        so no rank is left in a collective."""
         problem = None
         if self.args.should_save:
+            steps, top_rate = self.state.global_step, self.run_callbacks.learning_rates.max_learning_rate
             try:
-                check_adapter_trained(self.args.output_dir, self.state.global_step,
-                                      self.run_callbacks.learning_rates.max_learning_rate)  # fmt: skip
+                if self.adapter_start is not None or self.variant_line:
+                    moved = write_plain_adapter(self.args.output_dir, self.adapter_start)
+                    verify_adapter(self.args.output_dir, base_model=self.model.get_base_model().config)
+                    if not moved and steps and top_rate > 0:
+                        raise UntrainedAdapterError(f"The adapter saved in {self.args.output_dir} never trained: "
+                                                    f"every tensor still holds its start after {steps} steps")  # fmt: skip
+                check_adapter_trained(self.args.output_dir, steps, top_rate)
             except UntrainedAdapterError as error:
                 problem = str(error)
         problem = gather_from_ranks(problem)[0]
         if problem:
             raise UntrainedAdapterError(problem)
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """Trainer's optimizer, or LoRA+ / LoRA-FA (``--lora_optimizer``: hf_lora_ds.training.lora_optimizers),
+        built here so that DeepSpeed receives it as its client optimizer."""
+        if self.optimizer is None and self.args.lora_optimizer != "adamw":
+            self.optimizer = create_lora_optimizer(self.model if model is None else model, self.args)
+        return super().create_optimizer(model)
 
     def compute_loss(
         self,

@@ -27,6 +27,13 @@
   the ZeRO optimizer holds, gathered from every rank's partition by DeepSpeed's ``safe_get_full_*`` helpers, written
   by rank 0 to ``OUTPUT_DIR/e2e_engine_state_{save|resumed}_step{N}.pt`` after each save and when a resumed run
   begins (after the checkpoint is loaded, before its first step).
+- ``LogitsRecorder`` (``--record_logits``): when training ends, the live trained model's logits on fixed token ids
+  (every rank runs the forward: a collective under ZeRO-3), written by rank 0 to ``OUTPUT_DIR/e2e_logits.pt`` with
+  the ids and the learning rates of the optimizer's parameter groups, so a test can load the saved adapter on the
+  original base and compare, and see LoRA+'s groups as the engine holds them.
+- ``--variant NAME:ARGS`` (repeatable): one launch trains several runs one after another, each with the common
+  flags plus ARGS and ``--output_dir OUTPUT_DIR/NAME``; the process group is released once, after the last. A
+  2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches.
 
 It runs behind run_sft.py's error boundary (``run_cli``), as users' launches do. After ``main`` returns, each
 rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
@@ -196,6 +203,39 @@ class EngineStateRecorder(TrainerCallback):
             self._record(args, state, model, "resumed")
 
 
+class LogitsRecorder(TrainerCallback):
+    IDS = list(range(3, 40))
+
+    def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        ids = torch.tensor([self.IDS])
+        training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float().cpu()
+        model.train(training)
+        if args.process_index == 0:
+            rates = sorted({group["lr"] for group in optimizer.param_groups if len(group["params"])})
+            torch.save({"input_ids": ids, "logits": logits, "group_lrs": rates}, Path(args.output_dir, "e2e_logits.pt"))
+
+
+def run_variants(run_sft_args: list[str], variants: list[str], callbacks: list) -> None:
+    """Each variant's run in turn in this process, the process group kept between them."""
+    output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
+    release = run_sft.release_process_group
+    run_sft.release_process_group = lambda: None
+    try:
+        environment = dict(os.environ)
+        for name, extra in (variant.split(":", 1) for variant in variants):
+            run_sft.main([*run_sft_args, *extra.split(), "--output_dir", str(output_dir / name)], callbacks=callbacks)
+            # Accelerate exports its DeepSpeed settings (ACCELERATE_*) for the run it built; the next run would take
+            # them for an ``accelerate launch`` config.
+            os.environ.clear()
+            os.environ.update(environment)
+    finally:
+        run_sft.release_process_group = release
+    release()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--kill_rank", type=int, default=None)
@@ -208,6 +248,8 @@ def main() -> None:
     parser.add_argument("--offset_loaded_weights", type=int, default=None)
     parser.add_argument("--disk_fault", choices=("full", "read_only"), default=None)
     parser.add_argument("--disk_fault_step", type=int, default=None)
+    parser.add_argument("--record_logits", action="store_true")
+    parser.add_argument("--variant", action="append", metavar="NAME:ARGS", default=[])
     ours, run_sft_args = parser.parse_known_args()
     callbacks = [SampleRecorder(), StepRecorder()]
     if ours.kill_rank is not None:
@@ -222,9 +264,14 @@ def main() -> None:
         callbacks.append(DiskFault(ours.disk_fault_step, ours.disk_fault))
     if ours.offset_loaded_weights is not None:
         offset_loaded_weights(ours.offset_loaded_weights)
+    if ours.record_logits:
+        callbacks.append(LogitsRecorder())
 
     def run_and_record_exit() -> None:
-        run_sft.main(run_sft_args, callbacks=callbacks)
+        if ours.variant:
+            run_variants(run_sft_args, ours.variant, callbacks)
+        else:
+            run_sft.main(run_sft_args, callbacks=callbacks)
         # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
         output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
         left = {"process_group_alive": torch.distributed.is_initialized()}

@@ -55,6 +55,10 @@ def test_config_file(train_file, tmp_path, suffix):
         (["--eval_file", "e_dir:1,other:0"], ValueError, "mixture source 'other': weight '0' is not a positive number"),
         (["--columns", "prompt"], ValueError, "--columns 'prompt': expected comma-separated key=value pairs"),
         (["--sharegpt_roles", "bot=robot"], ValueError, "--sharegpt_roles bot=robot: unknown role 'robot'"),
+        (["--lora_init", "pissa", "--load_in_4bit"], ValueError, "--lora_init pissa with --load_in_4bit"),
+        (["--lora_init", "loftq"], ValueError, "--lora_init loftq fits the adapter to the 4-bit quantisation error"),
+        (["--lora_optimizer", "lorafa", "--deepspeed", "ds_configs/stage2.json"], ValueError,
+         r"--lora_optimizer lorafa with ZeRO stage 2 \(.*stage2.json\)"),
     ],
 )
 def test_invalid_combinations_say_what_to_change(train_file, tmp_path, extra, error, pattern):

@@ -18,6 +18,8 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
                   preprocessing_num_workers=None, max_length=16, batching="auto", pad_to_multiple_of=None,
                   use_cache=False, lora_rank=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
                   output_dir=str(tmp_path / "run"), dataset_cache_dir=None, fsdp="", fsdp_config=None,
+                  lora_init="default", lora_init_samples=256, lora_optimizer="adamw", loraplus_lr_ratio=None,
+                  load_in_4bit=False, load_in_8bit=False, use_dora=False, gguf_file=None,
                   **{name: None for name in RANGES})  # fmt: skip
     return SimpleNamespace(**{**values, **changes})
 

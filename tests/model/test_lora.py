@@ -13,6 +13,7 @@ from hf_lora_ds.model.lora import (
     check_target_modules,
     lora_config_from_args,
     parse_targets,
+    shape_config,
     targets_text,
     trainable_parameters_line,
     wrap_with_lora,
@@ -21,7 +22,7 @@ from hf_lora_ds.model.lora import (
 
 def _args(**overrides):
     values = dict(lora_rank=4, lora_alpha=8, lora_dropout=0.1, lora_target_modules="all-linear", use_rslora=False,
-                  use_dora=False)  # fmt: skip
+                  use_dora=False, lora_init="default")  # fmt: skip
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -62,3 +63,22 @@ def test_wrapping_adds_an_adapter_once_and_counts_what_trains(tiny_model):
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     total = sum(p.numel() for p in wrapped.parameters())
     assert trainable_parameters_line(wrapped).startswith(f"trainable params: {trainable:,} || all params: {total:,}")
+
+
+@pytest.mark.parametrize(
+    ("init", "peft_init"),
+    [("default", True), ("gaussian", "gaussian"), ("pissa_niter_4", "pissa_niter_4"), ("olora", "olora"),
+     ("orthogonal", "orthogonal"), ("loftq", True)],
+)  # fmt: skip
+def test_the_init_flag_becomes_peft_s_init_lora_weights(init, peft_init):
+    assert lora_config_from_args(_args(lora_init=init)).init_lora_weights == peft_init
+
+
+def test_eva_and_corda_carry_their_configs_and_shapes_drop_them():
+    eva, corda = (lora_config_from_args(_args(lora_init=init)) for init in ("eva", "corda"))
+    assert eva.eva_config is not None and eva.corda_config is None
+    assert corda.corda_config.corda_method == "ipm"
+    for config in (eva, corda):
+        shapes = shape_config(config)
+        assert (shapes.init_lora_weights, shapes.eva_config, shapes.corda_config) == (True, None, None)
+        assert (shapes.r, shapes.target_modules) == (config.r, config.target_modules)

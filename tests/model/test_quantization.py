@@ -152,3 +152,31 @@ def test_refused_before_loading(flags, message, monkeypatch):
 def test_deepspeed_configs_that_work_with_a_quantized_base_are_accepted(config, monkeypatch):
     monkeypatch.chdir(REPO)
     assert args_for("--load_in_4bit", "--deepspeed", f"ds_configs/{config}").load_in_4bit
+
+
+def test_loftq_starts_at_the_full_precision_base_up_to_what_rank_r_cannot_hold():
+    """Each adapted 4-bit weight Q plus its LoftQ adapter s·B·A is the full-precision W minus exactly the part of the
+    quantisation error W - Q beyond rank r (its SVD tail), with LoRA's scaling s = alpha / r = 4 taken into account
+    (PEFT's own fit ignores it: right only at alpha = r)."""
+    from bitsandbytes.functional import dequantize_4bit
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from hf_lora_ds.model.quantization import fit_loftq
+
+    args = args_for("--load_in_4bit")
+    model = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32, quantization_config=quantization_config_from_args(args),
+                                                 device_map={"": "cpu"})  # fmt: skip
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "down_proj"]))
+    assert fit_loftq(model, str(BASE)) == 8
+    full = load_file(BASE / "model.safetensors")
+    for name, module in model.named_modules():
+        if name.endswith(("q_proj", "down_proj")):
+            weight = full[name.removeprefix("base_model.model.") + ".weight"]
+            packed = module.get_base_layer().weight
+            error = weight - dequantize_4bit(packed.data, packed.quant_state).reshape(weight.shape)
+            adapter = module.scaling["default"] * module.lora_B["default"].weight @ module.lora_A["default"].weight
+            tail = torch.linalg.svdvals(error)[4:].square().sum().sqrt()
+            torch.testing.assert_close(torch.linalg.norm(error - adapter), tail, rtol=1e-4, atol=0)
+            assert tail < torch.linalg.norm(error)

@@ -97,3 +97,19 @@ def test_fsdp2_shards_every_state_and_gathers_a_unit_at_a_time():
     offloaded = estimate(DeepSpeedLayout(fsdp=True, offload_param=True))
     assert offloaded.device_items["frozen weights"] == offloaded.device_items["optimizer states"] == 0
     assert offloaded.host_items["sharded states (offloaded)"] == 4 * (items["frozen weights"] + 16 * SHAPE.trainable_params // 4)
+
+
+def test_a_lora_init_pass_counts_where_it_exceeds_what_training_adds():
+    """CorDA's covariances live before step 1, when gradients, optimizer states, activations and logits do not."""
+    from dataclasses import replace
+
+    items = estimate().device_items
+    training_only = sum(items[name] for name in ("gradients", "optimizer states", "activations", "logits and loss"))
+    small = estimate_memory(replace(SHAPE, init_pass_bytes=training_only // 2), BATCH, NO_DEEPSPEED, world_size=4,
+                            ranks_per_node=4, weight_bytes=2, gradient_checkpointing=False, supervised_logits_only=True,
+                            on_accelerator=True, runtime_bytes=500_000_000)  # fmt: skip
+    assert small.device_bytes == estimate().device_bytes
+    big = estimate_memory(replace(SHAPE, init_pass_bytes=training_only + 10**9), BATCH, NO_DEEPSPEED, world_size=4,
+                          ranks_per_node=4, weight_bytes=2, gradient_checkpointing=False, supervised_logits_only=True,
+                          on_accelerator=True, runtime_bytes=500_000_000)  # fmt: skip
+    assert big.device_items["LoRA init pass (beyond training's peak)"] == 10**9

@@ -111,3 +111,19 @@ def test_planning_leaves_torchs_random_state_alone():
     before = torch.random.get_rng_state()
     measure_model_shape(config, lora(3), torch.float32, seq_len=37)  # settings no other test plans: not cached
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_the_lora_variant_is_counted(qwen_style_tokenizer):
+    """LoRA-FA trains B only; CorDA's pass holds an fp32 in x in covariance per adapted layer; PiSSA's SVD at wrap
+    time is not run on the meta model (its shapes are plain LoRA's)."""
+    config = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=2).config
+    plain = measure_model_shape(config, lora(), torch.float32, 16)
+    a_only = sum(4 * size for size in (32, 32, 32, 32, 32, 32, 96)) * 2  # r x in per module, 2 layers
+    assert measure_model_shape(config, lora(), torch.float32, 16, train_lora_a=False).trainable_params == (
+        plain.trainable_params - a_only)
+    corda = LoraConfig(**{**lora().to_dict(), "init_lora_weights": "corda", "peft_type": None})
+    inputs = (32, 32, 32, 32, 32, 32, 96)  # q, k, v, o, gate, up: hidden; down: intermediate
+    assert measure_model_shape(config, corda, torch.float32, 16).init_pass_bytes == 2 * sum(4 * n * n for n in inputs)
+    pissa = LoraConfig(**{**lora().to_dict(), "init_lora_weights": "pissa", "peft_type": None})
+    assert measure_model_shape(config, pissa, torch.float32, 16).trainable_params == plain.trainable_params
+    assert plain.init_pass_bytes == 0

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import copy
 import json
 
+import pytest
 import torch
 from peft import PeftModel
 from transformers import TrainerCallback
@@ -162,3 +164,39 @@ def test_steps_at_learning_rate_zero_prove_nothing(tiny_model, qwen_style_tokeni
     _freeze_lora_b(trainer)
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+def _logits(model, ids) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("init", ["pissa", "olora", "corda", "eva", "orthogonal"])
+def test_each_init_saves_an_adapter_that_gives_the_trained_model_on_the_original_base(
+    init, tiny_model, qwen_style_tokenizer, tmp_path
+):
+    """Two steps, then the saved adapter on a copy of the base as it was loaded: the trained model's logits to fp32
+    rounding (PiSSA, OLoRA and CorDA rewrote the base the run trained on; the saved adapter is converted)."""
+    original = copy.deepcopy(tiny_model)
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, lora_init=init, lora_rank=4,
+                           lora_init_samples=16)  # fmt: skip
+    trainer.train()
+    ids = torch.tensor([qwen_style_tokenizer("12=王大丫丫的回答是--->3 + 9")["input_ids"]])
+    trained, base = _logits(trainer.model, ids), _logits(original, ids)
+    saved = PeftModel.from_pretrained(original, str(tmp_path / "out"))
+    assert (_logits(saved, ids) - trained).abs().max() <= 1e-5 * trained.abs().max()
+    with trainer.base_model_view():  # the "before" eval's model: the base as loaded
+        assert (_logits(trainer.model, ids) - base).abs().max() <= 1e-5 * base.abs().max()
+
+
+def test_loraplus_trains_b_at_the_ratio_of_a(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, lora_optimizer="loraplus",
+                           loraplus_lr_ratio=8.0)  # fmt: skip
+    trainer.train()
+    names = {id(param): name for name, param in trainer.model.named_parameters()}
+    rates = {".lora_A.": set(), ".lora_B.": set()}
+    for group in trainer.optimizer.param_groups:
+        for param in group["params"]:
+            rates[next(part for part in rates if part in names[id(param)])].add(group["initial_lr"])
+    assert rates == {".lora_A.": {1e-2}, ".lora_B.": {8e-2}}
