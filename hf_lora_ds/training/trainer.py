@@ -114,6 +114,9 @@ class LoraSFTTrainer(Trainer):
                     print0(f"  {name}: {audit.line()}")
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
+        except BaseException:
+            self.run_callbacks.memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
+            raise
         finally:
             self.preemption.restore_handlers()
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
