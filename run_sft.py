@@ -24,10 +24,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformers import TrainerCallback, set_seed
+import transformers  # the module only: its trainer names import PEFT, which hf_lora_ds must import first
 
 from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
-from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback, write_run_report
+from hf_lora_ds.callbacks import (
+    AnswerAccuracyCallback,
+    MemoryTraceCallback,
+    log_accuracy_end_points,
+    write_run_report,
+)
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.data.inference_prompts import check_round_trip
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
@@ -49,11 +54,11 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
     return parse_run_arguments(argv, DEMO_ARGUMENTS)
 
 
-def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict:
+def main(argv: list[str] | None = None, callbacks: Sequence[transformers.TrainerCallback] = ()) -> dict:
     """The whole job; ``callbacks`` are extra TrainerCallbacks for programmatic use (a notebook, a test)."""
     # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after, and the adapter's A init must repeat
+    transformers.set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after; the adapter's A init must repeat
     # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
     # convert to a universal checkpoint fails here, not after the model is loaded.
     checkpoint, resume_note = resolve_resume_checkpoint(
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[TrainerCallback] = (
             results["before"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "before")
         results["after"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "after")
         report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))
-        trainer.log({f"eval_accuracy_{phase}": result.accuracy for phase, result in results.items()})
+        log_accuracy_end_points(trainer, results["before"].accuracy, results["after"].accuracy)
         write_run_report(trainer, report_path)
         print_comparison(results)
     release_process_group()

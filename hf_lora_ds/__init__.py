@@ -1,5 +1,9 @@
 """hf_lora_ds: LoRA supervised fine-tuning of chat LLMs with Hugging Face Trainer and DeepSpeed."""
 
+from hf_lora_ds.quiet import quiet_third_party_noise
+
+quiet_third_party_noise()  # first: the imports below bring in PEFT, and PEFT bitsandbytes (see hf_lora_ds.quiet)
+
 from hf_lora_ds.data.collator import build_collator, resolve_batching, supports_padding_free
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.data.formats import FormatOptions, to_messages

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 import torch
+from tqdm import tqdm
 
 __all__ = [
     "ErrorRelay",
@@ -89,9 +90,12 @@ def rank_and_world() -> tuple[int, int]:
 
 def print0(*lines: str) -> None:
     """Print on global rank 0 only, flushed: the one way the package talks to the user, so a 2-rank run shows each
-    line once and in order with the launcher's own output."""
+    line once and in order with the launcher's own output. Written through tqdm, which lifts a live progress bar
+    (Trainer's) off the terminal first and redraws it below: lines printed during training (an evaluation's memory,
+    a divergence warning) get lines of their own, not the end of the bar's."""
     if rank_and_world()[0] == 0:
-        print(*lines, sep="\n", flush=True)
+        tqdm.write("\n".join(lines), file=sys.stdout)
+        sys.stdout.flush()
 
 
 def gather_from_ranks(obj: Any) -> list[Any]:

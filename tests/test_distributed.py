@@ -3,8 +3,11 @@ tests/launch/test_world.py's."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
+from tqdm import tqdm
 
 from hf_lora_ds import distributed
 
@@ -110,3 +113,16 @@ def test_a_store_gone_with_rank_0_means_rank_0_has_left_after_its_own_line():
     relay = distributed.ErrorRelay()
     relay.attach(_StoreGone(), 1, 2)
     assert relay.publish("saving X failed: disk full", 5.0) is True  # silent: a second line would repeat rank 0's
+
+
+def test_print0_lifts_a_live_progress_bar_off_its_line(monkeypatch, capsys):
+    """A line printed while Trainer's bar is drawn gets its own line: the bar is cleared first and redrawn after."""
+    monkeypatch.setenv("RANK", "0")
+    bar = tqdm(total=3, file=sys.stderr, ascii=True)
+    bar.update(1)
+    capsys.readouterr()
+    distributed.print0("CPU Memory before entering the eval : 681.8")
+    captured = capsys.readouterr()
+    bar.close()
+    assert captured.out == "CPU Memory before entering the eval : 681.8\n"
+    assert "\r" in captured.err and "1/3" in captured.err  # cleared, then redrawn below the line

@@ -20,7 +20,8 @@ TESTS = Path(__file__).resolve().parent
 # Bottom to top: a module imports only from its own group or from groups of a lower rank; two groups of one rank
 # import nothing of each other. A module belongs to the group of its longest matching name.
 LAYERS: list[dict[str, list[str]]] = [
-    {"core": ["hf_lora_ds.errors", "hf_lora_ds.distributed", "hf_lora_ds.devices", "hf_lora_ds.resources"]},
+    {"core": ["hf_lora_ds.errors", "hf_lora_ds.distributed", "hf_lora_ds.devices", "hf_lora_ds.resources",
+              "hf_lora_ds.quiet", "hf_lora_ds.sizes"]},
     {"data": ["hf_lora_ds.data"], "model": ["hf_lora_ds.model"]},
     {"training runtime": ["hf_lora_ds.training"]},
     {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"]},

@@ -17,7 +17,7 @@ With ``report_to="swanlab"``, call ``use_swanlab(trainer)``: it swaps transforme
 with swanlab 0.10) for one that also runs offline without an API key.
 """
 
-from hf_lora_ds.callbacks.accuracy import AnswerAccuracyCallback
+from hf_lora_ds.callbacks.accuracy import AnswerAccuracyCallback, log_accuracy_end_points
 from hf_lora_ds.callbacks.checkpoint_completion import CheckpointCompletionCallback
 from hf_lora_ds.callbacks.data_sources import SourceCountsLog
 from hf_lora_ds.callbacks.divergence import DivergenceCallback
@@ -32,6 +32,7 @@ from hf_lora_ds.callbacks.throughput import ThroughputCallback
 
 __all__ = [
     "AnswerAccuracyCallback",
+    "log_accuracy_end_points",
     "MemoryTraceCallback",
     "ThroughputCallback",
     "SwanLabCallback",

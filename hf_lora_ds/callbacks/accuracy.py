@@ -10,10 +10,14 @@ all-gathers per token), which is why small eval sets and ``max_new_tokens`` set 
 With ``predictions_dir``, each evaluation's predictions (prompt, output, parsed answer, verdict) are written to
 ``predictions_step{N}.jsonl`` there, the same format as the final eval's, so a run shows what the model answered as it
 learned, not only how often it was right.
+
+``log_accuracy_end_points`` adds the accuracy before and after fine-tuning to the same series, at step 0 and at the
+last step, so a dashboard draws one curve from the base model to the tuned one.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ from hf_lora_ds.callbacks.memory import MemoryTraceCallback
 from hf_lora_ds.data.records import Record
 from hf_lora_ds.eval import Task, evaluate, write_predictions
 
-__all__ = ["AnswerAccuracyCallback"]
+__all__ = ["AnswerAccuracyCallback", "log_accuracy_end_points"]
 
 
 class AnswerAccuracyCallback(LoggingCallback):
@@ -73,3 +77,18 @@ class AnswerAccuracyCallback(LoggingCallback):
             write_predictions(result, Path(self.predictions_dir, f"predictions_step{state.global_step}.jsonl"))
         self.history.append({"step": state.global_step, **result.summary()})
         self._emit(state, metrics)
+
+
+def log_accuracy_end_points(trainer: Trainer, before: float, after: float, metric_key_prefix: str = "eval") -> None:
+    """Hand every ``report_to`` integration the accuracy before fine-tuning at step 0 and after it at the last step,
+    under the key the evaluations during training use (``eval_accuracy``; ``eval/accuracy`` in SwanLab).
+
+    ``Trainer.log`` has no step argument (integrations read ``state.global_step``), so the callbacks get a copy of
+    the state at each end point's step. The log history is left alone: trainer_state.json keeps what was measured
+    during training, eval_report.json the before/after. Call it on every rank, like ``Trainer.log``.
+    """
+    key = f"{metric_key_prefix}_accuracy"
+    for step, accuracy in ((0, before), (trainer.state.global_step, after)):
+        state = copy.copy(trainer.state)
+        state.global_step = step
+        trainer.control = trainer.callback_handler.on_log(trainer.args, state, trainer.control, {key: accuracy})

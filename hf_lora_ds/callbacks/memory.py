@@ -123,6 +123,11 @@ class MemoryTraceCallback(LoggingCallback):
             self._pending.append({"phase": record_as or name, "stats": _in_mib(stats)})
         return stats is not None
 
+    def abandon_open_phases(self) -> None:
+        """Drop the phases a failed run left open (training, an evaluation), unpublished: no collective while this
+        rank is failing, and no sampler thread left running after the run."""
+        self._tracker.abandon()
+
     # ---- publishing across ranks ----
 
     def _publish(self, state: TrainerState) -> None:

@@ -3,6 +3,8 @@
 Callbacks run in the order of ``trainer.callback_handler.callbacks``, and some of them read what others did in the
 same event, so the order is part of what they mean:
 
+0. transformers' terminal progress bar stays where Trainer put it, as one that appears only when the first epoch
+   begins, after the setup lines the callbacks below print at train begin (hf_lora_ds.callbacks.progress_bar).
 1. SwanLab (with ``report_to`` swanlab): ours, in place of transformers' own (hf_lora_ds.callbacks.swanlab).
 2. The run's guards and bookkeeping: the highest learning rate seen (the final adapter check's measure), preemption
    (a signal becomes "save after this step"), the ``engine:`` line (checked before the first step), divergence, and
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformers import Trainer
+from transformers.trainer_callback import ProgressCallback
 
 from hf_lora_ds.callbacks.accuracy import AnswerAccuracyCallback
 from hf_lora_ds.callbacks.checkpoint_completion import CheckpointCompletionCallback
@@ -34,6 +37,7 @@ from hf_lora_ds.callbacks.engine_line import EngineCallback
 from hf_lora_ds.callbacks.learning_rate import LearningRateWatch
 from hf_lora_ds.callbacks.memory import MemoryTraceCallback
 from hf_lora_ds.callbacks.preemption import PreemptionCallback
+from hf_lora_ds.callbacks.progress_bar import SetupFirstProgressCallback
 from hf_lora_ds.callbacks.run_report import RunReportCallback
 from hf_lora_ds.callbacks.swanlab import use_swanlab
 from hf_lora_ds.callbacks.throughput import ThroughputCallback
@@ -52,6 +56,7 @@ class RunCallbacks:
 
 def attach_run_callbacks(trainer: Trainer) -> RunCallbacks:
     """Attach the run's callbacks to ``trainer`` (a ``LoraSFTTrainer``) in the order of the module docstring."""
+    _start_the_bar_after_the_setup_lines(trainer)
     if "swanlab" in trainer.args.report_to:
         # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
         use_swanlab(trainer)
@@ -87,3 +92,10 @@ def attach_run_callbacks(trainer: Trainer) -> RunCallbacks:
         preemption=attached[PreemptionCallback],
         memory=attached[MemoryTraceCallback],
     )
+
+
+def _start_the_bar_after_the_setup_lines(trainer: Trainer) -> None:
+    handler = trainer.callback_handler.callbacks
+    for index, callback in enumerate(handler):
+        if type(callback) is ProgressCallback:  # the terminal's: a notebook's bar and --disable_tqdm's printer stay
+            handler[index] = SetupFirstProgressCallback(callback.max_str_len)

@@ -16,6 +16,7 @@ from typing import Any
 
 from hf_lora_ds.distributed import print0, rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate
+from hf_lora_ds.sizes import format_bytes
 
 __all__ = ["evaluate_phase", "format_comparison", "print_comparison", "write_predictions", "write_eval_report"]
 
@@ -96,4 +97,4 @@ def _cell(value: Any) -> str:
 
 
 def _bytes(value: int | None) -> str | None:
-    return None if value is None else f"{value / 2**20:.1f} MiB"
+    return None if value is None else format_bytes(value)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hf_lora_ds.quiet import give_peft_bitsandbytes
+
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import BitsAndBytesConfig
@@ -71,6 +73,8 @@ def prepare_quantized_model(model: torch.nn.Module, args: SFTTrainingArguments) 
     if not (getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)):
         return model
     from peft import prepare_model_for_kbit_training
+
+    give_peft_bitsandbytes()  # PEFT was imported without it (hf_lora_ds.quiet); the quantized load imported it
 
     return prepare_model_for_kbit_training(
         model,

@@ -14,9 +14,10 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["loss_plot", "memory_plot", "throughput_plot", "accuracy_plot"]
+__all__ = ["loss_plot", "memory_plot", "throughput_plot", "accuracy_plot", "accuracy_curve_plot"]
 
 _MEMORY_KINDS = (("gpu", "GPU allocated"), ("gpu_reserved", "GPU reserved"), ("cpu", "host RSS"))
+_ACCURACY_COLORS = {"before": "#999999", "after": "#2a7ab0"}  # the base model grey, the tuned one blue, as in the bars
 
 
 def _png(fig: Figure) -> str:
@@ -111,8 +112,38 @@ def accuracy_plot(eval_report: dict[str, Any]) -> str | None:
         return None
     fig = Figure(figsize=(4, 3))
     ax = fig.add_subplot()
-    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["#999999", "#2a7ab0"][: len(bars)])
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[_ACCURACY_COLORS[b[0]] for b in bars])
     for i, (_, value) in enumerate(bars):
         ax.annotate(f"{value:.3f}", (i, value), ha="center", va="bottom")
     ax.set(ylabel="accuracy", ylim=(0, 1.15 * max(1.0, *(b[1] for b in bars))), title="Accuracy before / after")
+    return _png(fig)
+
+
+def _accuracy_of(eval_report: dict[str, Any] | None, side: str) -> float | None:
+    accuracy = ((eval_report or {}).get(side) or {}).get("accuracy")
+    return accuracy if isinstance(accuracy, (int, float)) else None
+
+
+def accuracy_curve_plot(
+    log_history: list[dict[str, Any]], eval_report: dict[str, Any] | None, final_step: int | None
+) -> str | None:
+    """Answer accuracy against step: the evaluations during training (``eval_accuracy``), from the base model's
+    accuracy at step 0 to the tuned one's at ``final_step`` (``eval_report``'s before and after). None when the run
+    did not evaluate during training: then the before/after bars say everything."""
+    steps, values = _series(log_history, "eval_accuracy")
+    if not steps:
+        return None
+    ends = [(side, step, _accuracy_of(eval_report, side)) for side, step in (("before", 0), ("after", final_step))]
+    ends = [(side, step, value) for side, step, value in ends if step is not None and value is not None]
+    line = sorted({**dict(zip(steps, values)), **{step: value for _, step, value in ends}}.items())
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    ax.plot([step for step, _ in line], [value for _, value in line], color=_ACCURACY_COLORS["after"], alpha=0.4)
+    ax.plot(steps, values, "o", color=_ACCURACY_COLORS["after"], label="during training")
+    for side, step, value in ends:
+        ax.plot([step], [value], "s", markersize=8, color=_ACCURACY_COLORS[side], label=side)
+        ax.annotate(f"{value:.3f}", (step, value), textcoords="offset points", xytext=(0, 7), ha="center")
+    ax.set(xlabel="step", ylabel="accuracy", ylim=(-0.03, 1.12), title="Accuracy during training")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
     return _png(fig)

@@ -11,6 +11,7 @@ import jinja2
 
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE
 from hf_lora_ds.report.argument_table import split_arguments
+from hf_lora_ds.sizes import format_bytes
 
 __all__ = ["write_report"]
 
@@ -31,6 +32,17 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _eval_cell(value: Any, metric: str) -> str:
+    """An eval_report.json value as the console's table shows it: sizes in MiB/GiB, reasons as ``name: count``."""
+    if value is None:
+        return ""
+    if metric.endswith("_bytes") and isinstance(value, (int, float)):
+        return format_bytes(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{name}: {count}" for name, count in value.items()) or "-"
+    return _fmt(value)
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("hf_lora_ds", "report"),
@@ -38,6 +50,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["fmt"] = _fmt
+    env.filters["eval_cell"] = _eval_cell
     return env
 
 
@@ -92,6 +105,7 @@ def write_report(
     eval_sides = [side for side in ("before", "after") if eval_report and isinstance(eval_report.get(side), dict)]
     eval_metrics = sorted({metric for side in eval_sides for metric in eval_report[side]})
     steps = [entry["step"] for entry in log_history if "step" in entry]
+    final_step = max(steps) if steps else None
     changed_arguments, other_arguments = None, dict(sorted((arguments or {}).items()))
     if arguments and argument_defaults is not None:
         changed_arguments, other_arguments = split_arguments(arguments, argument_defaults)
@@ -102,7 +116,7 @@ def write_report(
             title=title,
             written_at=datetime.now().isoformat(timespec="seconds"),
             output_dir=str(output_dir),
-            final_step=max(steps) if steps else None,
+            final_step=final_step,
             eval_report=eval_report if eval_sides else None,
             eval_sides=eval_sides,
             eval_metrics=eval_metrics,
@@ -115,6 +129,7 @@ def write_report(
             lora_coverage=_read_text(output_dir / COVERAGE_FILE),  # written by LoraSFTTrainer.train
             plots={
                 "loss": plots.loss_plot(log_history),
+                "accuracy_curve": plots.accuracy_curve_plot(log_history, eval_report, final_step),
                 "memory": plots.memory_plot(memory_records),
                 "throughput": plots.throughput_plot(log_history),
                 "accuracy": plots.accuracy_plot(eval_report) if eval_sides else None,

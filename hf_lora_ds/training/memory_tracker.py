@@ -81,6 +81,8 @@ class _RssSampler:
             self._thread.start()
 
     def untrack(self, phase: _OpenPhase) -> None:
+        """Stop sampling ``phase``; with no phase left, stop the thread and wait for it: it is gone when this
+        returns, so a run that ended leaves no thread reading this process behind."""
         with self._lock:
             self._phases.remove(phase)
             idle = not self._phases
@@ -141,6 +143,13 @@ class MemoryTracker:
         phase.raise_peak(end)
         self._raise_open_peaks(end)
         return phase.stats(end)
+
+    def abandon(self) -> None:
+        """Close every open phase unmeasured, which stops the sampler thread: for a run that failed, whose phases
+        Trainer's events will never end."""
+        for phase in self._open.values():
+            self._sampler.untrack(phase)
+        self._open.clear()
 
     @contextmanager
     def phase(self, name: str | None = None) -> Iterator[PeakMemory]:

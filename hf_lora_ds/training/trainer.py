@@ -134,6 +134,9 @@ class LoraSFTTrainer(Trainer):
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
                 result = super().train(resume_from_checkpoint, *args, **kwargs)
+        except BaseException:
+            self.run_callbacks.memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
+            raise
         finally:
             self.preemption.restore_handlers()
         if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished

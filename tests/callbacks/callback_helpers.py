@@ -129,14 +129,19 @@ def lora_model(tokenizer):
 
 def read_local_runs(log_dir: Path) -> dict[str, list[float]]:
     """Metric name → logged values, from a local-mode log dir (``runs.swanlab`` names each metric's folder)."""
+    return {name: [value for _, value in points] for name, points in read_local_points(log_dir).items()}
+
+
+def read_local_points(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Metric name → ``(step, value)`` in the order SwanLab wrote them, from a local-mode log dir."""
     with sqlite3.connect(log_dir / "runs.swanlab") as db:
         tags = db.execute("SELECT name, folder FROM tag").fetchall()
     (run_dir,) = log_dir.glob("run-*")
     return {
         name: [
-            json.loads(line)["data"]
+            (record["index"], record["data"])
             for log in sorted((run_dir / "logs" / folder).glob("*.log"))
-            for line in log.read_text().splitlines()
+            for record in map(json.loads, log.read_text().splitlines())
         ]
         for name, folder in tags
     }

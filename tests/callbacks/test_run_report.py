@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from transformers import TrainerCallback
 
 from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback
 from tests.callbacks.callback_helpers import LENGTHS, flat_collate, lora_model
@@ -18,8 +19,24 @@ from tests.callbacks.callback_helpers import LENGTHS, flat_collate, lora_model
 SPIKE_MIB = 48
 
 
+SAMPLER = "hf_lora_ds-rss-sampler"
+
+
+class SamplerThreads(TrainerCallback):
+    """The RSS sampler threads this run started: alive during a step and not there before the run (threads of
+    other tests' runs, say ones that failed on purpose, are not this run's to judge)."""
+
+    def __init__(self) -> None:
+        self.before = set(threading.enumerate())
+        self.seen: set[threading.Thread] = set()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen |= {t for t in threading.enumerate() if t.name == SAMPLER and t not in self.before}
+
+
 @pytest.fixture(scope="module")
 def run(make_trainer, qwen_style_tokenizer):
+    samplers = SamplerThreads()
     memory = MemoryTraceCallback(sample_interval_s=0.005)
     with memory.phase("load"):
         model = lora_model(qwen_style_tokenizer)
@@ -30,7 +47,10 @@ def run(make_trainer, qwen_style_tokenizer):
     memory.attach(trainer)
     throughput = ThroughputCallback().attach(trainer)
     trainer.add_callback(RunReportCallback())
+    trainer.add_callback(samplers)
     trainer.train()
+    samplers.alive_after = [t for t in samplers.seen if t.is_alive()]  # right away: no later test's time to exit
+    trainer.samplers = samplers
     return trainer, memory, throughput
 
 
@@ -79,7 +99,9 @@ def test_trace_file_holds_the_records(run):
 
 
 def test_sampler_thread_stops(run):
-    assert not [t for t in threading.enumerate() if t.name == "hf_lora_ds-rss-sampler"]
+    trainer, _, _ = run
+    assert trainer.samplers.seen, "the run sampled RSS from a thread of its own"
+    assert trainer.samplers.alive_after == []
 
 
 def test_run_token_counts_are_exact(run):

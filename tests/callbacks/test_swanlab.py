@@ -9,9 +9,18 @@ import pytest
 import swanlab
 import yaml
 
-from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, default_swanlab_mode, use_swanlab
+from hf_lora_ds.callbacks import (
+    AnswerAccuracyCallback,
+    MemoryTraceCallback,
+    ThroughputCallback,
+    default_swanlab_mode,
+    log_accuracy_end_points,
+    use_swanlab,
+)
 from hf_lora_ds.callbacks.swanlab import default_swanlab_project, swanlab_names
-from tests.callbacks.callback_helpers import lora_model, read_local_runs
+from hf_lora_ds.eval import Generation, evaluator
+from tests.callbacks.callback_helpers import lora_model, read_local_points, read_local_runs
+from tests.callbacks.test_accuracy import RECORDS
 
 
 def test_mode_defaults_to_local_only_without_key_or_choice(no_swanlab_key, monkeypatch):
@@ -99,3 +108,23 @@ def test_names_swanlab_settings_give_are_kept(no_swanlab_key, make_trainer, monk
 )
 def test_default_project_is_a_name_swanlab_accepts(model, project):
     assert default_swanlab_project(model) == project
+
+
+def test_accuracy_series_runs_from_before_to_after(no_swanlab_key, make_trainer, qwen_style_tokenizer, monkeypatch,
+                                                    tmp_path):  # fmt: skip
+    """eval/accuracy holds the evaluation during training and, as its end points, before at step 0 and after at the
+    last step: one curve from the base model to the tuned one."""
+    answers = iter(["0", "x", "x", "0", "1", "2"])  # steps 3 and 4 (Trainer evaluates the last step too): 1/3, 3/3
+    monkeypatch.setattr(evaluator, "generate", lambda model, tokenizer, prompts, **kwargs: [
+        Generation(next(answers), 1, True) for _ in prompts])  # fmt: skip
+    trainer = make_trainer(report_to="swanlab", eval_strategy="steps", eval_steps=3)
+    AnswerAccuracyCallback(qwen_style_tokenizer, RECORDS, "exact_match").attach(trainer)
+    use_swanlab(trainer, log_dir=str(tmp_path / "swanlog"))
+    try:
+        trainer.train()
+        log_accuracy_end_points(trainer, before=0.0, after=1.0)
+    finally:
+        swanlab.finish()
+    assert trainer.state.global_step == 4
+    points = read_local_points(tmp_path / "swanlog")["eval/accuracy"]
+    assert sorted(points) == [(0, 0.0), (3, pytest.approx(1 / 3)), (4, 1.0)]  # the after at 4 is the last evaluation's

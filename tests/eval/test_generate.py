@@ -56,6 +56,33 @@ def test_batched_equals_one_by_one(varied_model, qwen_style_tokenizer, sum_recor
         assert g.text == expected
 
 
+def test_the_shared_prefix_is_computed_once_and_each_row_computes_its_own_tokens(varied_model, qwen_style_tokenizer,
+                                                                                sum_records):  # fmt: skip
+    tokenizer = qwen_style_tokenizer
+    prompts = render(tokenizer, sum_records[:6])
+    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    shared = next(i for i in range(len(encoded[0])) if len({tuple(ids[: i + 1]) for ids in encoded}) > 1)
+    assert shared > 5, "the chat template's system prompt and header start every prompt"
+    embedded = []
+    hook = varied_model.get_input_embeddings().register_forward_hook(
+        lambda module, inputs, output: embedded.append(tuple(inputs[0].shape)))  # fmt: skip
+    try:
+        generate(varied_model, tokenizer, prompts, batch_size=3, max_new_tokens=2)
+    finally:
+        hook.remove()
+    own = sorted((len(ids) - shared for ids in encoded), reverse=True)  # batches are taken longest first
+    assert embedded[0] == (1, shared)  # the prefix, once for the whole call
+    prefills = [shape for shape in embedded[1:] if shape[1] > 1]
+    assert prefills == [(3, own[0]), (3, own[3])]  # each batch: only its rows' own tokens, left-padded
+
+
+def test_beam_search_gets_no_shared_prefix_and_still_equals_one_by_one(varied_model, qwen_style_tokenizer,
+                                                                        sum_records):  # fmt: skip
+    prompts = render(qwen_style_tokenizer, sum_records[:4])
+    beams = generate(varied_model, qwen_style_tokenizer, prompts, batch_size=4, max_new_tokens=4, num_beams=2)
+    assert beams == generate(varied_model, qwen_style_tokenizer, prompts, batch_size=1, max_new_tokens=4, num_beams=2)
+
+
 def test_generate_restores_training_mode(varied_model, qwen_style_tokenizer):
     varied_model.train()
     prompts = render(qwen_style_tokenizer, [{"instruction": "3="}])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import peft.helpers
 import pytest
 import torch
 from transformers import TrainerCallback
@@ -74,7 +75,8 @@ def losses(out: Path) -> list[float]:
     [(("--load_in_4bit",), "Linear4bit"), (("--load_in_8bit", "--gradient_checkpointing", "true"), "Linear8bitLt")],
     ids=["4bit", "8bit-gradient-checkpointing"],
 )
-def test_quantized_base_trains_only_the_adapter(flags, layer_type, tmp_path, capsys):
+def test_quantized_base_trains_only_the_adapter(flags, layer_type, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(peft.helpers, "bnb", None)  # as hf_lora_ds leaves it in a fresh process (hf_lora_ds.quiet)
     watch = ParameterWatch()
     run_sft.main(qlora_flags(tmp_path / "run", *flags), callbacks=[watch])
 
@@ -86,6 +88,7 @@ def test_quantized_base_trains_only_the_adapter(flags, layer_type, tmp_path, cap
     assert any(".lora_A." in name for name in changed) and any(".lora_B." in name for name in changed)
     trace = losses(tmp_path / "run")
     assert len(trace) == 6 and sum(trace[-2:]) < sum(trace[:2]), trace
+    assert peft.helpers.bnb is not None  # the quantized run handed PEFT's helper the bitsandbytes it now uses
 
 
 def test_qlora_adapter_evaluates_and_merges_into_the_full_precision_base(eval_file, tmp_path, capsys):

@@ -61,6 +61,24 @@ def test_accuracy_plot_draws_the_phases_that_have_an_accuracy(drawn):
     assert [patch.get_height() for patch in drawn[1].axes[0].patches] == [0.5]
 
 
+def test_accuracy_curve_runs_from_before_at_step_0_to_after_at_the_last_step(drawn):
+    history = [*HISTORY, {"step": 2, "eval_accuracy": 0.4}, {"step": 3, "eval_accuracy": 0.8}]
+    plots.accuracy_curve_plot(history, {"before": {"accuracy": 0.1}, "after": {"accuracy": 0.9}}, final_step=4)
+    (ax,) = drawn[0].axes
+    lines = _lines(ax)
+    assert lines["during training"] == ([2, 3], [0.4, 0.8])
+    assert lines["before"] == ([0], [0.1]) and lines["after"] == ([4], [0.9])
+    (curve,) = [line for line in ax.get_lines() if line.get_label().startswith("_")]  # the unlabelled line
+    assert (list(curve.get_xdata()), list(curve.get_ydata())) == ([0, 2, 3, 4], [0.1, 0.4, 0.8, 0.9])
+    assert ax.get_title() == "Accuracy during training"
+
+
+def test_accuracy_curve_without_an_eval_report_draws_the_evaluations_alone(drawn):
+    plots.accuracy_curve_plot([{"step": 5, "eval_accuracy": 0.5}], None, final_step=10)
+    labelled = {label for label in _lines(drawn[0].axes[0]) if not label.startswith("_")}
+    assert labelled == {"during training"}
+
+
 def test_memory_plot_stacks_the_peak_above_the_start_per_rank(drawn):
     def stats(before, peak):
         return {"cpu": {"before": before, "peak": peak}}
@@ -78,7 +96,8 @@ def test_memory_plot_stacks_the_peak_above_the_start_per_rank(drawn):
 @pytest.mark.parametrize(
     ("plot", "nothing"),
     [(plots.loss_plot, [{"train_runtime": 1.0}]), (plots.throughput_plot, [{"step": 1, "loss": 1.0}]),
-     (plots.accuracy_plot, {"before": {"accuracy": None}}), (plots.memory_plot, [])],
+     (plots.accuracy_plot, {"before": {"accuracy": None}}), (plots.memory_plot, []),
+     (lambda history: plots.accuracy_curve_plot(history, {"after": {"accuracy": 1.0}}, 3), HISTORY)],
 )  # fmt: skip
 def test_nothing_logged_is_no_plot(plot, nothing):
     assert plot(nothing) is None

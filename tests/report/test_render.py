@@ -19,6 +19,7 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.images: list[str] = []
+        self.image_alts: list[str] = []
         self.headings: list[str] = []
         self.text: list[str] = []
         self._in_heading = False
@@ -26,6 +27,7 @@ class _Page(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if tag == "img":
             self.images.append(dict(attrs)["src"])
+            self.image_alts.append(dict(attrs)["alt"])
         self._in_heading = tag in ("h1", "h2")
 
     def handle_endtag(self, tag):
@@ -117,6 +119,23 @@ def test_sections_show_the_numbers(full_report):
     assert '"stage": 3' in text
     assert "throughput/run_mfu" in text and "train_runtime" in text
     assert "120" in text  # rank 1's train peak, in the memory table
+
+
+def test_accuracy_during_training_is_drawn_beside_the_loss(tmp_path):
+    history = [*LOG_HISTORY, {"eval_accuracy": 0.4, "step": 5}, {"eval_accuracy": 0.9, "step": 10}]
+    page = parse(write_report(tmp_path, history, eval_report=EVAL_REPORT))
+    assert "Loss and accuracy during training" in page.headings
+    loss = page.image_alts.index("loss curve")
+    assert page.image_alts[loss + 1] == "accuracy during training"
+    assert decode_png(page.images[loss + 1]).size[0] > 100
+
+
+def test_sizes_read_in_mib_and_gib(tmp_path):
+    report = {side: {"accuracy": 0.5, "peak_host_rss_bytes": 4088000512, "peak_accelerator_bytes": 721223680,
+                     "reasons": {"no prefix": 3}} for side in ("before", "after")}  # fmt: skip
+    text = " ".join(parse(write_report(tmp_path, LOG_HISTORY, eval_report=report)).text)
+    assert "3.81 GiB" in text and "687.8 MiB" in text and "4088000512" not in text
+    assert "no prefix: 3" in text
 
 
 def test_missing_data_is_said_not_failed(tmp_path):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 
 import pytest
 import torch
@@ -136,6 +137,21 @@ def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, 
     trainer.train()
     assert [record["phase"] for record in tracer.records] == ["train", "save"]
     assert json.loads((tmp_path / "out" / "memory_trace.json").read_text())[-1]["phase"] == "save"
+
+
+class _FailAtStep(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        raise RuntimeError("failed mid-run")
+
+
+def test_a_failed_run_leaves_no_rss_sampler_running(tiny_model, qwen_style_tokenizer, tmp_path):
+    """Trainer never calls on_train_end when training raises; the trainer stops the sampler of the open phases."""
+    before = set(threading.enumerate())
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, callbacks=[_FailAtStep()], max_steps=1)
+    with pytest.raises(RuntimeError, match="failed mid-run"):
+        trainer.train()
+    started = [t for t in threading.enumerate() if t not in before and t.name == "hf_lora_ds-rss-sampler"]
+    assert started == []
 
 
 def _freeze_lora_b(trainer) -> None:

@@ -1,0 +1,66 @@
+"""hf_lora_ds.quiet: the three third-party outputs a run's user cannot act on stay out of it, and only those."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import warnings
+
+from peft import LoraConfig, get_peft_model
+
+from hf_lora_ds.quiet import QUIETED_DEEPSPEED_LOG, quiet_third_party_noise
+from hf_lora_ds.testing import build_tiny_qwen2
+from tests.e2e.launching import REPO
+
+
+def _wrap(tokenizer, quiet: bool) -> list[str]:
+    """The FutureWarnings raised by PEFT wrapping a tiny model, every one shown (no "once per location" registry)."""
+    model = build_tiny_qwen2(tokenizer, hidden_size=16, num_hidden_layers=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if quiet:
+            quiet_third_party_noise()  # its filter goes in front of "always", as the package's goes in front of defaults
+        get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+        warnings.warn("some other future change", FutureWarning, stacklevel=1)
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_the_gradient_checkpointing_future_warning_alone_is_filtered(qwen_style_tokenizer):
+    loud = _wrap(qwen_style_tokenizer, quiet=False)
+    assert any("is_gradient_checkpointing" in message for message in loud), (
+        "PEFT no longer triggers transformers' deprecation warning: drop its filter from hf_lora_ds.quiet"
+    )
+    quiet = _wrap(qwen_style_tokenizer, quiet=True)
+    assert quiet == ["some other future change"]
+
+
+def test_deepspeed_cpu_fallback_line_alone_is_dropped():
+    quiet_third_party_noise()
+    logger = logging.getLogger("DeepSpeed")
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, message, None, None)
+
+    assert not logger.filter(record(QUIETED_DEEPSPEED_LOG))
+    assert logger.filter(record("Setting ds_accelerator to cpu (auto detect)"))
+
+
+def test_a_run_without_quantization_never_imports_bitsandbytes():
+    """What run_sft.py imports and parses before it loads anything (its --help path), in a fresh interpreter; then
+    quantization's hand-over gives PEFT's helper the module, and QLoRA finds bitsandbytes."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['run_sft.py', '--help']\n"
+        "try:\n    runpy.run_path('run_sft.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "imported = 'bitsandbytes' in sys.modules\n"
+        "import peft.helpers\n"
+        "helper = peft.helpers.bnb\n"
+        "from hf_lora_ds.quiet import give_peft_bitsandbytes\n"
+        "give_peft_bitsandbytes()\n"
+        "from peft.import_utils import is_bnb_4bit_available\n"
+        "print(imported, helper, peft.helpers.bnb.__name__, is_bnb_4bit_available())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "False None bitsandbytes True"

@@ -1,0 +1,16 @@
+"""Sizes read in MiB below one GiB and in GiB from there, never as raw byte counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_lora_ds.sizes import format_bytes
+
+
+@pytest.mark.parametrize(
+    ("n_bytes", "shown"),
+    [(4088000512, "3.81 GiB"), (721223680, "687.8 MiB"), (2**30, "1.00 GiB"), (2**30 - 2**20, "1023.0 MiB"),
+     (0, "0.0 MiB"), (-3 * 2**20, "-3.0 MiB")],
+)  # fmt: skip
+def test_format_bytes(n_bytes, shown):
+    assert format_bytes(n_bytes) == shown
