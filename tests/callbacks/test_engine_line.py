@@ -44,3 +44,16 @@ def test_honoured_engines_pass_and_name_their_setup():
     fsdp = record(engine="FSDP2", sharded_modules=7, reshard_after_forward=True, offload_parameters="cpu")
     check_engine_honoured(SimpleNamespace(args=SimpleNamespace(deepspeed=None, fsdp="full_shard")), fsdp)
     assert engine_line(fsdp).startswith("engine: FSDP2 (full shard of 7 modules, offload parameters cpu)")
+
+
+def test_sequence_parallelism_is_on_the_line_and_must_be_what_was_asked():
+    """The 2-rank line is checked on the launches of tests/e2e/test_sequence_parallel.py."""
+    asked = SimpleNamespace(args=SimpleNamespace(deepspeed="x.json", fsdp=None, sequence_parallel_size=2))
+    split = record(engine="DeepSpeed", zero_stage=2, offload_optimizer="none", offload_parameters="none",
+                   sequence_parallel=2, world_size=4)  # fmt: skip
+    check_engine_honoured(asked, split)
+    assert engine_line(split).startswith("engine: DeepSpeed ZeRO-2, sequence parallel 2 (Ulysses; 2 data-parallel "
+                                         "groups), world size 4")  # fmt: skip
+    with pytest.raises(EngineMismatchError, match="--sequence_parallel_size 2, but the run would train with engine: "
+                       "DeepSpeed ZeRO-2, world size 4"):  # fmt: skip
+        check_engine_honoured(asked, {**split, "sequence_parallel": 1})
