@@ -31,8 +31,10 @@ OPTIMIZERS = {
     "sgd": ["--optim", "sgd", "--max_grad_norm", "0", "--learning_rate", "0.1"],
     "adamw_clip": ["--optim", "adamw_torch", "--max_grad_norm", "1.0", "--learning_rate", "0.02", "--lora_alpha", "64"],
 }
-# (ZeRO config, optimizer, per-device batch, accumulation): a global batch of 4 each time.
-CASES = [("stage2", "sgd", 2, 2), ("stage3", "sgd", 4, 1), ("stage2", "adamw_clip", 4, 1), ("stage3", "adamw_clip", 2, 2)]
+# (ZeRO config, optimizer, per-device batch, accumulation): a global batch of 4 each time. Two launches (~80 s each
+# in CI) cover both ZeRO paths, both optimizers and accumulation; stage3 + SGD and stage2 + AdamW also passed when
+# written (tests/training/test_sequence_parallel.py checks each stage's divisor in process).
+CASES = [("stage2", "sgd", 2, 2), ("stage3", "adamw_clip", 2, 2)]
 
 
 def run_args(out, cache, per_device: int, accumulation: int, optimizer: str, model: list[str]) -> list[str]:
