@@ -35,6 +35,7 @@ from hf_lora_ds.callbacks import (
 )
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.data.inference_prompts import check_round_trip
+from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
@@ -89,12 +90,20 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     accuracy = [AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
                                        system_prompt=args.system_prompt, predictions_dir=args.output_dir)
                 ] if evaluating_during_training else []  # fmt: skip
+    batching = resolve_batching(args.batching, model)
+    eval_dataset = sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None
+    if batching == "packed":  # rows of max_length; the collator's batches are rows (hf_lora_ds.data.packing)
+        train_dataset = PackedDataset(train_dataset, args.max_length)
+        eval_dataset = PackedDataset(eval_dataset, args.max_length) if eval_dataset is not None else None
+        print0(f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
+               f"tokens, {train_dataset.fill():.3f} of the rows filled")  # fmt: skip
+    one_row = "flash" in (model.config._attn_implementation or "")
     trainer = LoraSFTTrainer(
         model,
         args,
         train_dataset=train_dataset,
-        eval_dataset=sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None,
-        data_collator=build_collator(resolve_batching(args.batching, model), tokenizer, args.pad_to_multiple_of),
+        eval_dataset=eval_dataset,
+        data_collator=build_collator(batching, tokenizer, args.pad_to_multiple_of, args.sequence_parallel_size, one_row),
         processing_class=tokenizer,
         callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
     )

@@ -113,6 +113,12 @@ def test_bad_flag_combination_from_transformers(tiny_model_dir, tmp_path, train_
     assert "load_best_model_at_end" in line
 
 
+def test_sequence_parallelism_on_too_few_ranks(tiny_model_dir, tmp_path, train_file):
+    """A single process cannot split a sequence over 2 ranks: said before the model loads."""
+    check_one_line(run_sft(tiny_model_dir, train_file, tmp_path, "--deepspeed", "stage2", "--sequence_parallel_size", "2"),
+                   "--sequence_parallel_size 2 with 1 rank(s): the world size must be a multiple of 2")  # fmt: skip
+
+
 # ---- DeepSpeed configs ----
 
 

@@ -53,6 +53,23 @@ def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, 
     assert coverage in (out / "report.html").read_text()
 
 
+def test_packed_batching_trains_rows_of_several_samples(tiny_model_dir, sum_files, tmp_path, capsys):
+    """``run_sft.py --batching packed``: the trainer gets PackedDataset rows (several samples, one row a batch, so
+    no padding at all) and the throughput it logs counts the rows' tokens. The demo's rows, filled >= 0.98, are
+    tests/data/test_packing.py's (in process, without a training run)."""
+    out = tmp_path / "packed"
+    flags = demo_flags(tiny_model_dir, sum_files, out)
+    flags[flags.index("--per_device_train_batch_size") + 1] = "1"
+    run_sft.main([*flags, "--batching", "packed", "--max_length", "512", "--max_steps", "2", "--eval_file", ""])
+    printed = capsys.readouterr().out
+    assert "packed: 32 samples in " in printed
+    rows = int(printed.split("packed: 32 samples in ")[1].split()[0])
+    assert rows <= 32 // 4
+    logged = {k: v for entry in json.loads((out / "trainer_state.json").read_text())["log_history"] for k, v in entry.items()}
+    assert logged["throughput/run_padding_efficiency"] == 1.0
+    assert logged["throughput/run_tokens"] > 2 * 4 * 50  # two rows of 4+ samples of 50+ tokens
+
+
 def test_config_file_overrides_only_what_it_sets(tiny_model_dir, sum_files, tmp_path):
     out = tmp_path / "cfg"
     train, evaluation = sum_files

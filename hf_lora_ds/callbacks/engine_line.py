@@ -1,7 +1,8 @@
 """The ``engine:`` line: which engine a run really uses, read from the live objects once Trainer has wrapped the
 model, printed and checked before the first step.
 
-The line is read from what trains, not from the flags: the DeepSpeed engine's own ZeRO stage and offload devices,
+The line is read from what trains, not from the flags: the DeepSpeed engine's own ZeRO stage, offload devices and
+sequence-parallel size (the Ulysses groups it reduces gradients over),
 FSDP2's ``fully_shard`` modules, DDP's wrapper. A run whose launcher or flags asked for DeepSpeed or FSDP and got
 something else stops before its first step (``EngineMismatchError``): nothing has been trained, and a silent fallback
 (a plain DDP run that looks like FSDP) is the one outcome a user cannot see.
@@ -32,7 +33,8 @@ def engine_record(trainer: Trainer) -> dict[str, Any]:
         offload = {name: getattr(getter(), "device", None) for name, getter in
                    (("optimizer", wrapped.zero_offload_optimizer), ("parameters", wrapped.zero_offload_param))}
         record = {"engine": "DeepSpeed", "zero_stage": wrapped.zero_optimization_stage(),
-                  **{f"offload_{name}": _device_name(device) for name, device in offload.items()}}  # fmt: skip
+                  **{f"offload_{name}": _device_name(device) for name, device in offload.items()},
+                  "sequence_parallel": getattr(wrapped, "sequence_parallel_size", 1)}  # fmt: skip
     elif _fsdp2_modules(trainer.model):
         plugin = trainer.accelerator.state.fsdp_plugin
         offloaded = type(getattr(plugin, "cpu_offload", None)).__name__ == "CPUOffloadPolicy"
@@ -57,6 +59,10 @@ def engine_line(record: dict[str, Any]) -> str:
         offloaded = [f"{part} {record[f'offload_{part}']}" for part in ("optimizer", "parameters")
                      if record[f"offload_{part}"] != "none"]  # fmt: skip
         name = f"DeepSpeed ZeRO-{record['zero_stage']}" + (f" (offload {', '.join(offloaded)})" if offloaded else "")
+        if record.get("sequence_parallel", 1) > 1:
+            size = record["sequence_parallel"]
+            name += (f", sequence parallel {size} (Ulysses; {record['world_size'] // size} data-parallel "
+                     f"group{'s' if record['world_size'] // size > 1 else ''})")  # fmt: skip
     elif name == "FSDP2":
         sharding = "full shard" if record["reshard_after_forward"] else "shard grad+optimizer (no reshard)"
         offload = ", offload parameters cpu" if record["offload_parameters"] != "none" else ""
@@ -68,6 +74,10 @@ def engine_line(record: dict[str, Any]) -> str:
 def check_engine_honoured(trainer: Trainer, record: dict[str, Any]) -> None:
     """Stop before the first step when the run did not get the engine its flags or its launcher asked for."""
     asked = "DeepSpeed" if trainer.args.deepspeed else "FSDP2" if trainer.args.fsdp else None
+    sequence_parallel = getattr(trainer.args, "sequence_parallel_size", 1)
+    if sequence_parallel != record.get("sequence_parallel", 1):
+        raise EngineMismatchError(f"--sequence_parallel_size {sequence_parallel}, but the run would train with "
+                                  f"{engine_line(record)}; stopped before the first step")  # fmt: skip
     if asked and record["engine"] != asked:
         how = f"--deepspeed {trainer.args.deepspeed}" if asked == "DeepSpeed" else "--fsdp / an Accelerate FSDP config"
         raise EngineMismatchError(f"{how} asked for {asked}, but the run would train with {engine_line(record)}; "

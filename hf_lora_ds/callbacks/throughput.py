@@ -9,9 +9,10 @@ Counts stay on the device and are read once per log, so the hook adds no host-de
 ``compute_loss`` that pops ``labels`` before the forward (label smoothing, ``compute_loss_func``) hides the
 supervised tokens, and the supervised rates are then left out.
 
-What is counted, per micro-batch: supervised tokens (``labels != -100``), real tokens (``attention_mask.sum()``, or
-every token of a padding-free batch that has no mask), padded tokens (``input_ids.numel()``) and sequences (rows, or
-``position_ids == 0`` in a padding-free batch). Token counts are summed over ranks; the clock excludes the time spent
+What is counted, per micro-batch: supervised tokens (``labels != -100``), real tokens (``attention_mask.sum()``, or in
+a batch without a mask, packed or padding-free, every token but the padding after each row's last sample), padded
+tokens (``input_ids.numel()``) and sequences (rows, or ``position_ids == 0`` outside the padding in a batch without a
+mask). Token counts are summed over ranks; the clock excludes the time spent
 in evaluation and checkpointing inside the window.
 
 MFU (model FLOPs utilisation, PaLM appendix B) = achieved model FLOP/s per device ÷ peak FLOP/s per device, with
@@ -47,6 +48,7 @@ from torch import nn
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from hf_lora_ds.callbacks.base import LoggingCallback
+from hf_lora_ds.data.packing import padding_segments
 from hf_lora_ds.distributed import rank_and_world
 
 __all__ = ["ThroughputCallback", "flops_per_token", "flops_shape", "matmul_parameters", "peak_flops_per_device"]
@@ -201,6 +203,7 @@ class _TokenCounter:
 
     def __init__(self) -> None:
         self.labels_missing = False
+        self.pad_token_id: int | None = None  # the padding of packed rows is told apart by it (padding_segments)
         self._host: Counter[str] = Counter()
         self._device: dict[str, torch.Tensor] = {}
 
@@ -217,10 +220,15 @@ class _TokenCounter:
         if input_ids is None:
             return
         mask, labels, positions = kwargs.get("attention_mask"), kwargs.get("labels"), kwargs.get("position_ids")
-        padding_free = mask is None and positions is not None
         self._add("padded", input_ids.numel())
-        self._add("real", mask.sum() if mask is not None and mask.dim() == 2 else input_ids.numel())
-        self._add("sequences", (positions == 0).sum() if padding_free else input_ids.shape[0])
+        if mask is None and positions is not None:  # packed or padding-free: samples start at position 0
+            padding = padding_segments(input_ids, positions, self.pad_token_id)
+            self._add("real", input_ids.numel() - padding.sum())
+            starts = positions == 0  # a shard may hold only the tail of a padding segment begun on another rank
+            self._add("sequences", starts.sum() - ((padding > 0) & starts.any(dim=1)).sum())
+        else:
+            self._add("real", mask.sum() if mask is not None and mask.dim() == 2 else input_ids.numel())
+            self._add("sequences", input_ids.shape[0])
         kept = kwargs.get("logits_to_keep")
         if labels is not None:
             self._add("supervised", (labels != IGNORE_INDEX).sum())
@@ -310,6 +318,7 @@ class ThroughputCallback(LoggingCallback):
             self.peak_flops, self.peak_flops_source = peak_flops_per_device(args.device, _compute_dtype(args, model))
         if state.is_world_process_zero:
             logger.info("Peak %.3g FLOP/s per device for MFU: %s", self.peak_flops, self.peak_flops_source)
+        self._counter.pad_token_id = getattr(kwargs.get("processing_class"), "pad_token_id", None)
         self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
         self._clock = _ActiveClock()
         if args.eval_on_start:

@@ -1,9 +1,11 @@
-"""Batching: dynamic padding, or padding-free batches where the model's attention can tell sequences apart, and the
-length-grouped sampler that makes padded batches short.
+"""Batching: dynamic padding, padding-free batches or packed rows (hf_lora_ds.data.packing) where the model's
+attention can tell sequences apart, and the length-grouped sampler that makes padded batches short.
 
-Both collators come from transformers; what this module adds is the choice between them, the refusal to flatten a
-batch for a model whose attention would let packed sequences attend to each other, and a length-grouped order that
-every rank draws alike in every epoch (transformers' own draws it from the global RNG; see ``LengthGroupedEpochSampler``).
+The padded and padding-free collators come from transformers; what this module adds is the choice between them, the
+refusal to flatten or pack a batch for a model whose attention would let packed sequences attend to each other, what
+sequence parallelism needs of a batch (``position_ids``, a length divisible by its size), and a length-grouped order
+that every rank draws alike in every epoch (transformers' own draws it from the global RNG; see
+``LengthGroupedEpochSampler``).
 
 Dynamic padding pads to the longest sample of the batch (not to ``max_length``), labels with -100 and the
 attention mask with 0:
@@ -28,15 +30,17 @@ attention mask with 0:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from hf_lora_ds.data.dataset import IGNORE_INDEX
+from hf_lora_ds.data.packing import PackedCollator
 from hf_lora_ds.errors import UserError
 
 __all__ = [
@@ -49,7 +53,8 @@ __all__ = [
     "supports_padding_free",
 ]
 
-Batching = Literal["auto", "padded", "padding_free"]
+Batching = Literal["auto", "padded", "padding_free", "packed"]
+Resolved = Literal["padded", "padding_free", "packed"]
 
 
 def padded_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> DataCollatorForSeq2Seq:
@@ -79,14 +84,14 @@ def padding_free_by_default(attn_implementation: str | None) -> bool:
     return "flash" in (attn_implementation or "")
 
 
-def resolve_batching(batching: Batching, model: torch.nn.Module) -> Literal["padded", "padding_free"]:
+def resolve_batching(batching: Batching, model: torch.nn.Module) -> Resolved:
     """``auto`` picks padding-free only with flash attention, where it is fastest; padded (and, by default,
     length-grouped) batches are faster under sdpa and eager: 1.78x the supervised tokens/s of pad-to-max_length on
-    the CPU, against 0.60x for padding-free (bench/padding.py)."""
+    the CPU, against 0.60x for padding-free (bench/padding.py). Packed rows need what padding-free batches need."""
     if batching == "auto":
         by_default = padding_free_by_default(getattr(model.config, "_attn_implementation", None))
         return "padding_free" if by_default and supports_padding_free(model) else "padded"
-    if batching == "padding_free" and not supports_padding_free(model):
+    if batching in ("padding_free", "packed") and not supports_padding_free(model):
         raise UserError(
             f"{type(model).__name__} with attn_implementation={model.config._attn_implementation!r} cannot keep packed "
             "sequences apart; use --batching padded, or --attn_implementation flash_attention_2 on a GPU"
@@ -95,14 +100,25 @@ def resolve_batching(batching: Batching, model: torch.nn.Module) -> Literal["pad
 
 
 def build_collator(
-    batching: Literal["padded", "padding_free"],
+    batching: Resolved,
     tokenizer: PreTrainedTokenizerBase,
     pad_to_multiple_of: int | None = None,
-) -> DataCollatorForSeq2Seq | DataCollatorWithFlattening:
-    """The collator for an already resolved batching mode."""
-    if batching == "padding_free":
+    sequence_parallel_size: int = 1,
+    one_row: bool = False,
+) -> Any:
+    """The collator for an already resolved batching mode.
+
+    Under sequence parallelism every batch needs ``position_ids`` (Ulysses gathers them to place each shard's
+    tokens), a length divisible by its size (the shards are equal) and its padding on the right (Ulysses drops the
+    attention mask, and causal attention never looks right): ``PackedCollator`` makes such batches, one sample a row
+    for padded batching. ``one_row`` flattens packed rows into one (flash attention reads packed samples from one row
+    only)."""
+    multiple = math.lcm(pad_to_multiple_of or 1, sequence_parallel_size)
+    if batching == "padded" and sequence_parallel_size == 1:
+        return padded_collator(tokenizer, pad_to_multiple_of)
+    if batching == "padding_free" and multiple == 1:
         return DataCollatorWithFlattening(separator_id=IGNORE_INDEX)
-    return padded_collator(tokenizer, pad_to_multiple_of)
+    return PackedCollator(tokenizer.pad_token_id, multiple, flatten=batching == "padding_free" or one_row)
 
 
 class LengthGroupedEpochSampler(LengthGroupedSampler):

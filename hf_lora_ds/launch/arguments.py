@@ -21,7 +21,7 @@ from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.launch.accelerate_launch import describe_zero, fsdp_settings
-from hf_lora_ds.launch.checks import check_fields, check_training_flags
+from hf_lora_ds.launch.checks import check_fields, check_sequence_parallel, check_training_flags
 from hf_lora_ds.launch.deepspeed_config import (
     check_deepspeed_config,
     deepspeed_config_path,
@@ -29,6 +29,7 @@ from hf_lora_ds.launch.deepspeed_config import (
     offloads,
 )
 from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
+from hf_lora_ds.training.sequence_parallel import data_parallel_size, deepspeed_gradient_divisor, parallelism_config
 
 __all__ = ["SFTTrainingArguments", "pinned_memory_helps", "read_arguments_file"]
 
@@ -129,14 +130,26 @@ class SFTTrainingArguments(TrainingArguments):
         default="drop",
         metadata={"help": "A sample that truncation leaves with no supervised token is dropped (and counted) or an error."},
     )
-    batching: Literal["auto", "padded", "padding_free"] = field(
+    batching: Literal["auto", "padded", "padding_free", "packed"] = field(
         default="auto",
         metadata={
             "help": "'padded': pad each batch to its longest sample. 'padding_free': flatten the batch with position_ids "
-            "(needs an attention that supports it). 'auto': padding-free with flash attention, where no token is padding "
-            "and the kernel skips attention across samples; padded otherwise, since sdpa and eager build a full mask "
-            "for flattened batches: on the CPU padded + group_by_length ran 1.78x and padding-free 0.60x the "
+            "(needs an attention that supports it). 'packed': samples packed best-fit-decreasing into rows of "
+            "--max_length (never split), position_ids restarting per sample so no sample attends to another; "
+            "--per_device_train_batch_size counts rows. 'auto': padding-free with flash attention, where no token is "
+            "padding and the kernel skips attention across samples; padded otherwise, since sdpa and eager build a "
+            "full mask for flattened batches: on the CPU padded + group_by_length ran 1.78x and padding-free 0.60x the "
             "supervised tokens/s of pad-to-max_length (bench/padding.py)."
+        },
+    )
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Split each sequence over this many ranks (DeepSpeed Ulysses sequence parallelism, through "
+            "accelerate's ParallelismConfig): each rank keeps 1/N of the activations, for sequences one device cannot "
+            "hold. Needs --deepspeed (ZeRO 1-3), a world size divisible by N, attention heads divisible by N and sdpa "
+            "or flash attention. The ranks of a group train the same batch: the global batch is per device x "
+            "accumulation x world size / N. Gradients equal one process's on that global batch."
         },
     )
     # Redeclared for its default and help text: length-grouped padded batches were the fastest on the CPU.
@@ -312,6 +325,7 @@ class SFTTrainingArguments(TrainingArguments):
         environment, the world-size agreement with DeepSpeed) is hf_lora_ds.launch.cli.parse_run_arguments' work."""
         check_fields(self)
         check_training_flags(self)
+        check_sequence_parallel(self, launcher_world_size())
         deepspeed = self._check_deepspeed_config()
         config, source = deepspeed or ({}, "")
         stage = config.get("zero_optimization", {}).get("stage")
@@ -319,6 +333,8 @@ class SFTTrainingArguments(TrainingArguments):
         self._check_fsdp()
         self._check_quantization(deepspeed)
         self._resolve_precision()
+        if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
+            self.parallelism_config = parallelism_config(self.sequence_parallel_size, self.attn_implementation or "sdpa")
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
         super().__post_init__()
@@ -354,8 +370,10 @@ class SFTTrainingArguments(TrainingArguments):
             source,
             micro_batch=self.per_device_train_batch_size,
             accumulation=self.gradient_accumulation_steps,
-            world_size=launcher_world_size(),
+            world_size=data_parallel_size(launcher_world_size(), self.sequence_parallel_size),
         )
+        if self.sequence_parallel_size > 1:
+            deepspeed_gradient_divisor(config, launcher_world_size(), self.sequence_parallel_size)  # refuses what it cannot scale
         return config, source
 
     def _check_fsdp(self) -> None:

@@ -8,7 +8,8 @@ torch's "Invalid learning rate", ``--seed -3``: numpy's "Seed must be between 0 
 tests/test_cli_sweep.py; checked before any model is loaded. Then the flags whose bad values the sweep found
 failing later: JSON-valued flags, config files, --report_to, --torch_compile_backend/_mode,
 --attn_implementation, --eval_task. And the paths (``check_paths``, shared with the audit, the planner, the eval
-and merge commands): a missing data file, a file where --output_dir or --dataset_cache_dir needs a directory.
+and merge commands): a missing data file, a file where --output_dir or --dataset_cache_dir needs a directory. Last,
+--sequence_parallel_size against the launch, the attention kernel, the batching and the model's heads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "check_output_path",
     "check_paths",
     "check_ranges",
+    "check_sequence_parallel",
     "check_training_flags",
 ]
 
@@ -109,9 +111,9 @@ def check_model_and_data(args: Any) -> None:
         raise UserError(f"--max_length must be at least 2 tokens, got {args.max_length}")
     if args.batching == "padding_free" and args.pad_to_multiple_of:
         raise UserError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
-    if args.batching == "padding_free" and args.use_cache:
+    if args.batching in ("padding_free", "packed") and args.use_cache:
         # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
-        raise UserError("--batching padding_free needs --use_cache False (a KV cache hides the sequence boundaries)")
+        raise UserError(f"--batching {args.batching} needs --use_cache False (a KV cache hides the sequence boundaries)")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 
@@ -154,6 +156,53 @@ def check_output_path(flag: str, value: str | os.PathLike | None, *, file: bool 
     write."""
     if value and (blocker := _file_in_the_way(Path(value).parent if file else Path(value))):
         raise UserError(f"{flag} {value}: {blocker} is a file, not a directory; choose another path")
+
+
+def check_sequence_parallel(args: Any, world_size: int) -> None:
+    """``--sequence_parallel_size N``: each condition Ulysses needs, one line each, before any model is loaded
+    (DeepSpeed's own checks come after loading, with a traceback). ``world_size`` is the launcher's."""
+    size = args.sequence_parallel_size
+    if size < 1:
+        raise UserError(f"--sequence_parallel_size must be a positive integer, got {size}")
+    if size == 1:
+        return
+    flag = f"--sequence_parallel_size {size}"
+    if not args.deepspeed:
+        raise UserError(f"{flag} needs DeepSpeed (Ulysses is DeepSpeed's sequence parallelism): add --deepspeed stage2 "
+                        "(or stage1, stage3), or launch with an accelerate DeepSpeed config")  # fmt: skip
+    if world_size % size:
+        raise UserError(f"{flag} with {world_size} rank(s): the world size must be a multiple of {size} (each group of "
+                        f"{size} ranks trains one batch); launch {size} or {2 * size} ranks")  # fmt: skip
+    attention = args.attn_implementation or "sdpa"
+    if attention in ("eager", "flex_attention") or attention.startswith("paged"):
+        raise UserError(f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this kernel "
+                        "needs; use sdpa (the default) or flash_attention_2")  # fmt: skip
+    if args.batching in ("packed", "padding_free") and "flash" not in attention:
+        # UlyssesSPAttentionHF drops the block-diagonal mask transformers builds from restarting position_ids and runs
+        # sdpa as plain causal over the gathered sequence; only flash's varlen path reads the boundaries itself.
+        raise UserError(f"--batching {args.batching} with {flag} and {attention} attention: Ulysses drops the mask that "
+                        "keeps packed samples apart, so they would attend to each other; use --batching padded, or "
+                        "--attn_implementation flash_attention_2 on a GPU")  # fmt: skip
+    _check_heads(args, size)
+
+
+def _check_heads(args: Any, size: int) -> None:
+    """Ulysses gives each rank 1/N of the query heads, and of the key/value heads (or replicates them when there
+    are fewer than N): the config alone says whether that divides."""
+    from hf_lora_ds.model.loading import base_model_config
+
+    config = base_model_config(args).get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads % size or (kv_heads % size and size % kv_heads):
+        raise UserError(f"--sequence_parallel_size {size}: {args.model_name_or_path} has {heads} attention heads "
+                        f"({kv_heads} key/value heads); Ulysses splits heads over the ranks, so N must divide the "
+                        f"heads and divide or be divided by the key/value heads: use {_head_divisors(heads, kv_heads)}")  # fmt: skip
+
+
+def _head_divisors(heads: int, kv_heads: int) -> str:
+    sizes = [n for n in range(2, heads + 1) if heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)]
+    return "one of " + ", ".join(map(str, sizes[:6])) if sizes else "no sequence parallelism for this model"
 
 
 def _source_text(entry: str | dict) -> str:

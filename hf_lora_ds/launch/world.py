@@ -190,17 +190,22 @@ def _mapped_by_this_process(path: str) -> bool:
 
 
 def effective_global_batch(args: TrainingArguments) -> int:
-    """Samples per optimizer step over all ranks: the number DeepSpeed calls ``train_batch_size``."""
-    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    """Samples (rows, when packed) per optimizer step over all ranks: the number DeepSpeed calls
+    ``train_batch_size``. The ranks of a sequence-parallel group train the same batch, so they count once."""
+    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size // sequence_parallel
 
 
 def describe_world(args: TrainingArguments) -> str:
     """One line for rank 0 to print at start: ranks, device, backend and how the global batch is made up."""
     state = args.distributed_state
     backend = getattr(state, "backend", None) or "none"
+    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
+    groups = args.world_size // sequence_parallel
+    replicas = f"{args.world_size} ranks" if sequence_parallel == 1 else (
+        f"{groups} data-parallel group{'s' if groups > 1 else ''} (of {sequence_parallel} sequence-parallel ranks)")
     return (
         f"world size {args.world_size} (launcher {launcher_world_size()}), rank {args.process_index}, "
         f"device {args.device}, backend {backend}; global batch {effective_global_batch(args)} = "
-        f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x "
-        f"{args.world_size} ranks"
+        f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x {replicas}"
     )

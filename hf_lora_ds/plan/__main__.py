@@ -23,7 +23,15 @@ from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.checks import check_paths
 from hf_lora_ds.launch.cli import read_run_values
 from hf_lora_ds.plan.planner import PlanRow, recommend
-from hf_lora_ds.plan.run_plan import PlanArguments, configs_with, plan_run, planning_line, sequence_profile
+from hf_lora_ds.plan.run_plan import (
+    PlanArguments,
+    configs_with,
+    plan_run,
+    plan_with_more_devices,
+    planning_line,
+    plans_accelerator,
+    sequence_profile,
+)
 from hf_lora_ds.plan.table import format_table
 from hf_lora_ds.resources import DEMO_ARGUMENTS
 
@@ -52,10 +60,17 @@ def main(argv: list[str] | None = None) -> list[PlanRow]:
         profile = sequence_profile(args)
         rows = plan_run(args, plan_args, profile, configs)
     print(profile.line(), file=lines, flush=True)
+    recommended = recommend(rows)
+    more_devices = None
+    if recommended is None:  # too long for the world planned: how many devices split it (sequence parallelism)
+        with contextlib.redirect_stdout(sys.stderr):
+            more_devices = plan_with_more_devices(args, plan_args, profile, configs)
     if plan_args.json:
         print(json.dumps([row.as_json() for row in rows], indent=1))
+        if more_devices is not None:
+            print(f"with more devices: {json.dumps(more_devices.as_json())}", file=sys.stderr)
     else:
-        print(format_table(rows, recommend(rows)))
+        print(format_table(rows, recommended, more_devices, plans_accelerator(plan_args.device, args)))
     return rows
 
 

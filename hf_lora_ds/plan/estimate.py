@@ -8,6 +8,11 @@ weights train in 16 bits (DeepSpeed casts the model to bf16/fp16; without DeepSp
 and gradients, each partitioned from the stage that partitions it (1: optimizer state, 2: + gradients,
 3: + weights).
 
+Sequence parallelism (DeepSpeed Ulysses) splits every sequence over N ranks: each keeps 1/N of the activations and
+of the supervised rows' logits work, and adds the all-to-all buffers of one attention layer at a time (query, key,
+value in, the attention output back, each sent and received) plus the batches of its group that DeepSpeed's
+dataloader adapter gathers; the model states are partitioned over all ranks as before.
+
 Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.training.supervised_logits): the LM head fused with the loss over
 the supervised rows (hf_lora_ds.training.fused_head_loss), so only the hidden rows and one chunk of logits, sized from a
 memory budget, are alive at a time; with ``supervised_logits_only`` off, every position's logits and gradients.
@@ -103,9 +108,11 @@ def estimate_memory(
     supervised_logits_only: bool,
     on_accelerator: bool,
     runtime_bytes: int,
+    sequence_parallel: int = 1,
 ) -> Estimate:
     """The peak for one configuration. ``weight_bytes`` is the size of one element of the compute dtype;
-    ``runtime_bytes`` the fixed per-process cost (a CUDA context, or the measured CPU baseline)."""
+    ``runtime_bytes`` the fixed per-process cost (a CUDA context, or the measured CPU baseline);
+    ``sequence_parallel`` the ranks each sequence is split over (DeepSpeed configurations only)."""
     if layout.fsdp:
         return _fsdp_estimate(shape, batch, layout, world_size, ranks_per_node, weight_bytes, gradient_checkpointing,
                               supervised_logits_only, on_accelerator, runtime_bytes)  # fmt: skip
@@ -124,7 +131,8 @@ def estimate_memory(
         host["frozen weights (offloaded)"] = (frozen + states["weights"]) * ranks_per_node
     if moved_optimizer:
         host["optimizer states (offloaded)"] = (states["optimizer"] + states["gradients"]) * ranks_per_node
-    _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only)
+    _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only,
+                     sequence_parallel)  # fmt: skip
     _add_init_pass(device, shape)
     device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
     device["runtime"] = runtime_bytes
@@ -133,12 +141,27 @@ def estimate_memory(
 
 
 def _add_batch_terms(device: dict[str, int], shape: ModelShape, batch: BatchShape, weight_bytes: int,
-                     gradient_checkpointing: bool, supervised_logits_only: bool) -> None:  # fmt: skip
-    """What no engine partitions: the batch's activations and its logits."""
-    device["activations"] = (
-        shape.activation_bytes(batch.rows, gradient_checkpointing) * batch.row_tokens // shape.seq_len
-    )
-    device["logits and loss"] = _logits_bytes(shape, batch, weight_bytes, supervised_logits_only)
+                     gradient_checkpointing: bool, supervised_logits_only: bool, sequence_parallel: int = 1) -> None:  # fmt: skip
+    """What no engine partitions: the batch's activations and its logits, 1/N of them per rank under sequence
+    parallelism, which adds its exchange buffers."""
+    shard = BatchShape(rows=batch.rows, row_tokens=-(-batch.row_tokens // sequence_parallel),
+                       supervised_tokens=-(-batch.supervised_tokens // sequence_parallel))  # fmt: skip
+    device["activations"] = shape.activation_bytes(shard.rows, gradient_checkpointing) * shard.row_tokens // shape.seq_len
+    device["logits and loss"] = _logits_bytes(shape, shard, weight_bytes, supervised_logits_only)
+    if sequence_parallel > 1:
+        device["sequence-parallel exchange"] = _ulysses_bytes(shape, batch, shard, weight_bytes, sequence_parallel)
+
+
+def _ulysses_bytes(shape: ModelShape, batch: BatchShape, shard: BatchShape, weight_bytes: int, size: int) -> int:
+    """One attention layer's all-to-all at a time (forward, and again in backward): query, key and value (key/value
+    heads replicated up to N when there are fewer) each copied contiguous to send and received, then the attention
+    output the same way back; plus the group's N batches (ids, labels, positions: int64) the dataloader adapter
+    gathers on every rank."""
+    kv_heads = max(shape.kv_heads, size)
+    per_token = (2 * shape.attention_heads + 2 * kv_heads) * shape.head_dim * weight_bytes
+    exchange = 2 * shard.rows * shard.row_tokens * per_token
+    gathered = size * batch.rows * batch.row_tokens * 3 * 8
+    return exchange + gathered
 
 
 def _add_init_pass(device: dict[str, int], shape: ModelShape) -> None:

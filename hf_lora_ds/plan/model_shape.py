@@ -50,6 +50,9 @@ class ModelShape:
     layer_input_bytes: int  # a layer's input: what gradient checkpointing keeps per layer
     backward_working_bytes: int  # what a layer's backward allocates on top of what was saved
     init_pass_bytes: int = 0  # held by the LoRA init's data pass before step 1 (CorDA's input covariances)
+    attention_heads: int = 0  # query heads, key/value heads and head size: what sequence parallelism exchanges
+    kv_heads: int = 0
+    head_dim: int = 0
 
     def activation_bytes(self, batch_size: int, gradient_checkpointing: bool) -> int:
         """Saved for backward over the whole forward of ``batch_size`` samples of ``seq_len`` tokens, plus the
@@ -118,7 +121,9 @@ def _measure(
         _saved_activation_bytes(config, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype)
         for layers in (1, 2)
     )
-    hidden = config.get_text_config().hidden_size
+    text = config.get_text_config()
+    hidden = text.hidden_size
+    heads = text.num_attention_heads
     return ModelShape(
         frozen_params=sum(p.numel() for _, p in frozen),
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -133,6 +138,9 @@ def _measure(
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
         backward_working_bytes=_backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
         init_pass_bytes=_covariance_bytes(model) if init == "corda" else 0,
+        attention_heads=heads,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or hidden // heads,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -25,6 +25,8 @@ from hf_lora_ds.resources import DEEPSPEED_CONFIGS, FSDP_CONFIGS
 
 __all__ = [
     "PlanRow",
+    "fits_with_more_devices",
+    "sequence_parallel_sizes",
     "PlanSettings",
     "SequenceProfile",
     "make_plan",
@@ -66,10 +68,14 @@ class SequenceProfile:
         return (f"data: {len(self.longest_first)} samples, longest {self.longest_first[0]} tokens, at most "
                 f"{self.most_supervised_first[0]} supervised")
 
-    def worst_batch(self, batch_size: int, padding_free: bool) -> BatchShape:
+    def worst_batch(self, batch_size: int, padding_free: bool, packed_length: int | None = None) -> BatchShape:
         """The micro-batch that needs the most memory: the longest samples together (length grouping puts them
-        together; random order can too)."""
+        together; random order can too); with packing, ``batch_size`` full rows of ``packed_length`` tokens, with
+        as many supervised tokens as the data has, at most all of them."""
         longest, most_supervised = self.longest_first, self.most_supervised_first
+        if packed_length is not None:
+            tokens = batch_size * packed_length
+            return BatchShape(rows=batch_size, row_tokens=packed_length, supervised_tokens=min(tokens, sum(most_supervised)))
         missing = max(0, batch_size - len(longest))  # a batch larger than the data: repeat the longest
         tokens = sum(longest[:batch_size]) + missing * longest[0]
         supervised = sum(most_supervised[:batch_size]) + missing * most_supervised[0]
@@ -98,6 +104,19 @@ class PlanSettings:
     padding_free: bool = False
     supervised_logits_only: bool = True
     lora_optimizer: str = "adamw"  # "lorafa": A frozen (hf_lora_ds.training.lora_optimizers)
+    packed_length: int | None = None  # --batching packed: rows of this many tokens
+    sequence_parallel_size: int = 1  # the run's; larger sizes are planned when nothing fits at it
+
+
+def sequence_parallel_sizes(settings: PlanSettings, largest: int | None = None) -> list[int]:
+    """Sizes above the run's that Ulysses can split this model over: dividing the world (``largest`` ranks: the
+    planned world by default) and the attention heads, and dividing or divided by the key/value heads."""
+    text = settings.model_config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    largest = settings.world_size if largest is None else largest
+    return [size for size in range(settings.sequence_parallel_size + 1, largest + 1)
+            if largest % size == 0 and heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -108,11 +127,13 @@ class PlanRow:
     fits: bool
     margin_bytes: int  # usable device memory minus the estimate (negative: short by that much)
     max_batch_size: int
+    sequence_parallel: int = 1  # ranks each sequence is split over (DeepSpeed Ulysses)
 
     def as_json(self) -> dict:
         return {
             "config": self.config,
             "gradient_checkpointing": self.gradient_checkpointing,
+            "sequence_parallel": self.sequence_parallel,
             "device_bytes": self.estimate.device_bytes,
             "host_bytes": self.estimate.host_bytes,
             "fits": self.fits,
@@ -150,10 +171,43 @@ def runtime_bytes(on_accelerator: bool) -> int:
 
 
 def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: int) -> list[PlanRow]:
-    """One row per configuration and gradient-checkpointing setting, in the recommendation's order."""
+    """One row per configuration and gradient-checkpointing setting, in the recommendation's order, at the run's
+    sequence-parallel size; when none fits (a sequence too long for one device), the DeepSpeed configurations again
+    at each larger size the world and the model allow."""
+    shapes = _model_shapes(settings)
+    rows = _rows(shapes, settings, configs, runtime, settings.sequence_parallel_size)
+    if not any(row.fits for row in rows):
+        deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
+        for size in sequence_parallel_sizes(settings):
+            rows += _rows(shapes, settings, deepspeed, runtime, size)
+    return sorted(rows, key=lambda row: (row.sequence_parallel, _rank(row.config.removesuffix(".json")),
+                                         row.gradient_checkpointing))  # fmt: skip
+
+
+def fits_with_more_devices(settings: PlanSettings, configs: dict[str, dict | None], runtime: int,
+                           most: int = 64) -> PlanRow | None:  # fmt: skip
+    """For a sequence nothing fits even split over the planned world: the first row that fits on a world of one
+    sequence-parallel group of the smallest size that does, up to ``most`` devices of the planned memory (on a CPU,
+    machines like the planned one: ranks on one machine share its memory, so only more machines add any)."""
+    deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
+    shapes = _model_shapes(settings)
+    for size in sequence_parallel_sizes(replace(settings, sequence_parallel_size=1), largest=most):
+        if size <= settings.world_size:
+            continue
+        world = replace(settings, world_size=size, ranks_per_node=min(size, settings.ranks_per_node)
+                        if settings.on_accelerator else 1)  # fmt: skip
+        fitting = recommend(sorted(_rows(shapes, world, deepspeed, runtime, size),
+                                   key=lambda row: (_rank(row.config.removesuffix(".json")), row.gradient_checkpointing)))  # fmt: skip
+        if fitting is not None:
+            return fitting
+    return None
+
+
+def _model_shapes(settings: PlanSettings) -> dict[bool, ModelShape]:
+    """The model's shape without and under DeepSpeed (which casts the adapters to the compute dtype)."""
     seq_len = settings.profile.worst_batch(1, padding_free=False).row_tokens
     shapes = {}
-    for under_deepspeed in (False, True):  # DeepSpeed casts the adapters to the compute dtype; Trainer and FSDP do not
+    for under_deepspeed in (False, True):
         if under_deepspeed and settings.dtype.itemsize == 4:
             shapes[True] = shapes[False]
             continue
@@ -162,20 +216,25 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
             settings.quantization, adapters_in_compute_dtype=under_deepspeed,
             train_lora_a=settings.lora_optimizer != "lorafa",
         )  # fmt: skip
-    rows = [
+    return shapes
+
+
+def _rows(shapes: dict[bool, ModelShape], settings: PlanSettings, configs: dict[str, dict | None], runtime: int,
+          sequence_parallel: int) -> list[PlanRow]:  # fmt: skip
+    return [
         _row(shapes[config is not None and not is_fsdp(config)], settings, name, DeepSpeedLayout.from_config(config),
-             checkpointing, runtime)  # fmt: skip
+             checkpointing, runtime, sequence_parallel)  # fmt: skip
         for name, config in configs.items()
         for checkpointing in (False, True)
     ]
-    return sorted(rows, key=lambda row: (_rank(row.config.removesuffix(".json")), row.gradient_checkpointing))
 
 
-def _row(shape: ModelShape, settings: PlanSettings, name: str, layout: DeepSpeedLayout, gc: bool, runtime: int):
+def _row(shape: ModelShape, settings: PlanSettings, name: str, layout: DeepSpeedLayout, gc: bool, runtime: int,
+         sequence_parallel: int = 1) -> PlanRow:  # fmt: skip
     def estimate(batch_size: int) -> Estimate:
         return estimate_memory(
             shape,
-            settings.profile.worst_batch(batch_size, settings.padding_free),
+            settings.profile.worst_batch(batch_size, settings.padding_free, settings.packed_length),
             layout,
             world_size=settings.world_size,
             ranks_per_node=settings.ranks_per_node,
@@ -184,6 +243,7 @@ def _row(shape: ModelShape, settings: PlanSettings, name: str, layout: DeepSpeed
             supervised_logits_only=settings.supervised_logits_only,
             on_accelerator=settings.on_accelerator,
             runtime_bytes=runtime,
+            sequence_parallel=sequence_parallel,
         )
 
     def margin(found: Estimate) -> int:
@@ -198,7 +258,7 @@ def _row(shape: ModelShape, settings: PlanSettings, name: str, layout: DeepSpeed
         if largest + step <= _MAX_BATCH_SEARCH and margin(estimate(largest + step)) >= 0:
             largest += step
         step //= 2
-    return PlanRow(name, gc, chosen, margin(chosen) >= 0, margin(chosen), largest)
+    return PlanRow(name, gc, chosen, margin(chosen) >= 0, margin(chosen), largest, sequence_parallel)
 
 
 def _usable_device(settings: PlanSettings) -> int:

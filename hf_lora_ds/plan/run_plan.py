@@ -35,6 +35,7 @@ from hf_lora_ds.plan.planner import (
     PlanRow,
     PlanSettings,
     SequenceProfile,
+    fits_with_more_devices,
     is_fsdp,
     make_plan,
     recommend,
@@ -50,9 +51,11 @@ __all__ = [
     "fsdp_config_name",
     "parse_memory",
     "plan_run",
+    "plan_with_more_devices",
     "check_run_fits",
     "plan_this_run",
     "planning_line",
+    "plans_accelerator",
     "profile_from_dataset",
     "recommended_deepspeed_config",
     "run_world",
@@ -125,8 +128,33 @@ def sequence_profile(args) -> SequenceProfile:
 
 def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
     """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
-    on_accelerator = _plans_accelerator(plan_args.device, args)
+    settings = _plan_settings(args, plan_args, profile)
+    configs = configs if configs is not None else shipped_configs()
+    for name, config in configs.items():  # unknown stages, batch sizes this world cannot make: refused by key
+        if config is not None and not is_fsdp(config):
+            check_deepspeed_config(
+                config,
+                f"ds_configs/{name}",
+                micro_batch=args.per_device_train_batch_size,
+                accumulation=args.gradient_accumulation_steps,
+                world_size=settings.world_size // settings.sequence_parallel_size,
+            )
+    return make_plan(settings, configs, runtime_bytes(settings.on_accelerator))
+
+
+def plan_with_more_devices(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict) -> PlanRow | None:
+    """For a run nothing fits even split over its world: the smallest sequence-parallel group of devices like the
+    planned ones (machines, on a CPU) that would hold it, as that row (hf_lora_ds.plan.planner.fits_with_more_devices)."""
+    settings = _plan_settings(args, plan_args, profile)
+    return fits_with_more_devices(settings, configs, runtime_bytes(settings.on_accelerator))
+
+
+def _plan_settings(args, plan_args: PlanArguments, profile: SequenceProfile) -> PlanSettings:
+    on_accelerator = plans_accelerator(plan_args.device, args)
     world_size, per_node = _world(plan_args, on_accelerator)
+    if world_size % args.sequence_parallel_size:
+        raise UserError(f"--sequence_parallel_size {args.sequence_parallel_size} with a world of {world_size}: the "
+                        "world size must be a multiple of it (--world_size)")  # fmt: skip
     settings = PlanSettings(
         model_config=base_model_config(args),
         lora=lora_config_from_args(args),
@@ -145,20 +173,12 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
         or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
         supervised_logits_only=args.supervised_logits_only,
         lora_optimizer=args.lora_optimizer,
+        packed_length=args.max_length if args.batching == "packed" else None,
+        sequence_parallel_size=args.sequence_parallel_size,
     )
     if not 0 <= settings.headroom < 1:
         raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")
-    configs = configs if configs is not None else shipped_configs()
-    for name, config in configs.items():  # unknown stages, batch sizes this world cannot make: refused by key
-        if config is not None and not is_fsdp(config):
-            check_deepspeed_config(
-                config,
-                f"ds_configs/{name}",
-                micro_batch=args.per_device_train_batch_size,
-                accumulation=args.gradient_accumulation_steps,
-                world_size=world_size,
-            )
-    return make_plan(settings, configs, runtime_bytes(on_accelerator))
+    return settings
 
 
 def _world(plan_args: PlanArguments, on_accelerator: bool) -> tuple[int, int]:
@@ -178,7 +198,7 @@ def _world(plan_args: PlanArguments, on_accelerator: bool) -> tuple[int, int]:
 def planning_line(args, plan_args: PlanArguments) -> str:
     """What the plan is for, as its first line: ``planning for 2 x GPU with 32 GiB`` or ``planning for this CPU:
     23 GiB host memory, 2 ranks``."""
-    on_accelerator = _plans_accelerator(plan_args.device, args)
+    on_accelerator = plans_accelerator(plan_args.device, args)
     world_size, _ = _world(plan_args, on_accelerator)
     memory = _device_memory(args.device_memory, on_accelerator) / 2**30
     if on_accelerator:
@@ -201,7 +221,7 @@ def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
     return psutil.virtual_memory().total
 
 
-def _plans_accelerator(device: str, args) -> bool:
+def plans_accelerator(device: str, args) -> bool:
     if device != "auto":
         return device == "gpu"
     return torch.accelerator.is_available() and not getattr(args, "use_cpu", False)
@@ -253,7 +273,8 @@ def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow
     every row: the alternatives to name when it does not fit."""
     name = fsdp_config_name(args) if args.fsdp else config_name(args.deepspeed)
     rows = plan_run(args, run_world(), profile, configs_with(args.deepspeed, run_deepspeed_config(args)))
-    chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing))
+    chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing)
+                  and r.sequence_parallel == args.sequence_parallel_size)  # fmt: skip
     return chosen, rows
 
 
@@ -261,13 +282,17 @@ def recommended_deepspeed_config(args) -> Path:
     """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
     sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
     rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))
-    deepspeed_rows = [r for r in rows if r.config != "none" and not r.config.startswith("fsdp")]
-    candidates = [r for r in deepspeed_rows if r.gradient_checkpointing == bool(args.gradient_checkpointing)]
+    deepspeed_rows = [r for r in rows if r.config != "none" and not r.config.startswith("fsdp")
+                      and r.gradient_checkpointing == bool(args.gradient_checkpointing)]  # fmt: skip
+    candidates = [r for r in deepspeed_rows if r.sequence_parallel == args.sequence_parallel_size]
     chosen = recommend(candidates)
-    if chosen is None:
+    if chosen is None:  # the sequence-parallel size changes the global batch: named, never picked
         smallest = min(candidates, key=lambda r: r.estimate.device_bytes)
+        split = recommend([r for r in deepspeed_rows if r.sequence_parallel > args.sequence_parallel_size])
+        instead = (f"With --sequence_parallel_size {split.sequence_parallel}, {plan_line(split)}; or lower"
+                   if split else "Lower")  # fmt: skip
         raise UserError(
-            f"--deepspeed auto: no shipped DeepSpeed config fits; the smallest, {plan_line(smallest)}. Lower "
+            f"--deepspeed auto: no shipped DeepSpeed config fits; the smallest, {plan_line(smallest)}. {instead} "
             "--per_device_train_batch_size or --max_length, add --gradient_checkpointing true, or use more devices"
         )
     return SHIPPED_CONFIGS_DIR / chosen.config
@@ -279,7 +304,7 @@ def check_run_fits(args, profile: SequenceProfile) -> PlanRow:
     swaps rather than failing at a clean boundary, and the planner's CPU figures are what CI checks."""
     chosen, rows = plan_this_run(args, profile)
     print0(f"memory plan: {plan_line(chosen)}")
-    on_accelerator = _plans_accelerator("auto", args)
+    on_accelerator = plans_accelerator("auto", args)
     if on_accelerator and not chosen.fits and args.check_memory_plan:
         fitting = [plan_line(row) for row in rows if row.fits][:3]
         alternatives = "; ".join(fitting) if fitting else "none of the shipped configurations fits either"

@@ -81,13 +81,16 @@ def any_rank_nonfinite(value: torch.Tensor | float) -> bool:
 
 
 def batch_sequences(inputs: Mapping[str, torch.Tensor]) -> list[tuple[int, ...]]:
-    """The token ids of each sample in a collated batch: padded rows without their padding, or the pieces of a
-    padding-free row (``position_ids`` restart at 0 for each sample)."""
+    """The token ids of each sample in a collated batch: padded rows without their padding, or the pieces of
+    padding-free and packed rows (``position_ids`` restart at 0 for each sample; a padding piece matches no sample)."""
     input_ids = inputs["input_ids"].detach().cpu()
     positions = inputs.get("position_ids")
-    if positions is not None and input_ids.shape[0] == 1 and "attention_mask" not in inputs:
-        starts = (positions[0].detach().cpu() == 0).nonzero().flatten().tolist() + [input_ids.shape[1]]
-        return [tuple(input_ids[0, start:end].tolist()) for start, end in zip(starts, starts[1:])]
+    if positions is not None and "attention_mask" not in inputs:
+        pieces = []
+        for ids, row_positions in zip(input_ids, positions.detach().cpu()):
+            starts = (row_positions == 0).nonzero().flatten().tolist() + [len(ids)]
+            pieces += [tuple(ids[start:end].tolist()) for start, end in zip(starts, starts[1:])]
+        return pieces
     mask = inputs.get("attention_mask")
     if mask is None:
         return [tuple(row.tolist()) for row in input_ids]

@@ -21,7 +21,9 @@ from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
+from hf_lora_ds.data.packing import training_samples
 from hf_lora_ds.distributed import gather_from_ranks, print0
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.launch.arguments import SFTTrainingArguments
 from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
@@ -39,6 +41,13 @@ from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, s
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 from hf_lora_ds.training.nonfinite import NonFiniteGuard
+from hf_lora_ds.training.sequence_parallel import (
+    data_parallel_size,
+    deepspeed_gradient_divisor,
+    sequence_parallel_group,
+    sequence_parallel_loss,
+    supervised_tokens_in_shards,
+)
 from hf_lora_ds.training.supervised_logits import (
     accepts_position_mask,
     fused_head,
@@ -65,6 +74,9 @@ class LoraSFTTrainer(Trainer):
         **trainer_kwargs: Any,
     ):
         config = lora_config or lora_config_from_args(args)
+        if args.parallelism_config is not None and args.parallelism_config.sp_enabled:
+            # Ulysses must wrap the kernel the model was loaded with; DeepSpeed refuses any other.
+            args.parallelism_config.sp_handler.sp_attn_implementation = model.config._attn_implementation
         wrapping = not isinstance(model, PeftModel)
         # PiSSA/OLoRA/CorDA/EVA/LoftQ start from the base weights or from data (hf_lora_ds.training.lora_init).
         model = wrap_as_initialised(model, config, args, trainer_kwargs.get("train_dataset"),
@@ -91,7 +103,17 @@ class LoraSFTTrainer(Trainer):
         if self.args.supervised_logits_only and full_logits_reason:
             print0(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
-        dataset = self.train_dataset if isinstance(self.train_dataset, ChatSFTDataset) else None
+        self.sequence_parallel_size = self.get_sp_size()
+        if self.sequence_parallel_size > 1:
+            if full_logits_reason:  # the libraries' SP loss would scale gradients by the SP size (DeepSpeed #5248)
+                raise UserError(f"--sequence_parallel_size {self.sequence_parallel_size} needs hf_lora_ds's "
+                                f"supervised-position loss, and {full_logits_reason}")  # fmt: skip
+            self.loss_is_scaled_for_ga = True  # normalised over the accumulated batch's trained tokens
+            self._deepspeed_divisor = deepspeed_gradient_divisor(
+                run_deepspeed_config(self.args) or {}, self.accelerator.num_processes, self.sequence_parallel_size
+            )
+        samples = training_samples(self.train_dataset)
+        dataset = samples if isinstance(samples, ChatSFTDataset) else None
         # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.training.nonfinite).
         self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
 
@@ -126,10 +148,11 @@ class LoraSFTTrainer(Trainer):
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
             lines = [self.lora_coverage.table(), *([self.variant_line] if self.variant_line else [])]
             (Path(self.args.output_dir) / COVERAGE_FILE).write_text("\n".join(lines) + "\n")
-        if isinstance(self.train_dataset, ChatSFTDataset):
-            print0(audit_dataset(self.train_dataset).line())
-            if len(self.train_dataset.source_counts) > 1:
-                for name, audit in audit_by_source(self.train_dataset).items():
+        samples = training_samples(self.train_dataset)  # packed rows: the samples in them
+        if isinstance(samples, ChatSFTDataset):
+            print0(audit_dataset(samples).line())
+            if len(samples.source_counts) > 1:
+                for name, audit in audit_by_source(samples).items():
                     print0(f"  {name}: {audit.line()}")
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
@@ -198,7 +221,8 @@ class LoraSFTTrainer(Trainer):
         before its backward pass: a NaN or infinite training loss stops the run with the step, the samples and the
         last complete checkpoint, before any NaN gradient lands, or with ``--on_nonfinite skip`` has its step
         dropped (hf_lora_ds.training.nonfinite)."""
-        if self.supervised_logits_only and not self._logits_for_metrics and inputs.get("labels") is not None:
+        labelled = inputs.get("labels") is not None or inputs.get("shift_labels") is not None  # SP shards: shifted
+        if self.supervised_logits_only and not self._logits_for_metrics and labelled:
             result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
         else:
             result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -246,12 +270,22 @@ class LoraSFTTrainer(Trainer):
             outputs = model(**forward_inputs, logits_to_keep=keep)
             outputs.loss = supervised_cross_entropy(outputs.logits, targets[keep])
         loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
-        if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+        if self.sequence_parallel_size > 1 and model.training:  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
+            data_parallel = data_parallel_size(self.accelerator.num_processes, self.sequence_parallel_size)
+            loss = sequence_parallel_loss(loss, sequence_parallel_group(), self._deepspeed_divisor, data_parallel)
+        elif self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             # Trainer's own scaling: num_items_in_batch counts every rank's tokens, and DDP/DeepSpeed average gradients.
             replicas = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
             loss = loss * replicas
         outputs.loss = loss
         return (loss, outputs) if return_outputs else loss
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | int | None:
+        """Under sequence parallelism the batches are shards without ``labels`` (Trainer would count nothing): the
+        trained tokens of the global batch, from every rank's ``shift_labels``."""
+        if self.sequence_parallel_size > 1 and batch_samples and "shift_labels" in batch_samples[0]:
+            return supervised_tokens_in_shards(batch_samples, device)
+        return super()._get_num_items_in_batch(batch_samples, device)
 
     def _fused_loss_forward(self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor,
                             targets: torch.Tensor) -> CausalLMOutputWithPast | None:  # fmt: skip
@@ -287,10 +321,10 @@ class LoraSFTTrainer(Trainer):
             self._logits_for_metrics = False
 
     def _get_train_sampler(self, train_dataset: torch.utils.data.Dataset | None = None):
-        """``group_by_length`` (the default here) with the lengths the dataset already has and an order every rank
-        and every resume draws alike (see LengthGroupedEpochSampler)."""
+        """``group_by_length`` (the default here) with the lengths the dataset already has (of its packed rows, for
+        packed batching) and an order every rank and every resume draws alike (see LengthGroupedEpochSampler)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(dataset, ChatSFTDataset):
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(training_samples(dataset), ChatSFTDataset):
             return super()._get_train_sampler(train_dataset)
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
@@ -304,9 +338,6 @@ class LoraSFTTrainer(Trainer):
         if self.args.use_liger_kernel and liger.get("fused_linear_cross_entropy", True):
             # Liger replaces the forward with one that fuses head and loss in chunks: no full logits either way.
             return "--use_liger_kernel's fused linear cross-entropy computes the loss without full logits"
-        parallelism = getattr(self.accelerator, "parallelism_config", None)
-        if parallelism is not None and parallelism.sp_enabled:
-            return "sequence parallelism computes its own loss"
         if self.label_smoother is not None or self.compute_loss_func is not None:
             return "label smoothing or compute_loss_func computes its own loss from the logits"
         if not accepts_position_mask(self.model):

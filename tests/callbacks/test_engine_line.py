@@ -73,3 +73,16 @@ def test_the_deepspeed_line_reads_optimizer_and_parameter_offload_each_from_its_
     line = engine_line(engine_record(trainer))
     assert line == ("engine: DeepSpeed ZeRO-3 (offload optimizer cpu), world size 1, backend none, weights float32, "
                     "mixed precision no")
+
+
+def test_sequence_parallelism_is_on_the_line_and_must_be_what_was_asked():
+    """The 2-rank line is checked on the launches of tests/e2e/test_sequence_parallel.py."""
+    asked = SimpleNamespace(args=SimpleNamespace(deepspeed="x.json", fsdp=None, sequence_parallel_size=2))
+    split = record(engine="DeepSpeed", zero_stage=2, offload_optimizer="none", offload_parameters="none",
+                   sequence_parallel=2, world_size=4)  # fmt: skip
+    check_engine_honoured(asked, split)
+    assert engine_line(split).startswith("engine: DeepSpeed ZeRO-2, sequence parallel 2 (Ulysses; 2 data-parallel "
+                                         "groups), world size 4")  # fmt: skip
+    with pytest.raises(EngineMismatchError, match="--sequence_parallel_size 2, but the run would train with engine: "
+                       "DeepSpeed ZeRO-2, world size 4"):  # fmt: skip
+        check_engine_honoured(asked, {**split, "sequence_parallel": 1})

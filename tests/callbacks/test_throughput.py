@@ -152,3 +152,20 @@ def test_peak_for_gpus_takes_the_most_specific_datasheet_entry_or_measures(monke
         assert (flops, source) == (7.0, f"measured matmul (cuda, {dtype})")
     else:
         assert flops == tflops * 1e12 and name in source
+
+
+def test_packed_rows_and_their_sequence_parallel_shards_count_padding_as_padding():
+    """A packed batch has no attention mask: its padding is the pad-token sample PackedCollator ends a row with."""
+    counter = throughput._TokenCounter()
+    counter.pad_token_id = 0
+    training = SimpleNamespace(training=True)
+    ids, positions = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]]), torch.tensor([[0, 1, 0, 1, 0, 1],
+                                                                                              [0, 1, 2, 0, 1, 2]])  # fmt: skip
+    counter(training, (), {"input_ids": ids, "position_ids": positions})
+    counts = counter.take(torch.device("cpu"))
+    assert (counts["real"], counts["padded"], counts["sequences"]) == (10, 12, 4)
+    # The same rows split over 2 sequence-parallel ranks: the second shard of row 0 is part of the padding sample.
+    for shard in (slice(0, 3), slice(3, 6)):
+        counter(training, (), {"input_ids": ids[:, shard], "position_ids": positions[:, shard]})
+    counts = counter.take(torch.device("cpu"))
+    assert (counts["real"], counts["padded"], counts["sequences"]) == (10, 12, 4)

@@ -115,3 +115,26 @@ def test_length_grouped_order_depends_on_seed_and_epoch_only():
                    for i in range(0, 64, 4)) / 16  # fmt: skip
 
     assert spread(first) < spread(torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()) / 2
+
+
+def test_sequence_parallel_batches_carry_positions_and_split_evenly(qwen_style_tokenizer, samples):
+    """Ulysses needs position_ids, a length divisible by its size and padding on the right (it drops the attention
+    mask, and causal attention never looks right); padding-free batches become one such row."""
+    longest = max(len(s["input_ids"]) for s in samples)
+    batch = build_collator("padded", qwen_style_tokenizer, sequence_parallel_size=4)(samples)
+    assert batch["input_ids"].shape == (3, -(-longest // 4) * 4) and "attention_mask" not in batch
+    for row, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        assert batch["input_ids"][row, :n].tolist() == sample["input_ids"]
+        assert batch["position_ids"][row, :n].tolist() == list(range(n))
+        assert (batch["input_ids"][row, n:] == qwen_style_tokenizer.pad_token_id).all()
+        assert (batch["labels"][row, n:] == IGNORE_INDEX).all()
+    flat = build_collator("padding_free", qwen_style_tokenizer, sequence_parallel_size=4)(samples)
+    total = sum(len(s["input_ids"]) for s in samples)
+    assert flat["input_ids"].shape == (1, -(-total // 4) * 4)
+    assert (flat["position_ids"][0] == 0).sum() == len(samples) + (total % 4 != 0)  # the samples, then the padding
+
+
+def test_packing_refused_where_attention_cannot_separate_sequences():
+    with pytest.raises(ValueError, match="cannot keep packed sequences apart"):
+        resolve_batching("packed", _HandRolledAttentionLM())

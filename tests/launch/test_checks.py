@@ -7,7 +7,15 @@ from types import SimpleNamespace
 import pytest
 
 from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.launch.checks import RANGES, check_fields, check_lora, check_paths, check_ranges, check_training_flags
+from hf_lora_ds.launch.checks import (
+    RANGES,
+    check_fields,
+    check_lora,
+    check_paths,
+    check_ranges,
+    check_sequence_parallel,
+    check_training_flags,
+)
 
 
 def fields(tmp_path, **changes) -> SimpleNamespace:
@@ -71,3 +79,44 @@ def test_a_file_where_a_directory_is_needed(tmp_path):
                              torch_compile_mode=None, attn_implementation="flash_attention_9", eval_task="sum_to_x")
     with pytest.raises(UserError, match="--attn_implementation flash_attention_9: unknown; use one of"):
         check_training_flags(values)
+
+
+def sequence_parallel(model_dir, **changes) -> SimpleNamespace:
+    """The flags --sequence_parallel_size is checked against: 2 ranks of ZeRO-2 on the tiny model (4 heads, 2 key/value
+    heads) with sdpa, padded batches, valid unless ``changes`` says otherwise."""
+    values = dict(sequence_parallel_size=2, deepspeed="ds_configs/stage2.json", attn_implementation=None,
+                  batching="auto", model_name_or_path=str(model_dir), gguf_file=None, trust_remote_code=False)  # fmt: skip
+    return SimpleNamespace(**{**values, **changes})
+
+
+def test_sequence_parallelism_passes_what_ulysses_can_run(tiny_model_dir):
+    check_sequence_parallel(sequence_parallel(tiny_model_dir), world_size=2)
+    check_sequence_parallel(sequence_parallel(tiny_model_dir, sequence_parallel_size=4), world_size=8)  # kv 2 | 4
+    check_sequence_parallel(sequence_parallel(tiny_model_dir, deepspeed=None, sequence_parallel_size=1), world_size=1)
+
+
+@pytest.mark.parametrize(
+    "changes, world_size, message",
+    [
+        ({"sequence_parallel_size": 0}, 2, "--sequence_parallel_size must be a positive integer, got 0"),
+        ({"deepspeed": None}, 2, "--sequence_parallel_size 2 needs DeepSpeed .*add --deepspeed stage2"),
+        ({}, 3, "--sequence_parallel_size 2 with 3 rank.*must be a multiple of 2"),
+        ({"attn_implementation": "eager"}, 2, "--attn_implementation eager with --sequence_parallel_size 2: Ulysses "
+                                              "discards the attention mask"),
+        ({"batching": "packed"}, 2, "--batching packed with --sequence_parallel_size 2 and sdpa attention: Ulysses "
+                                    "drops the mask that keeps packed samples apart"),
+        ({"batching": "padding_free"}, 2, "--batching padding_free with --sequence_parallel_size 2"),
+        ({"sequence_parallel_size": 3}, 3, "has 4 attention heads .*2 key/value heads.*use one of 2, 4"),
+        ({"sequence_parallel_size": 8}, 8, "has 4 attention heads"),
+    ],
+)  # fmt: skip
+def test_sequence_parallelism_refused_with_one_line(tiny_model_dir, changes, world_size, message):
+    with pytest.raises(UserError, match=message) as refused:
+        check_sequence_parallel(sequence_parallel(tiny_model_dir, **changes), world_size=world_size)
+    assert "\n" not in str(refused.value)
+
+
+def test_packing_under_sequence_parallelism_is_left_to_flash_attention(tiny_model_dir):
+    """flash's varlen path reads the sample boundaries from the gathered position_ids itself (a GPU-only kernel)."""
+    check_sequence_parallel(sequence_parallel(tiny_model_dir, batching="packed",
+                                              attn_implementation="flash_attention_2"), world_size=2)  # fmt: skip

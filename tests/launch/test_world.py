@@ -77,6 +77,17 @@ def test_global_batch_and_description(tmp_path, no_launcher):
     world.ensure_world_agreement(args)  # a single process agrees with itself
 
 
+def test_sequence_parallel_ranks_share_a_batch(monkeypatch):
+    """4 ranks in groups of 2 train 2 batches a micro-step: the global batch counts each group once."""
+    args = SimpleNamespace(per_device_train_batch_size=3, gradient_accumulation_steps=4, world_size=4,
+                           sequence_parallel_size=2, process_index=0, device="cpu",
+                           distributed_state=SimpleNamespace(backend="gloo"))  # fmt: skip
+    monkeypatch.setattr(world, "launcher_world_size", lambda: 4)
+    assert world.effective_global_batch(args) == 3 * 4 * 2
+    assert world.describe_world(args).endswith("global batch 24 = 3 per device x 4 accumulation x 2 data-parallel "
+                                               "groups (of 2 sequence-parallel ranks)")  # fmt: skip
+
+
 def test_disagreement_is_reported_with_the_fix(tmp_path, no_launcher):
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
     no_launcher.setenv("WORLD_SIZE", "2")  # as if a launcher had started 2 ranks but Trainer saw 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hf_lora_ds.plan.estimate import BatchShape, DeepSpeedLayout, estimate_memory
@@ -19,11 +21,12 @@ STAGE = {stage: DeepSpeedLayout(stage=stage) for stage in (0, 1, 2, 3)}
 NO_DEEPSPEED = DeepSpeedLayout()
 
 
-def estimate(layout=NO_DEEPSPEED, batch=BATCH, world_size=4, gc=False, supervised_only=True, accelerator=True):
+def estimate(layout=NO_DEEPSPEED, batch=BATCH, world_size=4, gc=False, supervised_only=True, accelerator=True,
+             sequence_parallel=1, shape=SHAPE):  # fmt: skip
     return estimate_memory(
-        SHAPE, batch, layout, world_size=world_size, ranks_per_node=world_size, weight_bytes=2,
+        shape, batch, layout, world_size=world_size, ranks_per_node=world_size, weight_bytes=2,
         gradient_checkpointing=gc, supervised_logits_only=supervised_only, on_accelerator=accelerator,
-        runtime_bytes=500_000_000,
+        runtime_bytes=500_000_000, sequence_parallel=sequence_parallel,
     )  # fmt: skip
 
 
@@ -113,3 +116,17 @@ def test_a_lora_init_pass_counts_where_it_exceeds_what_training_adds():
                           ranks_per_node=4, weight_bytes=2, gradient_checkpointing=False, supervised_logits_only=True,
                           on_accelerator=True, runtime_bytes=500_000_000)  # fmt: skip
     assert big.device_items["LoRA init pass (beyond training's peak)"] == 10**9
+
+
+def test_sequence_parallelism_splits_activations_and_logits_and_adds_its_exchange():
+    shape = replace(SHAPE, attention_heads=16, kv_heads=2, head_dim=128)
+    whole, split = estimate(STAGE[2], shape=shape), estimate(STAGE[2], shape=shape, sequence_parallel=4)
+    assert split.device_items["activations"] == whole.device_items["activations"] // 4
+    assert split.device_items["logits and loss"] < whole.device_items["logits and loss"]
+    assert "sequence-parallel exchange" not in whole.device_items
+    # q (16 heads) and the output out and back, k and v with their 2 heads replicated to 4, sent and received, for
+    # the shard's 2 x 256 tokens; plus the group's 4 batches of ids, labels and positions gathered on every rank.
+    exchange = 2 * 2 * 256 * (2 * 16 + 2 * 4) * 128 * 2 + 4 * 2 * 1024 * 3 * 8
+    assert split.device_items["sequence-parallel exchange"] == exchange
+    for state in ("frozen weights", "optimizer states", "gradients"):  # still partitioned over every rank
+        assert split.device_items[state] == whole.device_items[state]

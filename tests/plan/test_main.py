@@ -162,3 +162,33 @@ def test_paths_are_checked_as_run_sft_checks_them(tmp_path):
         main(["--model_name_or_path", MODEL_7B, "--dataset_cache_dir", str(afile)])
     with pytest.raises(MissingPathError, match=f"--fsdp_config {tmp_path}: no such file"):
         main(["--model_name_or_path", MODEL_7B, "--fsdp", "full_shard", "--fsdp_config", str(tmp_path)])
+
+
+def test_a_sequence_too_long_for_one_device_is_planned_split(capsys):
+    """Qwen2.5-7B at 32,768 tokens on 8 x 24 GiB: no configuration holds a whole sequence per GPU, so the DeepSpeed
+    configurations come again at each sequence-parallel size the world and the 28 heads (4 key/value) allow, and the
+    first that fits is recommended with the flag to pass."""
+    argv = ["--model_name_or_path", MODEL_7B, "--world_size", "8", "--device", "gpu", "--device_memory", "24GiB",
+            "--max_length", "32768", "--per_device_train_batch_size", "1"]  # fmt: skip
+    rows = plan_json(argv, capsys)
+    assert not any(r["fits"] for r in rows if r["sequence_parallel"] == 1)
+    assert sorted({r["sequence_parallel"] for r in rows}) == [1, 2, 4]  # 8 does not divide 28 heads
+    split = [r for r in rows if r["sequence_parallel"] > 1]
+    assert all(r["config"].startswith("stage") for r in split)
+    one, two = (row([r for r in rows if r["sequence_parallel"] == size], "stage3.json", True) for size in (1, 2))
+    assert two["device_items"]["activations"] <= one["device_items"]["activations"] // 2 + 1
+    assert two["device_items"]["sequence-parallel exchange"] > 0
+    main(argv)
+    table = capsys.readouterr().out
+    assert "Recommended: ds_configs/stage3.json + SP 2 with gradient checkpointing" in table
+    assert "run with --sequence_parallel_size 2" in table
+
+
+def test_python_m_plan_max_length_32768_names_the_devices_that_split_it(capsys):
+    """The demo at --max_length 32768 (batch 32) on one 8 GiB GPU: nothing fits whole, and the plan names the
+    smallest sequence-parallel group of such GPUs that does."""
+    main(["--max_length", "32768", "--device", "gpu", "--device_memory", "8GiB"])
+    out = capsys.readouterr().out
+    assert "Nothing fits" in out
+    assert "With 4 devices, one sequence split over all of them (--sequence_parallel_size 4 --deepspeed stage0): " \
+           "ds_configs/stage0.json + SP 4 with gradient checkpointing" in out  # fmt: skip

@@ -11,6 +11,9 @@ def test_the_worst_batch_holds_the_longest_samples():
     assert profile.worst_batch(2, padding_free=False) == BatchShape(rows=2, row_tokens=300, supervised_tokens=250)
     assert profile.worst_batch(2, padding_free=True) == BatchShape(rows=1, row_tokens=500, supervised_tokens=250)
     assert profile.worst_batch(6, padding_free=False).supervised_tokens == 295 + 2 * 150
+    # Packed: full rows of max_length, with at most every supervised token of the data in them.
+    assert profile.worst_batch(2, padding_free=False, packed_length=256) == BatchShape(2, 256, 295)
+    assert profile.worst_batch(1, padding_free=False, packed_length=128).supervised_tokens == 128
 
 
 def test_the_profile_says_what_it_knows_of_the_data():

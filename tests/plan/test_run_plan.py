@@ -50,6 +50,14 @@ def test_auto_without_any_fit_names_the_smallest(two_32gb_gpus):
         recommended_deepspeed_config(run_args("--per_device_train_batch_size", "64"))
 
 
+def test_auto_names_the_sequence_parallel_size_that_would_fit(two_32gb_gpus):
+    """14B with 32k-token samples on 2 x 32 GB: no config holds a whole sequence per GPU; auto does not change the
+    global batch by picking a sequence-parallel size itself, it names one."""
+    with pytest.raises(UserError, match=r"no shipped DeepSpeed config fits; .* With --sequence_parallel_size 2, "
+                                        r"ds_configs/stage3\w*.json \+ SP 2 with gradient checkpointing: .* fits"):  # fmt: skip
+        recommended_deepspeed_config(run_args("--max_length", "32768", "--gradient_checkpointing", "true"))
+
+
 def test_a_run_that_will_not_fit_stops_before_loading(two_32gb_gpus, capsys):
     args = run_args("--deepspeed", str(SHIPPED_CONFIGS_DIR / "stage2.json"), "--gradient_checkpointing", "true")
     with pytest.raises(UserError, match="will not fit: ds_configs/stage2.json with gradient checkpointing") as err:

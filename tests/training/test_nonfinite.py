@@ -79,6 +79,9 @@ def test_batch_sequences_padded_and_padding_free():
     assert batch_sequences(padded) == [(5, 6, 7), (8, 9)]
     flat = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]])}
     assert batch_sequences(flat) == [(5, 6, 7), (8, 9)]
+    packed = {"input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 4, 3]]), "position_ids": torch.tensor([[0, 1, 2, 0],
+                                                                                                     [0, 1, 0, 1]])}  # fmt: skip
+    assert batch_sequences(packed) == [(5, 6, 7), (0,), (8, 9), (4, 3)]  # the padding piece matches no sample
 
 
 @pytest.mark.parametrize(
