@@ -147,17 +147,25 @@ def no_launcher(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def launcher_variables_restored():
-    """Every test leaves the launcher variables as it found them. Building run arguments with DeepSpeed in this
-    process sets a one-process launcher environment (RANK, MASTER_PORT, ...; hf_lora_ds.launch.world), and a later
-    test's subprocess would inherit a MASTER_PORT this process may still listen on (EADDRINUSE)."""
+    """Every test leaves the launcher variables, and the process group, as it found them. Building run arguments
+    with DeepSpeed in this process sets a one-process launcher environment (RANK, MASTER_PORT, ...;
+    hf_lora_ds.launch.world) and starts a one-process gloo group: a later test's subprocess would inherit a
+    MASTER_PORT this process may still listen on (EADDRINUSE), and a later in-process run would see "backend gloo"
+    where it runs alone (which tests fail then depended on the order of the test files)."""
+    from accelerate.state import AcceleratorState
+
     names = (*LAUNCH_VARIABLES, *LOCAL_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
     saved = {name: os.environ.get(name) for name in names}
+    had_group = torch.distributed.is_initialized()
     yield
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    if torch.distributed.is_initialized() and not had_group:
+        torch.distributed.destroy_process_group()
+        AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's singletons hold the group's backend
 
 
 @pytest.fixture(scope="module")
