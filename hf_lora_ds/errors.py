@@ -61,6 +61,10 @@ def run_cli(main: Callable[[], Any]) -> NoReturn:
         if _debugging():
             raise
         _exit_on_user_error(err, relay)
+    except SystemExit as leaving:  # a preempted run's code 75: out of a launched rank without teardown too
+        if not isinstance(leaving.code, int):
+            raise
+        result = leaving.code
     exit_launched_rank(result if isinstance(result, int) else 0)
 
 

@@ -62,3 +62,29 @@ def test_exit_code_is_mains_int_result(result, code):
     with pytest.raises(SystemExit) as exited:
         run_cli(lambda: result)
     assert exited.value.code == code
+
+
+@pytest.mark.parametrize("code", [75, 0])
+def test_a_launched_rank_leaving_with_system_exit_skips_teardown_too(code, monkeypatch):
+    """A preempted run raises SystemExit(75): in a launched rank it must leave through exit_launched_rank like any
+    other end (an interpreter teardown aborted a preempted ZeRO-3 rank: SIGABRT instead of 75)."""
+    import hf_lora_ds.errors
+
+    left = []
+
+    def leave(exit_code):
+        left.append(exit_code)
+        raise SystemExit(exit_code)
+
+    monkeypatch.setattr(hf_lora_ds.errors, "exit_launched_rank", leave)
+    with pytest.raises(SystemExit):
+        run_cli(_fail(SystemExit(code)))
+    assert left == [code]
+
+
+def test_a_system_exit_with_a_message_is_left_alone(monkeypatch):
+    import hf_lora_ds.errors
+
+    monkeypatch.setattr(hf_lora_ds.errors, "exit_launched_rank", lambda code: pytest.fail("not an exit code"))
+    with pytest.raises(SystemExit, match="usage"):
+        run_cli(_fail(SystemExit("usage: ...")))
