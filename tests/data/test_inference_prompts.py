@@ -116,7 +116,7 @@ def test_the_prompts_last_token_is_compared_too(chatml_tokenizer):
     prompt = chatml_tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
     prompt_ids = chatml_tokenizer(prompt, add_special_tokens=False)["input_ids"]
     answer = chatml_tokenizer("3 + 9<|im_end|>", add_special_tokens=False)["input_ids"]
-    assert turn_difference(chatml_tokenizer, messages, 1, None, prompt_ids + answer) is None
+    assert turn_difference(chatml_tokenizer, messages, 1, None, prompt_ids + answer, False) is None
     other = next(token for token in answer if token != prompt_ids[-1])
-    difference = turn_difference(chatml_tokenizer, messages, 1, None, prompt_ids[:-1] + [other] + answer)
+    difference = turn_difference(chatml_tokenizer, messages, 1, None, prompt_ids[:-1] + [other] + answer, False)
     assert difference is not None and difference.startswith("assistant turn 1 (enable_thinking=False): ")
