@@ -55,6 +55,7 @@ STRING_CASES = {
     "debug": "no_such_option",
     "device_memory": "lots",
     "eval_task": "no_such_task",
+    "lora_init": "pissa_niter_x",
     "gguf_file": "missing.gguf",
 }
 # String arguments any text is valid for, or that are read only with another flag that the sweep does not set.
