@@ -48,7 +48,8 @@ def one_line(message: str) -> str:
 
 
 def run_cli(main: Callable[[], Any]) -> NoReturn:
-    """Run a command line's ``main`` and exit: its int return value (0 for anything else), or 2 on a ``UserError``.
+    """Run a command line's ``main`` and exit: its int return value (0 for anything else), the code of a
+    ``SystemExit`` it raises, or 2 on a ``UserError``.
 
     Use as ``if __name__ == "__main__": run_cli(main)``.
     """
