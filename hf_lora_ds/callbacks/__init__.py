@@ -27,7 +27,6 @@ from hf_lora_ds.callbacks.memory import MemoryTraceCallback
 from hf_lora_ds.callbacks.preemption import PreemptionCallback
 from hf_lora_ds.callbacks.run_callbacks import RunCallbacks, attach_run_callbacks
 from hf_lora_ds.callbacks.run_report import RunReportCallback, write_run_report
-from hf_lora_ds.callbacks.swanlab import SwanLabCallback, default_swanlab_mode, use_swanlab
 from hf_lora_ds.callbacks.throughput import ThroughputCallback
 
 __all__ = [
@@ -49,3 +48,15 @@ __all__ = [
     "RunCallbacks",
     "attach_run_callbacks",
 ]
+
+_SWANLAB_NAMES = ("SwanLabCallback", "default_swanlab_mode", "use_swanlab")
+
+
+def __getattr__(name: str):
+    """The SwanLab names, imported on first use: importing swanlab costs every process ~1 s (its rich, pydantic and
+    pyecharts stack), and a run imports it only when ``report_to`` names it."""
+    if name in _SWANLAB_NAMES:
+        from hf_lora_ds.callbacks import swanlab
+
+        return getattr(swanlab, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,6 @@ from hf_lora_ds.callbacks.memory import MemoryTraceCallback
 from hf_lora_ds.callbacks.preemption import PreemptionCallback
 from hf_lora_ds.callbacks.progress_bar import SetupFirstProgressCallback
 from hf_lora_ds.callbacks.run_report import RunReportCallback
-from hf_lora_ds.callbacks.swanlab import use_swanlab
 from hf_lora_ds.callbacks.throughput import ThroughputCallback
 
 __all__ = ["RunCallbacks", "attach_run_callbacks"]
@@ -59,6 +58,9 @@ def attach_run_callbacks(trainer: Trainer) -> RunCallbacks:
     _start_the_bar_after_the_setup_lines(trainer)
     if "swanlab" in trainer.args.report_to:
         # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.
+        # Imported here: swanlab costs every process ~1 s to import, and most runs do not report to it.
+        from hf_lora_ds.callbacks.swanlab import use_swanlab
+
         use_swanlab(trainer)
     source_counts = getattr(trainer.train_dataset, "source_counts", None)
     run_order: list[tuple[type, Callable[[], Any] | None]] = [  # each kind, and how to make one if none was given

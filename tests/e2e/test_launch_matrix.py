@@ -1,5 +1,6 @@
-"""run_sft.py under every launcher it supports, on CPU: each ds_config x {1, 2} ranks with the deepspeed launcher,
-torchrun with 2 ranks (DDP, and ZeRO-3: DeepSpeed needs no launcher of its own), and plain python with ZeRO-3.
+"""run_sft.py under every launcher it supports, on CPU: each ds_config with 2 ranks under the deepspeed launcher (and
+the one-GPU offload case, stage3_offload, with 1), torchrun with 2 ranks (DDP, and ZeRO-3: DeepSpeed needs no
+launcher of its own), and plain python with ZeRO-3.
 Every launch must exit 0, lower the loss, save an adapter that passes the integrity check, print the right world
 size, give each rank its own samples, and write the before/after eval report.
 
@@ -28,7 +29,9 @@ from tests.e2e.launching import (
     sft_args,
 )
 
-CASES = [("deepspeed", nproc, config) for config in CONFIGS for nproc in (1, 2)]
+# One rank under the deepspeed launcher is also launched by test_universal_resume (ZeRO-2 and ZeRO-3, 1 to 2 and
+# 2 to 1 ranks); the other configs' 1-rank launches showed nothing their 2-rank ones do not.
+CASES = [("deepspeed", 2, config) for config in CONFIGS] + [("deepspeed", 1, "stage3_offload")]
 CASES += [("torchrun", 2, None), ("torchrun", 2, "stage3"), ("python", 1, "stage3")]
 
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
 
 from hf_lora_ds.eval import generate, stop_token_ids
-from hf_lora_ds.eval.generate import _decode
+from hf_lora_ds.eval.generate import (
+    CHUNKED_HEAD_MIN_ROWS,
+    _decode,
+    _swap_in_chunked_head,
+    _VocabularyChunkedHead,
+)
 
 
 def render(tokenizer, records):
@@ -111,3 +117,41 @@ def test_stop_tokens_include_the_template_end_of_turn(qwen_style_tokenizer, tiny
 def test_batch_size_must_be_positive(varied_model, qwen_style_tokenizer):
     with pytest.raises(ValueError, match="batch_size"):
         generate(varied_model, qwen_style_tokenizer, ["x"], batch_size=0)
+
+
+def test_the_chunked_head_gives_the_head_s_logits(varied_model, monkeypatch):
+    head = varied_model.get_output_embeddings()
+    # the package's ``generate`` function hides its module's name
+    monkeypatch.setattr(
+        importlib.import_module("hf_lora_ds.eval.generate"), "VOCABULARY_CHUNK", 48
+    )  # not a divisor: the last slice is short
+    assert head.weight.shape[0] > 3 * 48 and head.weight.shape[0] % 48
+    hidden = torch.randn(2, CHUNKED_HEAD_MIN_ROWS, head.in_features)
+    assert torch.equal(_VocabularyChunkedHead(head)(hidden), head(hidden))
+    with_bias = torch.nn.Linear(head.in_features, head.out_features)
+    assert torch.equal(_VocabularyChunkedHead(with_bias)(hidden), with_bias(hidden))
+
+
+def test_a_cpu_batch_generates_through_the_chunked_head_and_gets_its_head_back(varied_model, qwen_style_tokenizer,
+                                                                               sum_records):  # fmt: skip
+    head = varied_model.get_output_embeddings()
+    rows_through_the_head = []
+    hook = head.register_forward_hook(lambda module, inputs, output: rows_through_the_head.append(len(inputs[0])))
+    prompts = render(qwen_style_tokenizer, sum_records)
+    try:
+        generate(varied_model, qwen_style_tokenizer, prompts, batch_size=CHUNKED_HEAD_MIN_ROWS + 1, max_new_tokens=3)
+    finally:
+        hook.remove()
+    # the first batch's rows go through the slices, never the head itself; the last batch, under the minimum, does
+    assert rows_through_the_head and set(rows_through_the_head) == {len(prompts) - CHUNKED_HEAD_MIN_ROWS - 1}
+    assert varied_model.get_output_embeddings() is head
+
+
+def test_the_head_is_left_alone_where_a_hook_owns_its_weights(varied_model):
+    head = varied_model.get_output_embeddings()
+    head.weight.ds_id = 0  # as DeepSpeed ZeRO-3 marks a partitioned parameter
+    try:
+        assert _swap_in_chunked_head(varied_model) is None
+    finally:
+        del head.weight.ds_id
+    assert varied_model.get_output_embeddings() is head
