@@ -53,7 +53,7 @@ _SWANLAB_NAMES = ("SwanLabCallback", "default_swanlab_mode", "use_swanlab")
 
 
 def __getattr__(name: str):
-    """The SwanLab names, imported on first use: importing swanlab costs every process ~1 s (its rich, pydantic and
+    """The SwanLab names, imported on first use: importing swanlab cost every process ~2 s here (its rich, pydantic and
     pyecharts stack), and a run imports it only when ``report_to`` names it."""
     if name in _SWANLAB_NAMES:
         from hf_lora_ds.callbacks import swanlab
