@@ -94,7 +94,8 @@ def print0(*lines: str) -> None:
     (Trainer's) off the terminal first and redraws it below: lines printed during training (an evaluation's memory,
     a divergence warning) get lines of their own, not the end of the bar's."""
     if rank_and_world()[0] == 0:
-        tqdm.write("\n".join(lines), file=sys.stdout)
+        # One write, newline included: tqdm writes its ``end`` apart, and another rank's output could land before it.
+        tqdm.write("\n".join(lines) + "\n", file=sys.stdout, end="")
         sys.stdout.flush()
 
 

@@ -105,7 +105,10 @@ def _exit_on_user_error(err: UserError, relay: ErrorRelay) -> NoReturn:
 
 
 def _say(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    # One write, newline included: unbuffered, print() writes the text and its newline apart, and another rank's
+    # output could land between them, on the error's line.
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
 
 
 def _close_progress_bars() -> None:

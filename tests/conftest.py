@@ -146,23 +146,21 @@ def no_launcher(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def launcher_variables_restored():
-    """Every test leaves the launcher variables, and the process group, as it found them. Building run arguments
+def environment_restored():
+    """Every test leaves the environment variables, and the process group, as it found them. Building run arguments
     with DeepSpeed in this process sets a one-process launcher environment (RANK, MASTER_PORT, ...;
     hf_lora_ds.launch.world) and starts a one-process gloo group: a later test's subprocess would inherit a
     MASTER_PORT this process may still listen on (EADDRINUSE), and a later in-process run would see "backend gloo"
-    where it runs alone (which tests fail then depended on the order of the test files)."""
+    where it runs alone (which tests fail then depended on the order of the test files). TrainingArguments and
+    Accelerate's plugins set variables of their own (FSDP_*, ACCELERATE_*) that a later run would read as asked."""
     from accelerate.state import AcceleratorState
 
-    names = (*LAUNCH_VARIABLES, *LOCAL_SIZE_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
-    saved = {name: os.environ.get(name) for name in names}
+    saved = dict(os.environ)
     had_group = torch.distributed.is_initialized()
     yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    os.environ.update({name: value for name, value in saved.items() if os.environ.get(name) != value})
     if torch.distributed.is_initialized() and not had_group:
         torch.distributed.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's singletons hold the group's backend

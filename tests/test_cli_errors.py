@@ -1,7 +1,9 @@
 """Every class of user error, through the real command lines: one ``error:`` line on stderr, exit code 2, no traceback.
 
-Each case is a separate ``python run_sft.py ...`` (or ``python -m hf_lora_ds.<cli>``) process, as a user runs it;
-all of them fail before a model is loaded, so each costs about the interpreter's import time.
+Each command line (``python run_sft.py``, ``python -m hf_lora_ds.<cli>``) runs as a separate process, as a user runs
+it, at least once, as does a case that needs a fresh interpreter (an environment variable read at import); each costs
+about the interpreter's import time (~10 s here). The other run_sft cases run the same ``run_cli(main)`` in this
+process (``run_sft_here``): all of them fail before a model is loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import run_sft as run_sft_module
+from hf_lora_ds.errors import run_cli as run_cli_here
 from tests.model.test_source import model_copy_without
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,31 +61,49 @@ def train_file(tmp_path) -> Path:
     return path
 
 
+def sft_flags(model_dir, train_file, tmp_path, *extra: str) -> list[str]:
+    return ["--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
+            "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
+
+
 def run_sft(model_dir, train_file, tmp_path, *extra: str, env: dict[str, str] | None = None) -> Failure:
-    return run_cli(str(REPO / "run_sft.py"), "--model_name_or_path", str(model_dir), "--train_file", str(train_file),
-                   "--eval_file", "", "--output_dir", str(tmp_path / "out"), *extra, env=env)  # fmt: skip
+    return run_cli(str(REPO / "run_sft.py"), *sft_flags(model_dir, train_file, tmp_path, *extra), env=env)
+
+
+@pytest.fixture
+def run_sft_here(capsys, monkeypatch):
+    """``run_sft``'s command line run in this process, as run_sft.py runs it: ``run_cli(main)``."""
+    monkeypatch.delenv("HF_LORA_DS_DEBUG", raising=False)
+
+    def run(model_dir, train_file, tmp_path, *extra: str) -> Failure:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            run_cli_here(lambda: run_sft_module.main(sft_flags(model_dir, train_file, tmp_path, *extra)))
+        return Failure(exited.value.code, capsys.readouterr().err)
+
+    return run
 
 
 # ---- data files ----
 
 
-def test_data_file_in_another_encoding(tiny_model_dir, tmp_path, train_file):
+def test_data_file_in_another_encoding(tiny_model_dir, tmp_path, train_file, run_sft_here):
     train_file.write_bytes(train_file.read_bytes() + '{"instruction": "café"}\n'.encode("latin-1"))
     offset = len(json.dumps(RECORD, ensure_ascii=False).encode()) + 1 + len('{"instruction": "caf')
-    check_one_line(run_sft(tiny_model_dir, train_file, tmp_path),
+    check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path),
                    f"{train_file}, line 2 (byte offset {offset}): not UTF-8 text (byte 0xe9)")  # fmt: skip
 
 
-def test_corrupt_parquet_file(tiny_model_dir, tmp_path):
+def test_corrupt_parquet_file(tiny_model_dir, tmp_path, run_sft_here):
     data = tmp_path / "train.parquet"
     data.write_bytes(b"PAR1 this is not a parquet file")
-    check_one_line(run_sft(tiny_model_dir, data, tmp_path), f"{data}: not a readable parquet file")
+    check_one_line(run_sft_here(tiny_model_dir, data, tmp_path), f"{data}: not a readable parquet file")
 
 
-def test_corrupt_json_file(tiny_model_dir, tmp_path):
+def test_corrupt_json_file(tiny_model_dir, tmp_path, run_sft_here):
     data = tmp_path / "train.json"
     data.write_text('[\n  {"instruction": "5=", "output": "x"},\n  {"instruction": "6=", "output": }\n]')
-    check_one_line(run_sft(tiny_model_dir, data, tmp_path), f"{data}, line 3: malformed JSON")
+    check_one_line(run_sft_here(tiny_model_dir, data, tmp_path), f"{data}, line 3: malformed JSON")
 
 
 # ---- model paths ----
@@ -91,10 +113,10 @@ def test_model_directory_does_not_exist(tmp_path, train_file):
     check_one_line(run_sft(tmp_path / "no-model", train_file, tmp_path), "no-model: no such directory")
 
 
-def test_model_directory_lacks_a_part(tiny_model_dir, tmp_path, train_file):
+def test_model_directory_lacks_a_part(tiny_model_dir, tmp_path, train_file, run_sft_here):
     """The tokenizer case, whose old message was the most misleading; test_model_source covers config and weights."""
     model = model_copy_without(tiny_model_dir, tmp_path, "tokenizer*")
-    check_one_line(run_sft(model, train_file, tmp_path), f"--model_name_or_path {model}: the directory has no tokenizer")
+    check_one_line(run_sft_here(model, train_file, tmp_path), f"--model_name_or_path {model}: the directory has no tokenizer")
 
 
 def test_hub_id_offline_and_not_cached(tmp_path, train_file):
@@ -106,16 +128,16 @@ def test_hub_id_offline_and_not_cached(tmp_path, train_file):
 # ---- flags ----
 
 
-def test_bad_flag_combination_from_transformers(tiny_model_dir, tmp_path, train_file):
+def test_bad_flag_combination_from_transformers(tiny_model_dir, tmp_path, train_file, run_sft_here):
     """TrainingArguments' own ValueError (several lines) is made one line; ours are UserErrors already."""
-    line = check_one_line(run_sft(tiny_model_dir, train_file, tmp_path, "--load_best_model_at_end", "true",
+    line = check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, "--load_best_model_at_end", "true",
                                   "--eval_strategy", "steps", "--save_strategy", "epoch"))  # fmt: skip
     assert "load_best_model_at_end" in line
 
 
-def test_sequence_parallelism_on_too_few_ranks(tiny_model_dir, tmp_path, train_file):
+def test_sequence_parallelism_on_too_few_ranks(tiny_model_dir, tmp_path, train_file, run_sft_here):
     """A single process cannot split a sequence over 2 ranks: said before the model loads."""
-    check_one_line(run_sft(tiny_model_dir, train_file, tmp_path, "--deepspeed", "stage2", "--sequence_parallel_size", "2"),
+    check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, "--deepspeed", "stage2", "--sequence_parallel_size", "2"),
                    "--sequence_parallel_size 2 with 1 rank(s): the world size must be a multiple of 2")  # fmt: skip
 
 
@@ -142,10 +164,10 @@ def write_ds_config(path: Path, content: dict | str | None) -> Path:
 
 
 @pytest.mark.parametrize("case", sorted(DS_CASES))
-def test_deepspeed_config(tiny_model_dir, tmp_path, train_file, case):
+def test_deepspeed_config(tiny_model_dir, tmp_path, train_file, case, run_sft_here):
     content, fragment = DS_CASES[case]
     config = write_ds_config(tmp_path / "ds.json", content)
-    failure = run_sft(tiny_model_dir, train_file, tmp_path, "--deepspeed", str(config),
+    failure = run_sft_here(tiny_model_dir, train_file, tmp_path, "--deepspeed", str(config),
                       "--per_device_train_batch_size", "4")  # fmt: skip
     check_one_line(failure, f"--deepspeed {config}", fragment)
 
@@ -178,12 +200,12 @@ def test_debug_variable_shows_the_traceback(tmp_path, train_file):
     assert "Traceback" in failure.stderr and "MissingPathError" in failure.stderr
 
 
-def test_an_error_the_chat_template_raises_names_the_record(tiny_model_dir, tmp_path, train_file):
+def test_an_error_the_chat_template_raises_names_the_record(tiny_model_dir, tmp_path, train_file, run_sft_here):
     model = model_copy_without(tiny_model_dir, tmp_path, "chat_template.jinja")
     refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
     (model / "chat_template.jinja").write_text(refusing + (tiny_model_dir / "chat_template.jinja").read_text())
     with_system = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5="},
                                 {"role": "assistant", "content": "1 + 4"}]}  # fmt: skip
     train_file.write_text(train_file.read_text() + json.dumps(with_system) + "\n")
-    check_one_line(run_sft(model, train_file, tmp_path),
+    check_one_line(run_sft_here(model, train_file, tmp_path),
                    f"error: {train_file}, line 2: the chat template raised an exception: System role not supported")  # fmt: skip

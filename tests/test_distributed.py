@@ -64,6 +64,30 @@ def test_print0_talks_on_global_rank_0_only(monkeypatch, capsys, rank, shown):
     assert capsys.readouterr().out == shown
 
 
+class WriteRecorder:
+    """A stream that keeps each write apart: what another process writing into the same file could come between."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        if text:  # an empty write (tqdm's ``end=""``) writes nothing
+            self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_print0_writes_its_lines_and_their_newline_at_once(monkeypatch):
+    """Every rank and the launcher write into one log: rank 0's line written apart from its newline let another
+    rank's text end up on it (a CI log where no line started with ``engine:``)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(sys, "stdout", stdout := WriteRecorder())
+    distributed.print0("engine: FSDP2", "memory plan: 1 GiB")
+    assert stdout.writes == ["engine: FSDP2\nmemory plan: 1 GiB\n"]
+
+
 @pytest.fixture
 def two_relays():
     """Rank 0's and rank 1's ErrorRelay on one real TCPStore, as a 2-rank launch has them."""

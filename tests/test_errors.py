@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from hf_lora_ds.errors import USER_ERROR_EXIT_CODE, MissingPathError, UserError, run_cli
+from tests.test_distributed import WriteRecorder
 
 
 def _fail(error: BaseException):
@@ -22,6 +25,15 @@ def test_user_error_is_one_line_and_exit_code_2(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert captured.err == "error: data.jsonl, line 3: bad fix it\n"
     assert captured.out == ""
+
+
+def test_the_error_line_is_one_write(monkeypatch):
+    """With its newline: another rank's output written between the two would end up on the error's line."""
+    monkeypatch.delenv("HF_LORA_DS_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "stderr", stderr := WriteRecorder())
+    with pytest.raises(SystemExit):
+        run_cli(_fail(UserError("data.jsonl, line 3: bad")))
+    assert stderr.writes == ["error: data.jsonl, line 3: bad\n"]
 
 
 def test_missing_path_is_a_user_error_and_still_a_file_not_found_error(capsys):

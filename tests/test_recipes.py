@@ -91,23 +91,33 @@ def small_sum_to_x(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
+def runs_alone(recipe: Path) -> bool:
+    """Launched with plain python, without DeepSpeed or SwanLab: nothing of the run outlives ``run_sft.main``."""
+    config = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    return launch_line(recipe)["launcher"] == "python" and not config.get("deepspeed") and config["report_to"] == "none"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
-def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path):
-    """A separate process (as launched, with plain python: one rank), so DeepSpeed's process group and SwanLab's
-    run start and end with it."""
+def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path, monkeypatch):
+    """As launched, with one rank: in this process where the recipe runs alone (a fresh interpreter's imports cost
+    ~10 s), else a separate process, so DeepSpeed's process group and SwanLab's run start and end with it."""
     if "load_in_4bit: true" in recipe.read_text(encoding="utf-8"):
         pytest.importorskip("bitsandbytes")
     out = tmp_path / "out"
-    command = [sys.executable, str(REPO / "run_sft.py"), f"examples/{recipe.name}",
-               *launch_line(recipe)["flags"].split(), *adapted_flags(recipe, small_sum_to_x, out)]  # fmt: skip
-    # Without this test process's launcher variables: an in-process run_sft earlier in the suite leaves MASTER_PORT
-    # set (and may still listen on it), and the recipe's own process would then fail to bind it (EADDRINUSE).
-    inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
-    env = {**inherited, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{recipe.name}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    argv = [f"examples/{recipe.name}", *launch_line(recipe)["flags"].split(), *adapted_flags(recipe, small_sum_to_x, out)]
+    if runs_alone(recipe):
+        monkeypatch.chdir(REPO)  # recipes name the bundled data and ds_configs relative to the repository
+        run_sft.main(argv)
+    else:
+        # Without this test process's launcher variables: an in-process run_sft earlier in the suite leaves
+        # MASTER_PORT set (and may still listen on it), and the recipe's own process would then fail to bind it.
+        inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
+        env = {**inherited, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        done = subprocess.run([sys.executable, str(REPO / "run_sft.py"), *argv], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, f"{recipe.name}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     assert json.loads((out / "eval_report.json").read_text())["after"]["num_samples"] == 4

@@ -143,9 +143,16 @@ def losses(out: Path) -> list[float]:
     return [entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry]
 
 
+def printed_lines(log: str, prefix: str) -> list[str]:
+    """Each line of a multi-process ``log`` that starts with ``prefix``, read from the prefix on: every rank and the
+    launcher write into one file, so another process's unfinished line (its text, then its newline in a second write)
+    may stand before rank 0's line, which ``^prefix`` would then miss."""
+    return re.findall(rf"{re.escape(prefix)}.*$", log, flags=re.MULTILINE)
+
+
 def world_lines(log: str) -> list[str]:
-    """run_sft's ``describe_world`` line (rank 0 prints it once)."""
-    return re.findall(r"^world size .*$", log, flags=re.MULTILINE)
+    """run_sft's ``describe_world`` line (rank 0 prints it once; the engine line's "world size 2, ..." is not it)."""
+    return [line for line in printed_lines(log, "world size ") if " (launcher " in line]
 
 
 def rank_samples(out: Path, world_size: int) -> list[list[tuple[int, ...]]]:

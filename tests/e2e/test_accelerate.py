@@ -22,6 +22,7 @@ from tests.e2e.launching import (
     check_ok,
     launcher,
     losses,
+    printed_lines,
     run,
     sft_args,
     trainer_state,
@@ -44,9 +45,9 @@ def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model
     check_ok(launch)
 
     engine, _ = CASES[config]
-    (line,) = re.findall(r"^engine: .*$", launch.log, flags=re.MULTILINE)  # rank 0 only, once
+    (line,) = printed_lines(launch.log, "engine: ")  # rank 0 only, once
     assert line.startswith(f"engine: {engine}, world size 2, backend gloo"), line
-    (plan,) = re.findall(r"^memory plan: .*$", launch.log, flags=re.MULTILINE)
+    (plan,) = printed_lines(launch.log, "memory plan: ")
     zero = engine.removeprefix("DeepSpeed ").replace(" (offload", ", offload").rstrip(")")
     assert plan.startswith(f"memory plan: DeepSpeed {zero} without gradient checkpointing"), plan
     recorded = [entry["engine"] for entry in trainer_state(out)["log_history"] if "engine" in entry]
@@ -77,7 +78,7 @@ def test_refused_under_the_offload_config_before_loading(case, tiny_model_dir, s
     args = sft_args(tiny_model_dir, sum_data, tmp_path / "out", *flags, eval_file=False)
     launch = run(launcher("accelerate", 2, "zero3_offload") + [str(RUN_SFT)] + args, tmp_path / "run.log")
     assert launch.returncode != 0
-    errors = re.findall(r"^error: .*$", launch.log, flags=re.MULTILINE)
+    errors = printed_lines(launch.log, "error: ")
     assert len(errors) == 1 and message in errors[0], errors
     # The launcher reports the failed ranks with a traceback of its own; the ranks themselves print none.
     assert not re.search(r"^\[rank\d\]: Traceback", launch.log, flags=re.MULTILINE)

@@ -10,13 +10,23 @@ loading and resume from each, test_fsdp_matrix.py's."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import torch
 
 from hf_lora_ds.model.adapter_check import verify_adapter
-from tests.e2e.launching import ENTRY, REPO, adapter_weights, check_ok, launcher, losses, run, sft_args, trainer_state
+from tests.e2e.launching import (
+    ENTRY,
+    REPO,
+    adapter_weights,
+    check_ok,
+    launcher,
+    losses,
+    printed_lines,
+    run,
+    sft_args,
+    trainer_state,
+)
 
 
 def _launch(tiny_model_dir, sum_data, out, log, *extra):
@@ -31,11 +41,11 @@ def test_fsdp2_trains_like_ddp_and_skips_a_nan_step_on_every_rank(tiny_model_dir
     fsdp_flags = ["--fsdp", "full_shard", "--fsdp_config", str(REPO / "fsdp_configs" / "fsdp2.json")]
     sharded = _launch(tiny_model_dir, sum_data, tmp_path / "fsdp", tmp_path / "fsdp.log", *fsdp_flags)
     check_ok(sharded)
-    (line,) = re.findall(r"^engine: .*$", sharded.log, flags=re.MULTILINE)
+    (line,) = printed_lines(sharded.log, "engine: ")
     assert line.startswith("engine: FSDP2 (full shard of "), line
     assert line.endswith("world size 2, backend gloo, weights float32, mixed precision no"), line
     assert "supervised-position logits: off" not in sharded.log
-    (plan,) = re.findall(r"^memory plan: .*$", sharded.log, flags=re.MULTILINE)
+    (plan,) = printed_lines(sharded.log, "memory plan: ")
     assert plan.startswith("memory plan: fsdp_configs/fsdp2.json"), plan
 
     replicated = _launch(tiny_model_dir, sum_data, tmp_path / "ddp", tmp_path / "ddp.log")

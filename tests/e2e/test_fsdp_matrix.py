@@ -30,6 +30,7 @@ from tests.e2e.launching import (
     check_every_lora_b_trained,
     check_ok,
     launcher,
+    printed_lines,
     recorded_steps,
     run,
     sft_args,
@@ -74,7 +75,7 @@ def test_full_and_sharded_state_dicts_save_the_same_adapter_and_full_resumes(tin
         offset = ["--offset_loaded_weights", "1"] if efficient else []
         trained = launch(kind, outs[kind], tiny_model_dir, sum_data, tmp_path, *offset)
         check_ok(trained)
-        (engine,) = re.findall(r"^engine: .*$", trained.log, flags=re.MULTILINE)
+        (engine,) = printed_lines(trained.log, "engine: ")
         assert engine.startswith("engine: FSDP2 (full shard of "), engine
         check_saved_whole(outs[kind], tiny_model_dir)
 
@@ -108,7 +109,7 @@ def test_parameter_offload_is_refused_in_one_line_on_a_cpu(tiny_model_dir, sum_d
     refused = run(launcher("accelerate", 2, config) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out,
                   eval_file=False), tmp_path / "refused.log")  # fmt: skip
     assert refused.returncode != 0
-    errors = re.findall(r"^error: .*$", refused.log, flags=re.MULTILINE)
+    errors = printed_lines(refused.log, "error: ")
     assert errors == ["error: FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
                       "has none: drop cpu_offload (fsdp_configs/fsdp2.json)"], refused.log[-3000:]  # fmt: skip
     # The launcher reports the failed ranks with a traceback of its own; the ranks themselves print none.

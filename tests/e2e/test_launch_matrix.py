@@ -5,7 +5,9 @@ Every launch must exit 0, lower the loss, save an adapter that passes the integr
 size, give each rank its own samples, and write the before/after eval report.
 
 The sample check reads ``e2e_samples_rank{R}.json``, written by the test-only ``SampleRecorder`` in sft_entry.py
-(run_sft.main plus that callback); the other checks read only what run_sft.py itself leaves.
+(run_sft.main plus that callback); the other checks read only what run_sft.py itself leaves. run_sft.py itself, the
+real entry point, is launched with ``deepspeed --num_gpus 2 run_sft.py --deepspeed ds_configs/stage3.json`` by
+test_supervised_logits.py.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from tests.e2e.launching import (
     CONFIGS,
     ENTRY,
     REPO,
-    RUN_SFT,
     check_ok,
     check_own_samples,
     check_process_groups_released,
@@ -49,17 +50,6 @@ def test_launch(kind, nproc, config, tiny_model_dir, sum_data, tmp_path):
     check_run(out, launch.log, tiny_model_dir, nproc)
     check_process_groups_released(out, nproc)
     check_own_samples(out, nproc, num_records=len(json.loads(sum_data["train"].read_text())))
-
-
-@pytest.mark.slow
-def test_run_sft_py_itself_under_deepspeed_zero3_with_two_ranks(tiny_model_dir, sum_data, tmp_path):
-    """``deepspeed --num_gpus 2 run_sft.py --deepspeed ds_configs/stage3.json --max_steps 4 --output_dir X``, with
-    the real entry point: a trained adapter that reloads on the base, and world size 2 with 2 ranks."""
-    out = tmp_path / "X"
-    args = sft_args(tiny_model_dir, sum_data, out, "--deepspeed", "ds_configs/stage3.json", eval_file=False)
-    launch = run(launcher("deepspeed", 2) + [str(RUN_SFT)] + args, tmp_path / "launch.log")
-    check_ok(launch)
-    check_run(out, launch.log, tiny_model_dir, world_size=2, evaluated=False)
 
 
 @pytest.mark.slow

@@ -10,7 +10,17 @@ import re
 import pytest
 import torch
 
-from tests.e2e.launching import ENTRY, REPO, adapter_weights, check_ok, launcher, run, sft_args, trainer_state
+from tests.e2e.launching import (
+    ENTRY,
+    REPO,
+    adapter_weights,
+    check_ok,
+    launcher,
+    printed_lines,
+    run,
+    sft_args,
+    trainer_state,
+)
 
 
 def _launch(tiny_model_dir, sum_data, out, log, *extra):
@@ -40,7 +50,7 @@ def test_zero2_stops_at_a_nan_gradient_on_one_rank(tiny_model_dir, sum_data, tmp
     assert launch.returncode != 0, launch.log[-3000:]
     # Both ranks stop at step 2 (neither hangs in the next collective); behind run_sft's error boundary the message
     # is one line, naming the 4 samples of each rank's batch.
-    errors = re.findall(r"^error: (.*)$", launch.log, flags=re.MULTILINE)
+    errors = [line.removeprefix("error: ") for line in printed_lines(launch.log, "error: ")]
     assert len(errors) == 1, launch.log[-3000:]
     assert errors[0].startswith("non-finite gradient norm (inf) at step 2, before its update was applied")
     assert not re.search(r"^\[rank\d\]: Traceback", launch.log, flags=re.MULTILINE)

@@ -9,8 +9,6 @@ needs the optimizer state restored as well as the weights."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from transformers.trainer_utils import get_last_checkpoint
@@ -23,6 +21,7 @@ from tests.e2e.launching import (
     adapter_weights,
     check_ok,
     launcher,
+    printed_lines,
     recorded_steps,
     run,
     sft_args,
@@ -94,4 +93,4 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
 
 def losses_logged_by(log: str) -> list[str]:
     """The per-step training loss lines one launch printed (logging_steps 1): Trainer's ``{'loss': ...}`` dicts."""
-    return re.findall(r"^\{'loss': .*$", log, flags=re.MULTILINE)
+    return printed_lines(log, "{'loss': ")

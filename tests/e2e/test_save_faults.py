@@ -17,7 +17,7 @@ import pytest
 
 from hf_lora_ds.model.adapter_check import verify_adapter
 from hf_lora_ds.training.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
-from tests.e2e.launching import ENTRY, REPO, Launch, check_ok, launcher, recorded_steps, run, sft_args
+from tests.e2e.launching import ENTRY, REPO, Launch, check_ok, launcher, printed_lines, recorded_steps, run, sft_args
 
 ENGINES = {
     "zero3": (["deepspeed"], ["--deepspeed", str(REPO / "ds_configs" / "stage3.json")]),
@@ -27,7 +27,7 @@ ENGINES = {
 
 def check_one_error_line(launch: Launch, out: Path, cause: str) -> None:
     assert launch.returncode != 0, launch.log[-3000:]
-    errors = re.findall(r"^.*error: .*$", launch.log, flags=re.MULTILINE)
+    errors = printed_lines(launch.log, "error: ")
     assert errors == [f"error: saving {out}/checkpoint-4 failed: {cause}; {out}/checkpoint-2 is the last complete "
                       "checkpoint (--resume_from_checkpoint auto continues from it)"], launch.log[-4000:]  # fmt: skip
     assert not re.search(r"^\[rank\d\]: Traceback", launch.log, flags=re.MULTILINE), launch.log[-4000:]
