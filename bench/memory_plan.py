@@ -2,9 +2,9 @@
 
 Trains a few steps of two Qwen2-shaped models built here (no download) under no DeepSpeed, torchrun DDP, ZeRO-0..3
 and both offload configs with 2 CPU ranks, reads each run's per-rank peak from MemoryTraceCallback
-(``memory/train/cpu_total_peak_mib_max``: the larger rank's peak resident memory during training), and asks the
-planner (``python -m hf_lora_ds.plan --json``'s rows) for the same run. On a CPU-only machine the planner's "device"
-is the process's host memory, so the two are the same quantity.
+(``memory/train/cpu_total_peak_mib_max``: the larger rank's peak resident memory during training), and asks
+``python -m hf_lora_ds.plan --json`` for the same run. On a CPU-only machine the planner's "device" is the process's
+host memory, so the two are the same quantity.
 
     python bench/memory_plan.py                      # both shapes, every configuration (~15 min on 2 cores)
     python bench/memory_plan.py --shapes logits --configs none stage3
@@ -16,8 +16,6 @@ vocabulary with 2 layers and long answers: logits and activations dominate).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import random
@@ -165,22 +163,18 @@ def predict(
     nproc: int = 2,
     on_gpu: bool = False,
 ) -> dict:
-    """The planner's row for the same run (``device_bytes`` per rank, ``device_items``): ``python -m hf_lora_ds.plan
-    --json``'s rows, planned in this process (a fresh interpreter's imports cost more than the planning), its output
-    kept out of this script's and the environment variables it sets put back."""
-    from hf_lora_ds.plan.__main__ import main as plan
-
+    """The planner's row for the same run (``device_bytes`` per rank, ``device_items``), from ``--json``."""
     world = 1 if config == "none" else nproc
     args = run_arguments(spec, model_dir, train_file, config, checkpointing, on_gpu)
-    environment = dict(os.environ)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            rows = [row.as_json() for row in plan([*args, "--output_dir", tempfile.mkdtemp(), "--world_size",
-                                                   str(world), "--nproc_per_node", str(world), "--json"])]  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(environment)
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_lora_ds.plan", *args, "--output_dir", tempfile.mkdtemp(), "--world_size",
+         str(world), "--nproc_per_node", str(world), "--json"],
+        cwd=REPO, env=_launch_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"planner failed:\n{done.stderr[-3000:]}")
     name = "none" if config in ("none", "ddp") else f"{config}.json"
+    rows = json.loads(done.stdout)
     return next(r for r in rows if r["config"] == name and r["gradient_checkpointing"] == checkpointing)
 
 

@@ -54,9 +54,12 @@ def test_hostfile_over_ssh(tiny_model_dir, sum_data, tmp_path, monkeypatch):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{host} slots=1\n" for host in HOSTS))
     # What the ranks' shells need beyond sshd's environment; DeepSpeed exports a DS_ENV_FILE's lines to every host.
+    # TORCH_EXTENSIONS_DIR too where it is set (.ci/run sets one per checkout): the ranks load the ops the session
+    # fixture built, where the default cache holds another checkout's build, which ninja would rebuild (~1 min).
     env_file = tmp_path / "deepspeed_env"
+    extensions = f"TORCH_EXTENSIONS_DIR={os.environ['TORCH_EXTENSIONS_DIR']}\n" if "TORCH_EXTENSIONS_DIR" in os.environ else ""
     env_file.write_text(f"OMP_NUM_THREADS=1\nTOKENIZERS_PARALLELISM=false\nPATH={Path(sys.executable).parent}"
-                        f"{os.pathsep}{os.environ.get('PATH', '')}\n")  # fmt: skip
+                        f"{os.pathsep}{os.environ.get('PATH', '')}\n{extensions}")  # fmt: skip
     args = sft_args(tiny_model_dir, sum_data, out, "--deepspeed", str(REPO / "ds_configs" / "stage2.json"),
                     eval_file=False)  # fmt: skip
     empty = args.index("--eval_file")
