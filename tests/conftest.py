@@ -160,7 +160,7 @@ def environment_restored():
     yield
     for name in set(os.environ) - set(saved):
         del os.environ[name]
-    os.environ.update({name: value for name, value in saved.items() if os.environ.get(name) != value})
+    os.environ.update(saved)
     if torch.distributed.is_initialized() and not had_group:
         torch.distributed.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's singletons hold the group's backend

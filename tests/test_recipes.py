@@ -110,8 +110,8 @@ def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path, monkeypatch):
         monkeypatch.chdir(REPO)  # recipes name the bundled data and ds_configs relative to the repository
         run_sft.main(argv)
     else:
-        # Without this test process's launcher variables: an in-process run_sft earlier in the suite leaves
-        # MASTER_PORT set (and may still listen on it), and the recipe's own process would then fail to bind it.
+        # Without this test process's launcher variables (pytest itself started by a launcher): the recipe's own
+        # process would take them as its launch, and fail to bind a MASTER_PORT this process may listen on.
         inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
         env = {**inherited, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
