@@ -5,12 +5,12 @@ Each of these is matched narrowly, by its own message or import, never by catego
 - transformers 5 warns ``FutureWarning: `is_gradient_checkpointing` is deprecated`` every time PEFT wraps a model
   (``PeftModel.__init__`` reads the old attribute; the planner and the adapter check wrap meta copies too). The fix
   is PEFT's; every other FutureWarning still shows.
-- PEFT 0.21 imports bitsandbytes when PEFT itself is imported (``peft/helpers.py``, for one helper that dequantizes
-  quantized weights); everywhere else PEFT imports it only when a quantized layer is met (PEFT PR 1230 made that
-  lazy). bitsandbytes takes seconds to import, and on a CPU with AVX512-BF16 it logs "Failed to load CPU
-  gemm_4bit_forward from kernels-community" on every command line, also on runs that quantize nothing. PEFT is
-  therefore imported with bitsandbytes hidden from that one import, so a run imports bitsandbytes only when it asks
-  for quantization (hf_lora_ds.model.quantization, which gives the helper its module back).
+- bitsandbytes, on a CPU with AVX512-BF16, logs "Failed to load CPU gemm_4bit_forward from kernels-community" when
+  imported (it falls back to its own kernel), and PEFT imports it wherever it is installed: every LoRA wrap
+  (``get_peft_model`` dispatches to its 4/8-bit layers), also on runs that quantize nothing. The filter sits on the
+  very logger that emits it: a parent logger's filters never see records its children propagate. PEFT's own import
+  (``peft/helpers.py``) is also made without bitsandbytes, so parsing a run's arguments does not pay its import;
+  hf_lora_ds.model.quantization gives the helper its module back.
 - DeepSpeed logs "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
   whenever it is imported on a machine without one (the planner reads DeepSpeed's config schema on every run). The
   run's own first line already names the device it trains on (``device cpu``).
@@ -22,28 +22,43 @@ import logging
 import sys
 import warnings
 
-__all__ = ["QUIETED_WARNING", "QUIETED_DEEPSPEED_LOG", "give_peft_bitsandbytes", "quiet_third_party_noise"]
+__all__ = [
+    "QUIETED_BITSANDBYTES_LOG",
+    "QUIETED_DEEPSPEED_LOG",
+    "QUIETED_WARNING",
+    "give_peft_bitsandbytes",
+    "quiet_third_party_noise",
+]
 
 QUIETED_WARNING = r"`is_gradient_checkpointing` is deprecated"  # the start of transformers' message
 QUIETED_DEEPSPEED_LOG = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+QUIETED_BITSANDBYTES_LOG = "Failed to load CPU gemm_4bit_forward from kernels-community: "  # then the import error
+# The logger that emits each line (the filter must sit on it, see the module doc) and the line, or its start.
+_QUIETED_LOGS = {
+    "DeepSpeed": (QUIETED_DEEPSPEED_LOG, False),  # the logger DeepSpeed creates, by name, when imported
+    "bitsandbytes.backends.cpu.ops": (QUIETED_BITSANDBYTES_LOG, True),  # its module's logger(__name__)
+}
 
 
 class _DropMessage(logging.Filter):
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, is_prefix: bool) -> None:
         super().__init__()
         self.message = message
+        self.is_prefix = is_prefix
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != self.message
+        text = record.getMessage()
+        return not (text.startswith(self.message) if self.is_prefix else text == self.message)
 
 
 def quiet_third_party_noise() -> None:
     """Install the filters and import PEFT without bitsandbytes; idempotent. Call it before PEFT is imported (the
     package does, first thing in ``hf_lora_ds/__init__.py``)."""
     warnings.filterwarnings("ignore", message=QUIETED_WARNING, category=FutureWarning)
-    deepspeed_logger = logging.getLogger("DeepSpeed")  # the logger DeepSpeed creates, by name, when imported
-    if not any(isinstance(f, _DropMessage) for f in deepspeed_logger.filters):
-        deepspeed_logger.addFilter(_DropMessage(QUIETED_DEEPSPEED_LOG))
+    for name, (message, is_prefix) in _QUIETED_LOGS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) for f in logger.filters):
+            logger.addFilter(_DropMessage(message, is_prefix))
     _import_peft_without_bitsandbytes()
 
 

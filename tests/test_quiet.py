@@ -1,4 +1,4 @@
-"""hf_lora_ds.quiet: the three third-party outputs a run's user cannot act on stay out of it, and only those."""
+"""hf_lora_ds.quiet: the third-party outputs a run's user cannot act on stay out of it, and only those."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def test_deepspeed_cpu_fallback_line_alone_is_dropped():
     assert logger.filter(record("Setting ds_accelerator to cpu (auto detect)"))
 
 
-def test_a_run_without_quantization_never_imports_bitsandbytes():
-    """What run_sft.py imports and parses before it loads anything (its --help path), in a fresh interpreter; then
+def test_parsing_a_run_never_imports_bitsandbytes():
+    """What run_sft.py imports and parses before it loads anything (its --help path), in a fresh interpreter (a LoRA
+    wrap imports it: PEFT's dispatch, see the test below); then
     quantization's hand-over gives PEFT's helper the module, and QLoRA finds bitsandbytes."""
     code = (
         "import runpy, sys\n"
@@ -64,3 +65,49 @@ def test_a_run_without_quantization_never_imports_bitsandbytes():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == "False None bitsandbytes True"
+
+
+# A CPU with AVX512-BF16, where bitsandbytes tries the kernels-community kernel when imported (and logs its failure),
+# whatever CPU runs the test: its feature probe answers True.
+_AVX512_BF16_CPU = """
+import importlib.abc, sys
+class ClaimAvx512Bf16(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "bitsandbytes.functional":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            module.has_avx512bf16 = lambda: True
+        spec.loader.exec_module = exec_module
+        return spec
+import importlib.util
+sys.meta_path.insert(0, ClaimAvx512Bf16())
+"""
+
+
+def _lora_wrap_output(package_first: bool) -> str:
+    """stderr of a fresh interpreter that wraps a tiny model with LoRA (PEFT imports bitsandbytes there), on an
+    AVX512-BF16 CPU, then logs another line on bitsandbytes' CPU logger."""
+    code = _AVX512_BF16_CPU + ("import hf_lora_ds\n" if package_first else "") + (
+        "import logging\n"
+        "from peft import LoraConfig, get_peft_model\n"
+        "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
+        "config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+        "                     num_attention_heads=2, num_key_value_heads=1)\n"
+        "get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=2, target_modules=['q_proj']))\n"
+        "assert 'bitsandbytes.backends.cpu.ops' in sys.modules\n"
+        "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another bitsandbytes line')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+def test_bitsandbytes_kernels_line_alone_is_dropped_on_an_avx512_bf16_cpu():
+    assert "Failed to load CPU gemm_4bit_forward from kernels-community" in _lora_wrap_output(package_first=False)
+    quiet = _lora_wrap_output(package_first=True)
+    assert "gemm_4bit_forward" not in quiet, quiet
+    assert "another bitsandbytes line" in quiet

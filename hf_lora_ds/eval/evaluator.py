@@ -7,7 +7,7 @@ returns the same :class:`EvalResult`. Greedy generation does not depend on which
 in fp32 on CPU, where the predictions of 2 ranks equal one process's); bf16/fp16 GPU kernels may pick different
 algorithms for different batch shapes, so there a near-tie token can rarely differ between runs with other batching.
 
-Under DeepSpeed ZeRO-3 each rank holds only a slice of every weight. Gathering the whole model onto each rank for
+Under DeepSpeed ZeRO-3 (and FSDP2) each rank holds only a slice of every weight. Gathering the whole model onto each rank for
 generation (``GatheredParameters`` over all parameters) would need the full model's memory on every rank, exactly
 what ZeRO-3 exists to avoid. Instead ``generate`` runs with ``synced_gpus=True`` on the partitioned model:
 DeepSpeed's hooks all-gather one layer's parameters just before it runs and release them after, so the extra
@@ -16,6 +16,7 @@ decoding step is a forward pass that all-gathers every parameter once, about the
 whatever the batch size (by arithmetic, 14 GB for a 7B bf16 model: ~0.1 s per step at 140 GB/s), so the batch
 amortises it (one step serves ``batch_size`` prompts per rank) and ranks advance in lockstep until the slowest
 rank's batch is done. ``synced_gpus`` keeps a rank whose batch finished stepping, so the collectives stay matched.
+FSDP2's layers gather themselves the same way; the root's own weights are gathered for the call (eval.generate).
 Plain DDP and ZeRO-0/1/2 keep full weights on every rank, so there ranks generate independently.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate.utils import extract_model_from_parallel
+from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedTokenizerBase
 from transformers.integrations import is_deepspeed_zero3_enabled
 
@@ -136,7 +138,7 @@ def evaluate(
             [prompts[i] for i in mine.indices],
             batch_size=batch_size,
             max_new_tokens=budget,
-            synced_gpus=world_size > 1 and _is_zero3(module),
+            synced_gpus=world_size > 1 and _shards_weights(module),
             **generation_kwargs,
         )
         generation_time = time.perf_counter() - generation_start
@@ -222,6 +224,9 @@ def _reference_budget(tokenizer: PreTrainedTokenizerBase, samples: list[Sample])
     return max(len(ids) for ids in lengths) + 1 + EXTRA_TOKENS
 
 
-def _is_zero3(model: Any) -> bool:
-    """ZeRO-3 partitions parameters in place and tags them with ``ds_id``, also when not set up via transformers."""
-    return is_deepspeed_zero3_enabled() or any(hasattr(p, "ds_id") for p in model.parameters())
+def _shards_weights(model: Any) -> bool:
+    """Each forward gathers weights from every rank: ZeRO-3 (which tags the parameters it partitions with ``ds_id``,
+    also when not set up via transformers) or FSDP2 (``fully_shard`` makes its modules ``FSDPModule``s)."""
+    if is_deepspeed_zero3_enabled() or isinstance(model, FSDPModule):
+        return True
+    return any(hasattr(p, "ds_id") for p in model.parameters())

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_lora_ds.data.dataset import TemplateError, render_samples
 
@@ -94,8 +97,8 @@ def generate(
     """Complete already-rendered ``prompts`` in batches of ``batch_size``, greedily unless ``generation_kwargs`` say
     otherwise, and return them in input order.
 
-    ``synced_gpus`` must be True under DeepSpeed ZeRO-3 with several ranks, and then every rank must make the same
-    number of calls (see :mod:`hf_lora_ds.eval.evaluator`).
+    ``synced_gpus`` must be True where every rank's forward gathers weights (DeepSpeed ZeRO-3, FSDP2) with several
+    ranks, and then every rank must make the same number of calls (see :mod:`hf_lora_ds.eval.evaluator`).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -115,7 +118,7 @@ def generate(
     model.eval()
     head = _swap_in_chunked_head(model) if not synced_gpus else None
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _attention_kernel_unwrapped(model):
             prefix_cache = _prefix_cache(model, prefix) if prefix else None
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
@@ -123,9 +126,10 @@ def generate(
                 input_ids, attention_mask = _pad_after_prefix(prefix, own, pad_id, model.device)
                 if prefix_cache is not None:
                     options[_cache_keyword(model)] = _copy_for_batch(prefix_cache, len(rows))
-                output = model.generate(
-                    input_ids=input_ids, attention_mask=attention_mask, synced_gpus=synced_gpus, **options
-                )
+                with _root_parameters_gathered(model):
+                    output = model.generate(
+                        input_ids=input_ids, attention_mask=attention_mask, synced_gpus=synced_gpus, **options
+                    )
                 for i, tokens in zip(rows, output[:, input_ids.shape[1] :].tolist()):
                     results[i] = _decode(tokenizer, tokens, stops)
     finally:
@@ -146,6 +150,41 @@ def _shared_prefix_length(encoded: Sequence[Sequence[int]]) -> int:
     return length
 
 
+@contextmanager
+def _root_parameters_gathered(model: Any) -> Iterator[None]:
+    """FSDP2 gathers a module's own parameters in hooks on that module: ``generate`` (PEFT's, then transformers')
+    calls the inner causal LM, past the hooks of the root ``fully_shard`` wrapped, whose parameters (embeddings,
+    final norm, head) would stay sharded. They are gathered for the call (FSDP2's ``unshard``, as the root's
+    pre-forward hook does); each layer still gathers its own."""
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
+@contextmanager
+def _attention_kernel_unwrapped(model: Any) -> Iterator[None]:
+    """DeepSpeed's Ulysses sequence parallelism replaces the model's attention kernel in transformers' registry with
+    a wrapper that drops the attention mask, in eval mode too (where it skips its all-to-all): left padding and the
+    shared-prefix cache need their mask. Each rank generates its own prompts, so the plain kernel is the right one;
+    it is put back for the call."""
+    kernel = getattr(model.config, "_attn_implementation", None)
+    overrides = ALL_ATTENTION_FUNCTIONS._local_mapping  # the registry's per-process overrides, where DeepSpeed's sits
+    wrapper = overrides.get(kernel)
+    if wrapper is None or not getattr(wrapper, "__module__", "").startswith("deepspeed.runtime.sequence_parallel"):
+        yield
+        return
+    del overrides[kernel]
+    try:
+        yield
+    finally:
+        overrides[kernel] = wrapper
+
+
 def _causal_lm(model: Any) -> torch.nn.Module:
     """The transformers model under a PEFT wrapper (LoRA layers included, as PEFT injects them in place)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -163,10 +202,13 @@ def _cache_keyword(model: Any) -> str:
 
 
 def _prefix_cache(model: Any, prefix: list[int]) -> DynamicCache:
-    """The keys and values of the shared prefix, computed once, at batch size one and positions 0..len-1."""
+    """The keys and values of the shared prefix, computed once, at batch size one and positions 0..len-1.
+
+    Called through ``model`` itself, never an inner module: FSDP2 gathers the root's own parameters (embeddings, final
+    norm, head) in the hooks it puts on the module it wrapped. ``logits_to_keep=1`` keeps the head to one row."""
     cache = DynamicCache(config=model.config)
     input_ids = torch.tensor([prefix], dtype=torch.long, device=model.device)
-    _decoder(model)(input_ids=input_ids, use_cache=True, **{_cache_keyword(model): cache})
+    model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{_cache_keyword(model): cache})
     return cache
 
 

@@ -195,10 +195,38 @@ def check_run(out, log: str, model_dir, world_size: int, evaluated: bool = True)
     assert f"global batch {batch} = {SFT_PER_DEVICE} per device x 1 accumulation x {world_size} ranks" in line
 
     if evaluated:
-        report = eval_report(out)
-        assert set(report) == {"before", "after"}
-        assert all(report[phase]["num_samples"] == 6 and report[phase]["world_size"] == world_size
-                   for phase in report)  # fmt: skip
+        check_whole_job(out, log, world_size)
+
+
+def check_whole_job(out: Path, log: str, world_size: int, num_samples: int = 6) -> None:
+    """The job's end a user sees: the before/after accuracy table printed once (rank 0), eval_report.json with both
+    phases over the whole eval set on every rank, and report.html with its before/after accuracy plot."""
+    (header,) = printed_lines(log, "eval task: ")
+    assert header == "eval task: sum_to_x", header
+    table = log[log.index(header) :].splitlines()
+    assert table[1].split() == ["before", "after"], table[:3]
+    assert table[2].split()[0] == "accuracy" and len(table[2].split()) == 3, table[:3]
+    report = eval_report(out)
+    assert set(report) == {"before", "after"}
+    assert all(report[phase]["num_samples"] == num_samples and report[phase]["world_size"] == world_size
+               for phase in report)  # fmt: skip
+    assert table[2].split()[1:] == [f"{report[phase]['accuracy']:.3f}" for phase in ("before", "after")], table[2]
+    assert 'alt="accuracy before and after"' in (out / "report.html").read_text(encoding="utf-8")
+
+
+def predicted_outputs(out: Path, phase: str) -> list[str]:
+    """The completions a run's ``phase`` eval (``before``/``after``) generated, in record order."""
+    lines = (out / f"predictions_{phase}.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["output"] for line in lines]
+
+
+def check_in_run_eval(out: Path, steps: list[int]) -> None:
+    """``--eval_strategy steps``: Trainer's eval loss and the accuracy callback's accuracy at each of ``steps``."""
+    history = trainer_state(out)["log_history"]
+    assert [entry["step"] for entry in history if "eval_loss" in entry] == steps, history
+    accuracy = [entry for entry in history if "eval_accuracy" in entry and entry["step"] in steps]
+    assert [entry["step"] for entry in accuracy] == steps, history
+    assert all(0 <= entry["eval_accuracy"] <= 1 for entry in accuracy)
 
 
 def check_every_lora_b_trained(out) -> None:

@@ -2,7 +2,8 @@
 
 The run must really use the DeepSpeed setup the Accelerate config names (its ``engine:`` line is read from the live
 DeepSpeed engine, its memory plan line from the resolved config), write a ZeRO checkpoint with every rank's
-partition, and save a trained adapter. ZeRO-3 + CPU offload is the PEFT guide's ``ds_zero3_cpu.yaml``; a 4-bit base
+partition, save a trained adapter and end as the default job does: accuracy before and after (and, under ZeRO-3, an
+accuracy eval during training too). ZeRO-3 + CPU offload is the PEFT guide's ``ds_zero3_cpu.yaml``; a 4-bit base
 under it is refused before loading, exactly as under ``--deepspeed ds_configs/stage3_offload.json``. The shipped
 FSDP2 config is launched (and resumed) by test_resume.py.
 """
@@ -19,7 +20,9 @@ from tests.e2e.launching import (
     REPO,
     RUN_SFT,
     adapter_weights,
+    check_in_run_eval,
     check_ok,
+    check_whole_job,
     launcher,
     losses,
     printed_lines,
@@ -39,10 +42,14 @@ CASES = {
 @pytest.mark.parametrize("config", sorted(CASES))
 def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model_dir, sum_data, tmp_path):
     out = tmp_path / "out"
+    in_run_eval = ["--eval_strategy", "steps", "--eval_steps", "2"] if config == "zero3" else []
     args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", "2", "--save_strategy", "steps",
-                    "--save_steps", "2", eval_file=False)  # fmt: skip
+                    "--save_steps", "2", *in_run_eval)  # fmt: skip
     launch = run(launcher("accelerate", 2, config) + [str(ENTRY)] + args, tmp_path / "run.log")
     check_ok(launch)
+    check_whole_job(out, launch.log, world_size=2)
+    if in_run_eval:
+        check_in_run_eval(out, steps=[2])
 
     engine, _ = CASES[config]
     (line,) = printed_lines(launch.log, "engine: ")  # rank 0 only, once

@@ -20,8 +20,10 @@ from tests.e2e.launching import (
     REPO,
     adapter_weights,
     check_ok,
+    check_whole_job,
     launcher,
     losses,
+    predicted_outputs,
     printed_lines,
     run,
     sft_args,
@@ -29,18 +31,19 @@ from tests.e2e.launching import (
 )
 
 
-def _launch(tiny_model_dir, sum_data, out, log, *extra):
+def _launch(tiny_model_dir, sum_data, out, log, *extra, evaluated: bool = False):
     args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", "3", "--nan_grad_rank", "1", "--nan_grad_step", "2",
                     "--on_nonfinite", "skip", "--save_strategy", "steps", "--save_steps", "1", *extra,
-                    eval_file=False)  # fmt: skip
+                    eval_file=evaluated)  # fmt: skip
     return run(launcher("torchrun", 2) + [str(ENTRY)] + args, log)
 
 
 @pytest.mark.slow
 def test_fsdp2_trains_like_ddp_and_skips_a_nan_step_on_every_rank(tiny_model_dir, sum_data, tmp_path):
     fsdp_flags = ["--fsdp", "full_shard", "--fsdp_config", str(REPO / "fsdp_configs" / "fsdp2.json")]
-    sharded = _launch(tiny_model_dir, sum_data, tmp_path / "fsdp", tmp_path / "fsdp.log", *fsdp_flags)
+    sharded = _launch(tiny_model_dir, sum_data, tmp_path / "fsdp", tmp_path / "fsdp.log", *fsdp_flags, evaluated=True)
     check_ok(sharded)
+    check_whole_job(tmp_path / "fsdp", sharded.log, world_size=2)
     (line,) = printed_lines(sharded.log, "engine: ")
     assert line.startswith("engine: FSDP2 (full shard of "), line
     assert line.endswith("world size 2, backend gloo, weights float32, mixed precision no"), line
@@ -48,8 +51,10 @@ def test_fsdp2_trains_like_ddp_and_skips_a_nan_step_on_every_rank(tiny_model_dir
     (plan,) = printed_lines(sharded.log, "memory plan: ")
     assert plan.startswith("memory plan: fsdp_configs/fsdp2.json"), plan
 
-    replicated = _launch(tiny_model_dir, sum_data, tmp_path / "ddp", tmp_path / "ddp.log")
+    replicated = _launch(tiny_model_dir, sum_data, tmp_path / "ddp", tmp_path / "ddp.log", evaluated=True)
     check_ok(replicated)
+    for phase in ("before", "after"):  # the sharded model answers as the replicated one does
+        assert predicted_outputs(tmp_path / "fsdp", phase) == predicted_outputs(tmp_path / "ddp", phase), phase
     assert "engine: DDP, world size 2" in replicated.log
     # The same loss before the NaN step's update; after it both skipped, and go on from the same weights.
     assert losses(tmp_path / "fsdp") == pytest.approx(losses(tmp_path / "ddp"), rel=1e-5)

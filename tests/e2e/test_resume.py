@@ -20,6 +20,7 @@ from tests.e2e.launching import (
     REPO,
     adapter_weights,
     check_ok,
+    check_whole_job,
     launcher,
     printed_lines,
     recorded_steps,
@@ -45,11 +46,11 @@ CASES += [("accelerate", 2, "fsdp2")]
 def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     kind, nproc, config, tiny_model_dir, sum_data, tmp_path
 ):
-    def launch(out, name, *extra):
+    def launch(out, name, *extra, evaluated: bool = False):
         common = ["--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", "2"]
         if config and kind != "accelerate":
             common += ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
-        args = sft_args(tiny_model_dir, sum_data, out, *common, *extra, eval_file=False)
+        args = sft_args(tiny_model_dir, sum_data, out, *common, *extra, eval_file=evaluated)
         command = launcher(kind, nproc, config if kind == "accelerate" else None)
         return run(command + [str(ENTRY)] + args, tmp_path / f"{name}.log")
 
@@ -66,8 +67,11 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     # transformers alone would resume from that unconfirmed one:
     assert get_last_checkpoint(str(resumed)) == str(resumed / "checkpoint-4")
 
-    again = launch(resumed, "resumed", "--resume_from_checkpoint", "auto")
+    # The resumed launch is the whole job: its accuracy before and after (the shipped FSDP2 config's, as a user runs it).
+    again = launch(resumed, "resumed", "--resume_from_checkpoint", "auto", evaluated=kind == "accelerate")
     check_ok(again)
+    if kind == "accelerate":
+        check_whole_job(resumed, again.log, world_size=nproc)
     note = f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint; skipped incomplete checkpoint-4)"
     assert again.log.count(note) == 1, again.log[-3000:]
     # Every rank starts at the checkpoint's step and runs only the steps after it.

@@ -25,7 +25,17 @@ import pytest
 import torch
 
 import run_sft
-from tests.e2e.launching import RUN_SFT, adapter_weights, check_ok, launcher, losses, run, trainer_state
+from tests.e2e.launching import (
+    RUN_SFT,
+    adapter_weights,
+    check_ok,
+    check_whole_job,
+    launcher,
+    losses,
+    predicted_outputs,
+    run,
+    trainer_state,
+)
 
 OPTIMIZERS = {
     "sgd": ["--optim", "sgd", "--max_grad_norm", "0", "--learning_rate", "0.1"],
@@ -38,9 +48,10 @@ CASES = [("stage2", "sgd", 2, 2), ("stage3", "adamw_clip", 2, 2)]
 
 
 def run_args(out, cache, per_device: int, accumulation: int, optimizer: str, model: list[str]) -> list[str]:
-    """3 deterministic steps; ``model`` names the model and data (none: the bundled demo's, run_sft's defaults)."""
+    """3 deterministic steps; ``model`` names the model and data (none: the bundled demo's, run_sft's defaults),
+    then the default job's accuracy before and after."""
     return [
-        *model, "--output_dir", str(out), "--dataset_cache_dir", str(cache), "--eval_file", "",
+        *model, "--output_dir", str(out), "--dataset_cache_dir", str(cache),
         "--max_steps", "3", "--per_device_train_batch_size", str(per_device),
         "--gradient_accumulation_steps", str(accumulation), "--train_sampling_strategy", "sequential",
         "--lr_scheduler_type", "constant", "--warmup_steps", "0", "--lora_dropout", "0", "--logging_steps", "1",
@@ -51,7 +62,8 @@ def run_args(out, cache, per_device: int, accumulation: int, optimizer: str, mod
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, sum_data) -> dict[str, list[str]]:
     """SGD on the demo (what ``python run_sft.py`` trains), AdamW on the tests' tiny model (see the module)."""
-    return {"sgd": [], "adamw_clip": ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(sum_data["train"])]}
+    return {"sgd": [], "adamw_clip": ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(sum_data["train"]),
+                                      "--eval_file", str(sum_data["eval"])]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +107,9 @@ def test_sequence_parallel_trains_the_one_process_adapter(config, optimizer, per
     errors = {name: float((ours[name] - theirs[name]).norm() / theirs[name].norm()) for name in theirs}
     worst = max(errors, key=errors.get)
     assert errors[worst] <= 1e-5, f"{worst}: relative difference {errors[worst]:.2e}"
+
+    # The eval generates through the model's own attention kernel: DeepSpeed's Ulysses wrapper drops the attention
+    # mask even in eval mode, and left-padded batches then answered otherwise than one process (hf_lora_ds.eval).
+    check_whole_job(out, launch.log, world_size=2, num_samples=len(predicted_outputs(reference, "before")))
+    for phase in ("before", "after"):
+        assert predicted_outputs(out, phase) == predicted_outputs(reference, phase), phase

@@ -142,8 +142,10 @@ def test_a_cpu_batch_generates_through_the_chunked_head_and_gets_its_head_back(v
         generate(varied_model, qwen_style_tokenizer, prompts, batch_size=CHUNKED_HEAD_MIN_ROWS + 1, max_new_tokens=3)
     finally:
         hook.remove()
-    # the first batch's rows go through the slices, never the head itself; the last batch, under the minimum, does
-    assert rows_through_the_head and set(rows_through_the_head) == {len(prompts) - CHUNKED_HEAD_MIN_ROWS - 1}
+    # the first batch's rows go through the slices, never the head itself; the last batch, under the minimum, does,
+    # and so does the shared prefix's one kept position (one row)
+    assert rows_through_the_head[0] == 1
+    assert set(rows_through_the_head[1:]) == {len(prompts) - CHUNKED_HEAD_MIN_ROWS - 1}
     assert varied_model.get_output_embeddings() is head
 
 
@@ -155,3 +157,26 @@ def test_the_head_is_left_alone_where_a_hook_owns_its_weights(varied_model):
     finally:
         del head.weight.ds_id
     assert varied_model.get_output_embeddings() is head
+
+
+@pytest.mark.parametrize("synced_gpus", [False, True], ids=["shared-prefix", "synced"])
+def test_fsdp2_sharded_model_generates_as_one_by_one(varied_model, qwen_style_tokenizer, sum_records, synced_gpus):
+    """FSDP2 as accelerate applies it (each decoder layer, then the root: the PEFT model) on a one-process gloo group,
+    after a training step resharded everything. The shared-prefix forward and ``generate`` must pass the root's hooks,
+    which gather the embeddings, final norm and head (an inner module's call sees them sharded: DTensor errors)."""
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.fsdp import fully_shard
+
+    tokenizer = qwen_style_tokenizer
+    prompts = render(tokenizer, sum_records[:6])
+    model = get_peft_model(varied_model, LoraConfig(r=4, target_modules="all-linear"))
+    expected = generate(model, tokenizer, prompts, batch_size=1, max_new_tokens=8)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ids = torch.tensor([tokenizer(prompts[0], add_special_tokens=False)["input_ids"]])
+    model(input_ids=ids, labels=ids).loss.backward()  # leaves every parameter group resharded
+
+    assert generate(model, tokenizer, prompts, batch_size=4, max_new_tokens=8, synced_gpus=synced_gpus) == expected
+    assert type(model.get_input_embeddings().weight).__name__ == "DTensor", "the root's weights are sharded again"
