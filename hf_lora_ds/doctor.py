@@ -87,7 +87,11 @@ class Doctor:
         """``run`` yields (status, detail) lines for ``name``; skipped naming the first of ``needs`` that broke."""
         waiting = [need for need in needs if need in self.unavailable]
         if waiting:
-            self.add("skip", name, f"needs {waiting[0]}, which {'failed' if waiting[0] in self.broken else 'was skipped'} above")
+            self.add(
+                "skip",
+                name,
+                f"needs {waiting[0]}, which {'failed' if waiting[0] in self.broken else 'was skipped'} above",
+            )
             return
         try:
             for status, detail in run() or ():
@@ -169,7 +173,7 @@ def _installed(module: str) -> bool:
 
 def _optional_module(module: str, used_by: str) -> Iterator[tuple[str, str]]:
     if not _installed(module):
-        yield "info", f"not installed: {used_by} need it"
+        yield "info", f"not installed; needed by {used_by}"
         return
     yield "ok", _version(module.replace("_", "-"))
 
@@ -202,9 +206,12 @@ def _accelerators() -> Iterator[tuple[str, str]]:
         props = torch.cuda.get_device_properties(index)
         free, total = torch.cuda.mem_get_info(index)
         bf16 = props.major >= 8
-        yield ("ok" if bf16 else "warn"), (
-            f"cuda:{index} {props.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free), "
-            f"sm_{props.major}{props.minor}, bf16 {'yes' if bf16 else 'no: --dtype auto trains in float32'}"
+        yield (
+            ("ok" if bf16 else "warn"),
+            (
+                f"cuda:{index} {props.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free), "
+                f"sm_{props.major}{props.minor}, bf16 {'yes' if bf16 else 'no: --dtype auto trains in float32'}"
+            ),
         )
 
 
@@ -215,7 +222,9 @@ def _attention() -> Iterator[tuple[str, str]]:
 
     on_cuda = torch.cuda.is_available()
     device = "cuda" if on_cuda else "cpu"
-    dtype = torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float16 if on_cuda else torch.float32
+    dtype = (
+        torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float16 if on_cuda else torch.float32
+    )
     q, k, v = (torch.randn(1, 2, 16, 64, device=device, dtype=dtype) for _ in range(3))
     F.scaled_dot_product_attention(q, k, v, is_causal=True)
     kernels = []
@@ -229,7 +238,7 @@ def _attention() -> Iterator[tuple[str, str]]:
                 with sdpa_kernel([getattr(SDPBackend, backend)]):
                     F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 kernels.append(f"{backend.split('_')[0].lower()} yes")
-            except RuntimeError:
+            except Exception:  # noqa: BLE001  (RuntimeError as a rule; any failure means the kernel is out)
                 kernels.append(f"{backend.split('_')[0].lower()} no")
     from transformers.utils import is_flash_attn_2_available
 
@@ -252,8 +261,9 @@ def _distributed() -> Iterator[tuple[str, str]]:
     if nccl and torch.cuda.is_available():
         backends[-1] += f" ({'.'.join(map(str, torch.cuda.nccl.version()))})"
     multi_gpu_without_nccl = torch.cuda.is_available() and not nccl
-    yield ("warn" if multi_gpu_without_nccl else "ok"), ", ".join(backends) + (
-        ": multi-GPU runs need nccl" if multi_gpu_without_nccl else ""
+    yield (
+        ("warn" if multi_gpu_without_nccl else "ok"),
+        ", ".join(backends) + (": multi-GPU runs need nccl" if multi_gpu_without_nccl else ""),
     )
 
 
@@ -277,7 +287,7 @@ def _deepspeed_ops() -> Iterator[tuple[str, str]]:
     import torch
 
     if torch.cuda.is_available() and CUDA_HOME is None:
-        yield "info", "no CUDA toolkit (CUDA_HOME): CUDA ops such as fused_adam cannot JIT-build; the shipped configs " \
+        yield "info", "no CUDA toolkit (CUDA_HOME): CUDA ops such as fused_adam cannot JIT-build; shipped configs " \
                       "use the trainer's torch AdamW, which needs none"  # fmt: skip
 
 
@@ -363,7 +373,10 @@ def _check_adapter(directory: Path) -> Iterator[tuple[str, str]]:
     if torch.equal(adapted, plain):
         yield "FAIL", f"{directory}: the reloaded adapter does not change the model's logits"
         return
-    yield "ok", f"adapter saved ({len(tensors)} tensors, {path.stat().st_size / 2**10:.0f} KiB), reloads, changes logits"
+    yield (
+        "ok",
+        f"adapter saved ({len(tensors)} tensors, {path.stat().st_size / 2**10:.0f} KiB), reloads, changes logits",
+    )
 
 
 # --- entry --------------------------------------------------------------------------------------------------------
