@@ -45,6 +45,7 @@ OPTIONAL = {
     "swanlab": "--report_to swanlab",
 }
 TRAIN_STEPS = 6
+TRAIN_RECORDS = 256
 
 
 @dataclass
@@ -259,7 +260,8 @@ def _distributed() -> Iterator[tuple[str, str]]:
     nccl = dist.is_nccl_available()
     backends = [f"gloo {'yes' if dist.is_gloo_available() else 'no'}", f"nccl {'yes' if nccl else 'no'}"]
     if nccl and torch.cuda.is_available():
-        backends[-1] += f" ({'.'.join(map(str, torch.cuda.nccl.version()))})"
+        version = torch.cuda.nccl.version()  # a tuple; an int in older torch
+        backends[-1] += f" ({'.'.join(map(str, version)) if isinstance(version, tuple) else version})"
     multi_gpu_without_nccl = torch.cuda.is_available() and not nccl
     yield (
         ("warn" if multi_gpu_without_nccl else "ok"),
@@ -317,9 +319,15 @@ def _matmul_peak() -> Iterator[tuple[str, str]]:
 def _lora_run() -> Iterator[tuple[str, str]]:
     """A few steps of the demo through run_sft.main, its output kept back (shown on failure), then the adapter."""
     from hf_lora_ds import run_sft
+    from hf_lora_ds.resources import DEMO_DATA
 
     with tempfile.TemporaryDirectory(prefix="hf_lora_doctor-") as output_dir:
-        argv = ["--output_dir", output_dir, "--eval_file", "", "--max_steps", str(TRAIN_STEPS), "--logging_steps", "2",
+        # The first records of the demo's data: the steps use 48, and tokenizing all 2,520 took longer than training.
+        train_file = Path(output_dir, "train.json")
+        records = json.loads((DEMO_DATA / "train.json").read_text(encoding="utf-8"))[:TRAIN_RECORDS]
+        train_file.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
+        argv = ["--output_dir", output_dir, "--train_file", str(train_file), "--eval_file", "",
+                "--max_steps", str(TRAIN_STEPS), "--logging_steps", "2",
                 "--per_device_train_batch_size", "8", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
                 "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
         captured = io.StringIO()

@@ -200,13 +200,14 @@ class Acceptance:
 
     def demo(self, budget: float) -> dict:
         run_args = list(self.shape.demo_args)
-        if self.options.tiny:  # 16 of the 150 held-out questions: generation on two CPU cores is the slow part
+        if self.options.tiny:  # the first records only: the 6 steps use 192; generation on a CPU is slow
             from hf_lora_ds.resources import DEMO_DATA
 
-            records = json.loads((DEMO_DATA / "eval.json").read_text(encoding="utf-8"))[:16]
-            small = self.work / "eval16.json"
-            small.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-            run_args += ["--eval_file", str(small)]
+            for split, count in (("train", 256), ("eval", 16)):
+                records = json.loads((DEMO_DATA / f"{split}.json").read_text(encoding="utf-8"))[:count]
+                subset = self.work / f"{split}{count}.json"
+                subset.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
+                run_args += [f"--{split}_file", str(subset)]
         figures = self._run_sft("demo", run_args, budget)
         report = json.loads((self.work / "demo" / "eval_report.json").read_text(encoding="utf-8"))
         before, after = report["before"]["accuracy"], report["after"]["accuracy"]
