@@ -1,34 +1,45 @@
-"""hf_lora_ds: LoRA supervised fine-tuning of chat LLMs with Hugging Face Trainer and DeepSpeed."""
+"""hf_lora_ds: LoRA supervised fine-tuning of chat LLMs with Hugging Face Trainer and DeepSpeed.
+
+The public names load on first use (PEP 562), so that ``python -m hf_lora_ds.doctor`` runs, and names a missing
+dependency in one line, on a machine where PEFT, datasets or transformers do not import.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from hf_lora_ds.quiet import quiet_third_party_noise
 
-quiet_third_party_noise()  # first: the imports below bring in PEFT, and PEFT bitsandbytes (see hf_lora_ds.quiet)
+quiet_third_party_noise()  # first: the package's modules bring in PEFT, and PEFT bitsandbytes (see hf_lora_ds.quiet)
 
-from hf_lora_ds.data.collator import build_collator, resolve_batching, supports_padding_free
-from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
-from hf_lora_ds.data.formats import FormatOptions, to_messages
-from hf_lora_ds.data.mask_audit import MaskAudit, audit_dataset
-from hf_lora_ds.data.records import DataError, load_records
-from hf_lora_ds.data.sources import load_data
-from hf_lora_ds.launch.arguments import SFTTrainingArguments
-from hf_lora_ds.model.lora import lora_config_from_args
-from hf_lora_ds.training.trainer import LoraSFTTrainer
+_EXPORTS = {
+    "SFTTrainingArguments": "hf_lora_ds.launch.arguments",
+    "ChatSFTDataset": "hf_lora_ds.data.dataset",
+    "LoraSFTTrainer": "hf_lora_ds.training.trainer",
+    "DataError": "hf_lora_ds.data.records",
+    "TemplateError": "hf_lora_ds.data.dataset",
+    "IGNORE_INDEX": "hf_lora_ds.data.dataset",
+    "MaskAudit": "hf_lora_ds.data.mask_audit",
+    "audit_dataset": "hf_lora_ds.data.mask_audit",
+    "build_collator": "hf_lora_ds.data.collator",
+    "resolve_batching": "hf_lora_ds.data.collator",
+    "supports_padding_free": "hf_lora_ds.data.collator",
+    "lora_config_from_args": "hf_lora_ds.model.lora",
+    "load_records": "hf_lora_ds.data.records",
+    "to_messages": "hf_lora_ds.data.formats",
+    "FormatOptions": "hf_lora_ds.data.formats",
+    "load_data": "hf_lora_ds.data.sources",
+}
 
-__all__ = [
-    "SFTTrainingArguments",
-    "ChatSFTDataset",
-    "LoraSFTTrainer",
-    "DataError",
-    "TemplateError",
-    "IGNORE_INDEX",
-    "MaskAudit",
-    "audit_dataset",
-    "build_collator",
-    "resolve_batching",
-    "supports_padding_free",
-    "lora_config_from_args",
-    "load_records",
-    "to_messages",
-    "FormatOptions",
-    "load_data",
-]
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hf_lora_ds' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -65,11 +65,15 @@ def quiet_third_party_noise() -> None:
 def _import_peft_without_bitsandbytes() -> None:
     if "peft" in sys.modules or "bitsandbytes" in sys.modules:
         return  # imported already, by the user's code: nothing left to spare
-    import transformers  # noqa: F401  (imported first: only PEFT's own import may see bitsandbytes hidden)
-
+    try:
+        import transformers  # noqa: F401  (imported first: only PEFT's own import may see bitsandbytes hidden)
+    except ImportError:
+        return  # named by the import that needs it (python -m hf_lora_ds.doctor lists every one)
     sys.modules["bitsandbytes"] = None  # `import bitsandbytes` raises ImportError, the case peft/helpers.py handles
     try:
         import peft  # noqa: F401
+    except ImportError:
+        pass  # as transformers above
     finally:
         del sys.modules["bitsandbytes"]
 

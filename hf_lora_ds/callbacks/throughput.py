@@ -51,7 +51,14 @@ from hf_lora_ds.callbacks.base import LoggingCallback
 from hf_lora_ds.data.packing import padding_segments
 from hf_lora_ds.distributed import rank_and_world
 
-__all__ = ["ThroughputCallback", "flops_per_token", "flops_shape", "matmul_parameters", "peak_flops_per_device"]
+__all__ = [
+    "ThroughputCallback",
+    "flops_per_token",
+    "flops_shape",
+    "matmul_parameters",
+    "measure_matmul_flops",
+    "peak_flops_per_device",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +134,7 @@ def _synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def _measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     """Best-of-N FLOP/s of square matmuls: 1024² (~2 GFLOP) timed 10 times on the CPU, 4096² twenty times a timing,
     5 timings, elsewhere. The best timing, since a busy machine only ever makes a matmul slower."""
     size, per_timing, timings = (1024, 1, 10) if device.type == "cpu" else (4096, 20, 5)
@@ -154,7 +161,7 @@ def peak_flops_per_device(device: torch.device, dtype: torch.dtype) -> tuple[flo
                 return tflops * 1e12, f"datasheet ({name}, dense {dtype})"
     if device.type == "cpu":
         return _cpu_peak_flops(dtype)
-    return _measure_matmul_flops(device, dtype), f"measured matmul ({device.type}, {dtype})"
+    return measure_matmul_flops(device, dtype), f"measured matmul ({device.type}, {dtype})"
 
 
 def _cpu_peak_cache() -> Path:
@@ -170,7 +177,7 @@ def _cpu_peak_flops(dtype: torch.dtype) -> tuple[float, str]:
         cache = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         cache = {}
-    best = max(_measure_matmul_flops(torch.device("cpu"), dtype), float(cache.get(key, 0.0)))
+    best = max(measure_matmul_flops(torch.device("cpu"), dtype), float(cache.get(key, 0.0)))
     if best > float(cache.get(key, 0.0)):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

