@@ -117,16 +117,22 @@ def fused_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 @contextmanager
-def head_computes_loss(head: torch.nn.Linear, targets: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
-    """Within the block, ``head`` maps its ``(n, hidden)`` input rows to the summed fp32 cross-entropy against
-    ``targets`` ``(n,)`` (hf_lora_ds.training.fused_head_loss) instead of logits. The yielded dict gets ``"loss"``: the value
-    the head's call returned, so the caller can check that the model returned it unchanged as its logits."""
+def head_computes_loss(head: torch.nn.Linear, targets: torch.Tensor, keep: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
+    """Within the block, ``head`` maps its input rows to the summed fp32 cross-entropy against ``targets`` ``(n,)``
+    (hf_lora_ds.training.fused_head_loss) instead of logits: ``(n, hidden)`` rows where the model sliced them by the
+    ``keep`` mask, or ``(batch, seq, hidden)`` where it hands the head every position (a model that cannot take the
+    mask: transformers releases without boolean ``logits_to_keep``), which the head then selects by ``keep`` itself.
+    The yielded dict gets ``"loss"``: the value the head's call returned, so the caller can check that the model
+    returned it unchanged as its logits."""
     produced: dict[str, torch.Tensor] = {}
 
     def record(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
         produced["loss"] = output
 
-    head.forward = lambda hidden: fused_head_loss(hidden, head.weight, targets)
+    def supervised_rows(hidden: torch.Tensor) -> torch.Tensor:
+        return hidden[keep] if hidden.dim() == 3 else hidden
+
+    head.forward = lambda hidden: fused_head_loss(supervised_rows(hidden), head.weight, targets)
     handle = head.register_forward_hook(record)
     try:
         yield produced

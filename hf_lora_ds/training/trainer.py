@@ -97,6 +97,8 @@ class LoraSFTTrainer(Trainer):
         self.run_callbacks = attach_run_callbacks(self)
         self.preemption = self.run_callbacks.preemption
         print0(trainable_parameters_line(self.model))
+        # Without the mask (transformers releases before boolean logits_to_keep) the fused head selects the rows.
+        self._position_mask = accepts_position_mask(self.model)
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
         self._fused_head_loss = True  # off for good once a model is seen to change its head's output
@@ -266,9 +268,12 @@ class LoraSFTTrainer(Trainer):
         keep = targets != IGNORE_INDEX
         forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
         outputs = self._fused_loss_forward(model, forward_inputs, keep, targets[keep])
-        if outputs is None:
+        if outputs is None and self._position_mask:
             outputs = model(**forward_inputs, logits_to_keep=keep)
             outputs.loss = supervised_cross_entropy(outputs.logits, targets[keep])
+        elif outputs is None:  # the model computes every position's logits: the loss reads the supervised ones
+            outputs = model(**forward_inputs)
+            outputs.loss = supervised_cross_entropy(outputs.logits[keep], targets[keep])
         loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
         if self.sequence_parallel_size > 1 and model.training:  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
             data_parallel = data_parallel_size(self.accelerator.num_processes, self.sequence_parallel_size)
@@ -295,8 +300,8 @@ class LoraSFTTrainer(Trainer):
         head = fused_head(self.model) if self._fused_head_loss else None
         if head is None:
             return None
-        with head_computes_loss(head, targets) as produced:
-            outputs = model(**forward_inputs, logits_to_keep=keep)
+        with head_computes_loss(head, targets, keep) as produced:
+            outputs = model(**forward_inputs, **({"logits_to_keep": keep} if self._position_mask else {}))
         loss = produced.get("loss")
         # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
         if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
@@ -340,8 +345,9 @@ class LoraSFTTrainer(Trainer):
             return "--use_liger_kernel's fused linear cross-entropy computes the loss without full logits"
         if self.label_smoother is not None or self.compute_loss_func is not None:
             return "label smoothing or compute_loss_func computes its own loss from the logits"
-        if not accepts_position_mask(self.model):
-            return f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask"
+        if not self._position_mask and fused_head(self.model) is None:
+            return (f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask and "
+                    "its LM head is not a plain bias-free nn.Linear")  # fmt: skip
         return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

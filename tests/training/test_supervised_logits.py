@@ -218,21 +218,36 @@ def test_models_that_change_the_head_output_take_the_logits_path(tiny64, qwen_st
 
 
 class NoPositionMaskLM(Qwen2ForCausalLM):
-    """A causal LM whose forward has no ``logits_to_keep``, as some remote-code models are."""
+    """A causal LM whose forward has no ``logits_to_keep`` (some remote-code models; transformers releases before
+    boolean masks could not take one either): its head sees every position."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, **kwargs):
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                labels=labels, **kwargs)  # fmt: skip
 
 
-def test_models_without_a_position_mask_fall_back_with_one_line(tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "logits"])
+def test_models_without_a_position_mask_still_train_on_supervised_positions(tiny64, qwen_style_tokenizer, dataset,
+                                                                            tmp_path, fused, monkeypatch):  # fmt: skip
+    """The fused head selects the supervised rows itself (the first GPU run's transformers 5.17 fell back to full
+    logits: 1.8x TRL's peak memory); without the fused head, the loss reads the supervised rows of full logits."""
     assert accepts_position_mask(tiny64)
     model = NoPositionMaskLM(tiny64.config)
+    model.load_state_dict(tiny64.state_dict())
     assert not accepts_position_mask(model)
+    calls = FusedCalls(monkeypatch)
+    assert_same_loss_and_grads(model, qwen_style_tokenizer, dataset, tmp_path, "padded", micro_batches=2, fused=fused)
+    assert bool(calls.chunks) is fused
+
+
+def test_models_without_a_position_mask_or_a_plain_head_fall_back_with_one_line(tiny64, qwen_style_tokenizer, dataset,
+                                                                                tmp_path, capsys):  # fmt: skip
+    model = NoPositionMaskLM(tiny64.config)
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
     trainer = make_trainer(model, qwen_style_tokenizer, dataset, tmp_path, True, max_steps=1)
     notice = [line for line in capsys.readouterr().out.splitlines() if "supervised-position logits" in line]
-    assert notice == ["supervised-position logits: off, NoPositionMaskLM.forward takes no boolean logits_to_keep mask; "
-                      "the loss uses full logits"]  # fmt: skip
+    assert notice == ["supervised-position logits: off, NoPositionMaskLM.forward takes no boolean logits_to_keep mask "
+                      "and its LM head is not a plain bias-free nn.Linear; the loss uses full logits"]  # fmt: skip
     assert not trainer.supervised_logits_only
     trainer.train()  # the standard path trains
 
