@@ -2,8 +2,8 @@
 
 Each command line (``python run_sft.py``, ``python -m hf_lora_ds.<cli>``) runs as a separate process, as a user runs
 it, at least once, as does a case that needs a fresh interpreter (an environment variable read at import); each costs
-about the interpreter's import time (~10 s here). The other run_sft cases run the same ``run_cli(main)`` in this
-process (``run_sft_here``): all of them fail before a model is loaded.
+about the interpreter's import time (~10 s here) and is marked slow. The other run_sft cases run the same
+``run_cli(main)`` in this process (``run_sft_here``), in the quick tier: all of them fail before a model is loaded.
 """
 
 from __future__ import annotations
