@@ -13,7 +13,10 @@ _GIB = 2**30
 
 
 def format_bytes(n_bytes: float) -> str:
-    """``4088000512`` -> ``"3.81 GiB"``, ``721223680`` -> ``"687.8 MiB"``."""
-    if abs(n_bytes) >= _GIB:
+    """``4088000512`` -> ``"3.81 GiB"``, ``721223680`` -> ``"687.8 MiB"``. A size is never negative: a negative
+    count is a bug in its caller (a difference taken the wrong way round), refused rather than shown."""
+    if n_bytes < 0:
+        raise ValueError(f"a size cannot be negative: {n_bytes} bytes")
+    if n_bytes >= _GIB:
         return f"{n_bytes / _GIB:.2f} GiB"
     return f"{n_bytes / _MIB:.1f} MiB"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import subprocess
 
@@ -130,6 +131,38 @@ def small_disk(request, tmp_path):
     # lazy: a failed save's file stays open until its traceback is collected
     unmounted = subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True, text=True)
     assert unmounted.returncode == 0, unmounted.stderr
+
+
+_LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
+
+
+def _starts_python(command) -> bool:
+    """Whether a command (Popen's ``args``) starts a Python interpreter or a launcher that starts one."""
+    program = os.fsdecode(command if isinstance(command, (str, bytes, os.PathLike)) else command[0]).strip()
+    name = os.path.basename(program.split()[0]) if program else ""
+    return name.startswith("python") or name in _LAUNCHERS
+
+
+@pytest.fixture(autouse=True)
+def quick_tests_start_no_interpreter(request, monkeypatch):
+    """A test not marked ``slow`` runs in this process (setup.cfg's marker says what ``slow`` means): one that starts
+    a Python interpreter or a launcher fails, naming the command, so the quick tier stays quick."""
+    if request.node.get_closest_marker("slow"):
+        return
+
+    def refused(command) -> None:
+        pytest.fail(f"{request.node.nodeid} is not marked slow but starts a process: {command!r}", pytrace=False)
+
+    start = subprocess.Popen._execute_child
+
+    def execute_child(popen, command, *args, **kwargs):
+        if _starts_python(command):
+            refused(command)
+        return start(popen, command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", execute_child)
+    # multiprocessing's spawn and forkserver start methods start an interpreter without Popen; fork starts none
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", lambda path, args, passfds: refused(args))
 
 
 LAUNCH_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "RANK", "LOCAL_RANK")

@@ -2,8 +2,8 @@
 
 Each command line (``python run_sft.py``, ``python -m hf_lora_ds.<cli>``) runs as a separate process, as a user runs
 it, at least once, as does a case that needs a fresh interpreter (an environment variable read at import); each costs
-about the interpreter's import time (~10 s here). The other run_sft cases run the same ``run_cli(main)`` in this
-process (``run_sft_here``): all of them fail before a model is loaded.
+about the interpreter's import time (~10 s here) and is marked slow. The other run_sft cases run the same
+``run_cli(main)`` in this process (``run_sft_here``), in the quick tier: all of them fail before a model is loaded.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def test_corrupt_json_file(tiny_model_dir, tmp_path, run_sft_here):
 # ---- model paths ----
 
 
+@pytest.mark.slow
 def test_model_directory_does_not_exist(tmp_path, train_file):
     check_one_line(run_sft(tmp_path / "no-model", train_file, tmp_path), "no-model: no such directory")
 
@@ -119,6 +120,7 @@ def test_model_directory_lacks_a_part(tiny_model_dir, tmp_path, train_file, run_
     check_one_line(run_sft_here(model, train_file, tmp_path), f"--model_name_or_path {model}: the directory has no tokenizer")
 
 
+@pytest.mark.slow
 def test_hub_id_offline_and_not_cached(tmp_path, train_file):
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub-cache")}
     check_one_line(run_sft("no-such-org/no-such-model", train_file, tmp_path, env=env),
@@ -139,6 +141,18 @@ def test_sequence_parallelism_on_too_few_ranks(tiny_model_dir, tmp_path, train_f
     """A single process cannot split a sequence over 2 ranks: said before the model loads."""
     check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, "--deepspeed", "stage2", "--sequence_parallel_size", "2"),
                    "--sequence_parallel_size 2 with 1 rank(s): the world size must be a multiple of 2")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (("--lora_init", "pissa_niter_"), "--lora_init pissa_niter_: N in pissa_niter_N is the number of subspace"),
+        (("--lora_optimizer", "loraplus", "--loraplus_lr_ratio", "nan"), "--loraplus_lr_ratio must be a finite number"),
+    ],
+)
+def test_a_lora_variant_flag_peft_would_fail_on_later(tiny_model_dir, tmp_path, train_file, run_sft_here, flags, fragment):
+    """Refused with the other flags, not after the model loaded (PEFT would fail on pissa_niter_; nan would train)."""
+    check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, *flags), fragment)
 
 
 # ---- DeepSpeed configs ----
@@ -175,6 +189,7 @@ def test_deepspeed_config(tiny_model_dir, tmp_path, train_file, case, run_sft_he
 # ---- the other command lines, and the debug switch ----
 
 
+@pytest.mark.slow
 def test_eval_cli(tmp_path):
     data = tmp_path / "eval.json"
     data.write_text(json.dumps([RECORD]))
@@ -182,18 +197,21 @@ def test_eval_cli(tmp_path):
                    "--model", "gone: no such directory")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_audit_cli(tiny_model_dir, tmp_path, train_file):
     model = model_copy_without(tiny_model_dir, tmp_path, "tokenizer*")
     check_one_line(run_cli("-m", "hf_lora_ds.audit", "--train_file", str(train_file), "--model_name_or_path", str(model)),
                    f"--model_name_or_path {model}: the directory has no tokenizer")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_merge_cli(tiny_model_dir, tmp_path):
     check_one_line(run_cli("-m", "hf_lora_ds.merge", "--base", str(tiny_model_dir), "--adapter", str(tmp_path),
                            "--out", str(tmp_path / "merged")),
                    f"--adapter {tmp_path}: the directory has no adapter_config.json")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_debug_variable_shows_the_traceback(tmp_path, train_file):
     failure = run_sft(tmp_path / "no-model", train_file, tmp_path, env={"HF_LORA_DS_DEBUG": "1"})
     assert failure.returncode != 0

@@ -138,6 +138,7 @@ REAL_LAUNCHES = [("lora_target_modules", "no_such_proj", "the model's linear and
                  ("learning_rate", "-3", "--learning_rate must be at least 0")]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dest,value,fragment", REAL_LAUNCHES, ids=[case[0] for case in REAL_LAUNCHES])
 def test_real_launches(dest, value, fragment, scratch):
     argv = base_argv(scratch) + [ARGUMENTS[dest].option_strings[0], value.replace("{tmp}", scratch["tmp"])]

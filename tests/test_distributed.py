@@ -4,6 +4,9 @@ tests/launch/test_world.py's."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -88,35 +91,88 @@ def test_print0_writes_its_lines_and_their_newline_at_once(monkeypatch):
     assert stdout.writes == ["engine: FSDP2\nmemory plan: 1 GiB\n"]
 
 
+def relays_on_one_store(world_size: int, store=None) -> list[distributed.ErrorRelay]:
+    """Every rank's ErrorRelay on one real TCPStore (a new one unless given), as a launch has them."""
+    if store is None:
+        store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    relays = [distributed.ErrorRelay() for _ in range(world_size)]
+    for rank, relay in enumerate(relays):
+        relay.attach(store, rank, world_size)
+    return relays
+
+
 @pytest.fixture
 def two_relays():
-    """Rank 0's and rank 1's ErrorRelay on one real TCPStore, as a 2-rank launch has them."""
-    from datetime import timedelta
+    return relays_on_one_store(2)
 
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
-    relays = [distributed.ErrorRelay(), distributed.ErrorRelay()]
-    for rank, relay in enumerate(relays):
-        relay.attach(store, rank, 2)
-    return relays
+
+def publishing(relay: distributed.ErrorRelay, message: str, acknowledged: list) -> threading.Thread:
+    """``relay.publish(message)`` in a thread of its own, as the failed rank does while rank 0 reads it."""
+    thread = threading.Thread(target=lambda: acknowledged.append(relay.publish(message, 10.0)), daemon=True)
+    thread.start()
+    return thread
+
+
+def peer_error_within(relay: distributed.ErrorRelay, seconds: float = 10.0) -> str:
+    """The error rank 0 reads, polled as its watcher thread polls it; the test fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (message := relay.peer_error()) is None:
+        assert time.monotonic() < deadline, f"rank 0 read no error within {seconds} s"
+        time.sleep(0.01)
+    return message
 
 
 def test_rank_0_says_the_error_only_another_rank_hit(two_relays):
     """Rank 1's line reaches rank 0 through the store, rank 0 says it once, and rank 1, acknowledged, stays silent."""
-    import threading
-
     rank0, rank1 = two_relays
     acknowledged = []
-    publisher = threading.Thread(target=lambda: acknowledged.append(rank1.publish("saving X failed: disk full", 10.0)))
-    publisher.start()
-    while (message := rank0.peer_error()) is None:
-        pass
+    publisher = publishing(rank1, "saving X failed: disk full", acknowledged)
     said = []
-    assert rank0.say(message, said.append)
+    assert rank0.say(peer_error_within(rank0), said.append)
     rank0.wait_until_seen()
-    publisher.join()
+    publisher.join(timeout=10)
     assert said == ["saving X failed: disk full"] and acknowledged == [True]
     assert not rank0.say("a second error", said.append), "rank 0 says one error"
     assert said == ["saving X failed: disk full"]
+
+
+def test_rank_0_leaves_as_soon_as_the_failed_rank_read_the_acknowledgement(two_relays):
+    """The failed rank says it has seen rank 0's acknowledgement: rank 0 need not wait out ``SEEN_WAIT_S`` (a rank
+    that never fails never says so) before it exits, which would end the failed rank before it read it."""
+    rank0, rank1 = two_relays
+    rank0.SEEN_WAIT_S = 10.0
+    acknowledged = []
+    publisher = publishing(rank1, "saving X failed: disk full", acknowledged)
+    rank0.say(peer_error_within(rank0), lambda message: None)
+    start = time.monotonic()
+    rank0.wait_until_seen()
+    publisher.join(timeout=10)
+    assert acknowledged == [True]
+    assert time.monotonic() - start < rank0.SEEN_WAIT_S / 2
+
+
+def test_rank_0_reads_the_error_of_every_other_rank():
+    """The last rank's error too (on 3 ranks: rank 2)."""
+    rank0, _rank1, rank2 = relays_on_one_store(3)
+    acknowledged = []
+    publisher = publishing(rank2, "rank 2's disk is full", acknowledged)
+    said = []
+    assert rank0.say(peer_error_within(rank0), said.append)
+    publisher.join(timeout=10)
+    assert said == ["rank 2's disk is full"] and acknowledged == [True]
+
+
+def test_an_error_of_the_attempt_before_a_restart_is_not_read_again(monkeypatch):
+    """torchrun's agent keeps its store when it restarts the workers: rank 0 of the next attempt must not read (and
+    quit on) the error a rank published in the attempt before."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = relays_on_one_store(2, store)
+    assert first[1].publish("saving X failed: disk full", 0.2) is False  # nobody acknowledged it
+    assert first[0].peer_error() == "saving X failed: disk full"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert relays_on_one_store(2, store)[0].peer_error() is None
 
 
 def test_without_rank_0_the_other_rank_says_it_itself(two_relays):

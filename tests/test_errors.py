@@ -100,3 +100,18 @@ def test_a_system_exit_with_a_message_is_left_alone(monkeypatch):
     monkeypatch.setattr(hf_lora_ds.errors, "exit_launched_rank", lambda code: pytest.fail("not an exit code"))
     with pytest.raises(SystemExit, match="usage"):
         run_cli(_fail(SystemExit("usage: ...")))
+
+
+@pytest.mark.parametrize(("world_size", "watched"), [(None, False), ("2", True), ("3", True)])
+def test_every_launched_rank_starts_the_error_relay(no_launcher, world_size, watched):
+    """Rank 0 watches for, and the others attach to publish, an error one rank alone hits: in a 2-rank launch too."""
+    import hf_lora_ds.errors
+
+    started = []
+    no_launcher.setattr(hf_lora_ds.errors.ErrorRelay, "start", lambda relay, say, leave: started.append(relay))
+    no_launcher.setattr(hf_lora_ds.errors, "exit_launched_rank", sys.exit)  # a launched rank would leave by os._exit
+    if world_size:
+        no_launcher.setenv("WORLD_SIZE", world_size)
+    with pytest.raises(SystemExit):
+        run_cli(lambda: 0)
+    assert len(started) == watched

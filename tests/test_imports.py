@@ -92,6 +92,7 @@ def test_the_checker_sees_a_cycle_through_a_function_level_import():
     assert imported_modules("hf_lora_ds.plan.run_plan", relative) == {"hf_lora_ds.plan.table"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["sorted", "reversed"])
 def test_every_module_imports_in_a_fresh_interpreter(order):
     names = [name for name in sorted(MODULES) if not name.endswith("__main__")]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import warnings
 
+import pytest
 from peft import LoraConfig, get_peft_model
 
 from hf_lora_ds.quiet import QUIETED_DEEPSPEED_LOG, quiet_third_party_noise
@@ -46,6 +47,17 @@ def test_deepspeed_cpu_fallback_line_alone_is_dropped():
     assert logger.filter(record("Setting ds_accelerator to cpu (auto detect)"))
 
 
+def test_deepspeed_lines_that_share_the_quieted_ones_start_or_end_still_show():
+    """Only the exact line is dropped: a line that begins or ends as it does says something else."""
+    quiet_third_party_noise()
+    logger = logging.getLogger("DeepSpeed")
+    same_start = QUIETED_DEEPSPEED_LOG.split(".")[0] + ", but the CUDA device 0 failed: driver too old."
+    for message in (same_start, QUIETED_DEEPSPEED_LOG[:-1], QUIETED_DEEPSPEED_LOG + " Retrying.",
+                    "Warning: " + QUIETED_DEEPSPEED_LOG):
+        assert logger.filter(logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, message, None, None)), message
+
+
+@pytest.mark.slow
 def test_parsing_a_run_never_imports_bitsandbytes():
     """What run_sft.py imports and parses before it loads anything (its --help path), in a fresh interpreter (a LoRA
     wrap imports it: PEFT's dispatch, see the test below); then
@@ -106,6 +118,7 @@ def _lora_wrap_output(package_first: bool) -> str:
     return done.stderr
 
 
+@pytest.mark.slow
 def test_bitsandbytes_kernels_line_alone_is_dropped_on_an_avx512_bf16_cpu():
     assert "Failed to load CPU gemm_4bit_forward from kernels-community" in _lora_wrap_output(package_first=False)
     quiet = _lora_wrap_output(package_first=True)

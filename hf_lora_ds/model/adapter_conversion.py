@@ -73,11 +73,13 @@ def converted_weights(trained: dict[str, torch.Tensor], start: dict[str, torch.T
 
 
 def _doubled_rank(config: LoraConfig) -> None:
-    """Rank 2r at the same scaling, as PEFT's ``save_pretrained`` writes a converted adapter's config."""
+    """Rank 2r at the same scaling, as PEFT's ``save_pretrained`` writes a converted adapter's config; a patterned
+    module's alpha grows as the global one (PEFT doubles it, and documents rsLoRA with a pattern as unsupported)."""
+    alpha_factor = 2**0.5 if config.use_rslora else 2  # rsLoRA scales by alpha / sqrt(r)
     config.r *= 2
-    config.lora_alpha *= 2**0.5 if config.use_rslora else 2  # rsLoRA scales by alpha / sqrt(r)
+    config.lora_alpha *= alpha_factor
     config.rank_pattern = {key: 2 * value for key, value in (config.rank_pattern or {}).items()}
-    config.alpha_pattern = {key: 2 * value for key, value in (config.alpha_pattern or {}).items()}
+    config.alpha_pattern = {key: alpha_factor * value for key, value in (config.alpha_pattern or {}).items()}
 
 
 def write_plain_adapter(adapter_dir: str | os.PathLike, start: dict[str, torch.Tensor] | None) -> bool:

@@ -21,6 +21,7 @@ trained model's logits than the unconverted adapter on that base, 9.2 against 8.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ def needs_data_pass(init: str) -> bool:
 def check_lora_variant(args: Any) -> None:
     """Combinations that cannot work, refused from the flags alone (before anything loads) with one line."""
     init = args.lora_init
+    if init.startswith("pissa_niter_") and not _PISSA_NITER.fullmatch(init):
+        raise UserError(f"--lora_init {init}: N in pissa_niter_N is the number of subspace iterations, a whole "
+                        "number such as pissa_niter_4")  # fmt: skip
     if init not in INITS and not _PISSA_NITER.fullmatch(init):
         raise UserError(f"--lora_init {init}: unknown; use one of {', '.join(INITS)} (N: subspace iterations)")
     family = init_family(init)
@@ -129,8 +133,9 @@ def _check_lora_optimizer(args: Any) -> None:
     if ratio is not None and args.lora_optimizer != "loraplus":
         raise UserError(f"--loraplus_lr_ratio {ratio} has no effect with --lora_optimizer {args.lora_optimizer}: "
                         "add --lora_optimizer loraplus or drop the ratio")  # fmt: skip
-    if ratio is not None and not ratio >= 1:
-        raise UserError(f"--loraplus_lr_ratio must be at least 1 (B learns faster than A), got {ratio}")
+    if ratio is not None and not 1 <= ratio < math.inf:  # nan fails both comparisons
+        raise UserError(f"--loraplus_lr_ratio must be a finite number of at least 1 (B learns faster than A), "
+                        f"got {ratio}")  # fmt: skip
     if args.lora_optimizer == "lorafa" and args.use_dora:
         raise UserError("--lora_optimizer lorafa with --use_dora: LoRA-FA pairs each module's lora_A with its lora_B "
                         "and has no update for DoRA's magnitude vectors; drop one")  # fmt: skip

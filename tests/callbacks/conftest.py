@@ -45,4 +45,6 @@ def no_swanlab_key(monkeypatch, tmp_path):
     for var in ("SWANLAB_MODE", "SWANLAB_API_KEY", "SWANLAB_PROJ_NAME", "SWANLAB_EXP_NAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SWANLAB_ROOT", str(tmp_path / "swanlab-home"))  # no stored login
+    # swanlab.init's snapshot of the installed packages runs `python -m pip list`: a process the quick tier never starts
+    monkeypatch.setenv("SWANLAB_PROBE_REQUIREMENTS", "false")
     monkeypatch.chdir(tmp_path)  # nor a project-level one

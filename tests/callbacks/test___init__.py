@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_swanlab_is_imported_only_by_a_run_that_reports_to_it():
     """Importing swanlab cost every process ~2 s here; run_sft.py's imports (its --help path) and the package's
     callbacks leave it out, and the package still hands out its SwanLab names."""

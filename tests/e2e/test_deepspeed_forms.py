@@ -13,6 +13,7 @@ from tests.e2e.launching import RUN_SFT, adapter_weights, check_ok, launcher, ru
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_a_base64_config_trains_as_its_file(tiny_model_dir, sum_data, tmp_path):
     config = DEEPSPEED_CONFIGS / "stage2.json"
     forms = {"file": str(config), "base64": base64.urlsafe_b64encode(config.read_bytes()).decode()}

@@ -39,6 +39,7 @@ def _launch(tiny_model_dir, sum_data, out, log, *extra, evaluated: bool = False)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_fsdp2_trains_like_ddp_and_skips_a_nan_step_on_every_rank(tiny_model_dir, sum_data, tmp_path):
     fsdp_flags = ["--fsdp", "full_shard", "--fsdp_config", str(REPO / "fsdp_configs" / "fsdp2.json")]
     sharded = _launch(tiny_model_dir, sum_data, tmp_path / "fsdp", tmp_path / "fsdp.log", *fsdp_flags, evaluated=True)

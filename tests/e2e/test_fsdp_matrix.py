@@ -71,6 +71,7 @@ def check_saved_whole(out: Path, model_dir: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_full_and_sharded_state_dicts_save_the_same_adapter_and_full_resumes(tiny_model_dir, sum_data, tmp_path):
     outs = {kind: tmp_path / kind.lower() for kind in RUNS}
     for kind, efficient in RUNS.items():

@@ -16,6 +16,7 @@ STEPS = 4
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_sigterm_to_every_rank_then_resume_matches_an_uninterrupted_run(tiny_model_dir, sum_data, tmp_path):
     def launch(out, name, *extra):
         args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", str(STEPS), "--lora_dropout", "0",

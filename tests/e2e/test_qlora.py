@@ -31,6 +31,7 @@ def launch_4bit(kind: str, extra: tuple[str, ...], sum_data, tmp_path) -> list[f
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_4bit_base_with_two_ranks_under_torchrun_and_deepspeed_zero3(sum_data, tmp_path):
     """DDP and ZeRO-3 see the same global batches, so on the same 4-bit base they must log the same losses: a ZeRO-3
     run whose partitioned packed weights were gathered wrongly (or not quantized at all) would not.

@@ -43,6 +43,7 @@ CASES += [("accelerate", 2, "fsdp2")]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c or 'no-deepspeed'}" for k, n, c in CASES])
+@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     kind, nproc, config, tiny_model_dir, sum_data, tmp_path
 ):

@@ -37,6 +37,7 @@ def check_one_error_line(launch: Launch, out: Path, cause: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_read_only_then_full_disk_during_a_save_then_resumed(engine, small_disk, tiny_model_dir, sum_data, tmp_path):
     launch_kind, engine_flags = ENGINES[engine]
     out = small_disk / "out"

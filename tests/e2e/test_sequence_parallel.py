@@ -87,6 +87,7 @@ def grad_norms(out) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("config", "optimizer", "per_device", "accumulation"), CASES,
                          ids=[f"{c}-{o}-ga{a}" for c, o, _, a in CASES])  # fmt: skip
+@pytest.mark.timeout(1200)  # the one-process reference, trained here once per optimizer, and a launch
 def test_sequence_parallel_trains_the_one_process_adapter(config, optimizer, per_device, accumulation, one_process,
                                                           models, tmp_path):  # fmt: skip
     reference = one_process(optimizer)

@@ -24,6 +24,7 @@ from tests.e2e.launching import (
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_zero3_two_ranks_supervised_logits_train_as_full_logits(tiny_model_dir, sum_data, tmp_path):
     runs = {}
     for supervised in ("True", "False"):

@@ -32,6 +32,7 @@ CASES = [("stage2", 2, 1), ("stage3", 1, 2)]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("config", "saved_by", "resumed_by"), CASES, ids=[f"{c}-{a}to{b}" for c, a, b in CASES])
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_zero_checkpoint_resumes_on_another_number_of_ranks(config, saved_by, resumed_by, tiny_model_dir, sum_data,
                                                             tmp_path):  # fmt: skip
     out = tmp_path / "out"

@@ -26,11 +26,12 @@ def _logits(model) -> torch.Tensor:
         return model(input_ids=IDS).logits
 
 
-def _trained(model_dir, init: str, use_rslora: bool = False):
+def _trained(model_dir, init: str, use_rslora: bool = False, alpha_pattern: dict | None = None):
     """The base wrapped with ``init``, its start, then every adapter tensor moved as training would move it."""
     torch.manual_seed(0)
-    model = get_peft_model(_base(model_dir), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, use_rslora=use_rslora,
-                                                        target_modules="all-linear", init_lora_weights=init))  # fmt: skip
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, use_rslora=use_rslora, alpha_pattern=alpha_pattern or {},
+                        target_modules="all-linear", init_lora_weights=init)  # fmt: skip
+    model = get_peft_model(_base(model_dir), config)
     start = adapter_snapshot(model)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -55,6 +56,31 @@ def test_the_saved_adapter_on_the_original_base_is_the_trained_model(varied_mode
     assert (config["r"], config["init_lora_weights"]) == (8, True)
     assert config["lora_alpha"] == pytest.approx(8 * (2**0.5 if use_rslora else 2))
     assert _close(_logits(PeftModel.from_pretrained(_base(varied_model_dir), tmp_path)), trained)
+
+
+@pytest.mark.parametrize("init", ["pissa", "olora"])
+def test_rslora_with_an_alpha_pattern_on_the_original_base_is_the_trained_model(varied_model_dir, tmp_path, init):
+    """rsLoRA scales by alpha / sqrt(r): at rank 2r a patterned module's alpha grows by sqrt(2), as the global one
+    does (doubled, as PEFT's own conversion does, the patterned modules came out sqrt(2) too strong)."""
+    model, start = _trained(varied_model_dir, init, use_rslora=True, alpha_pattern={"q_proj": 16})
+    trained = _logits(model)
+    model.save_pretrained(tmp_path)
+    assert write_plain_adapter(tmp_path, start)
+    assert _close(_logits(PeftModel.from_pretrained(_base(varied_model_dir), tmp_path)), trained)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["alpha_pattern"] == {"q_proj": pytest.approx(16 * 2**0.5)}
+
+
+def test_an_adapter_moved_in_one_tensor_only_is_trained(varied_model_dir, tmp_path):
+    """A partly trained adapter (one module's B moved, every other tensor at its start) is not "never trained"."""
+    model = get_peft_model(_base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                               init_lora_weights="pissa"))  # fmt: skip
+    start = adapter_snapshot(model)
+    first_b = next(param for name, param in model.named_parameters() if ".lora_B." in name)
+    with torch.no_grad():
+        first_b[0, 0] += 0.05
+    model.save_pretrained(tmp_path)
+    assert write_plain_adapter(tmp_path, start)
 
 
 def test_without_the_conversion_the_adapter_misses_the_residual(varied_model_dir, tmp_path):

@@ -36,7 +36,9 @@ def test_full_precision_variants_pass(init):
     ("changes", "message"),
     [
         ({"lora_init": "svd"}, "--lora_init svd: unknown; use one of default, gaussian, pissa"),
-        ({"lora_init": "pissa_niter_x"}, "--lora_init pissa_niter_x: unknown"),
+        ({"lora_init": "pissa_niter_x"}, "--lora_init pissa_niter_x: N in pissa_niter_N is the number of subspace"),
+        ({"lora_init": "pissa_niter_"}, "--lora_init pissa_niter_: N in pissa_niter_N is the number of subspace"),
+        ({"lora_init": "pissa_niter_N"}, "a whole number such as pissa_niter_4"),
         ({"lora_init": "loftq"}, "--lora_init loftq fits the adapter to the 4-bit quantisation error of the base: add "
                                  "--load_in_4bit"),
         ({"lora_init": "loftq", "load_in_4bit": True, "gguf_file": "m.gguf"}, "reads the full-precision weights"),
@@ -49,7 +51,10 @@ def test_full_precision_variants_pass(init):
         ({"lora_init_samples": 0}, "--lora_init_samples must be a positive integer, got 0"),
         ({"lora_optimizer": "sgd"}, "--lora_optimizer sgd: unknown"),
         ({"loraplus_lr_ratio": 8.0}, "--loraplus_lr_ratio 8.0 has no effect with --lora_optimizer adamw"),
-        ({"lora_optimizer": "loraplus", "loraplus_lr_ratio": 0.5}, "--loraplus_lr_ratio must be at least 1"),
+        ({"lora_optimizer": "loraplus", "loraplus_lr_ratio": 0.5}, "--loraplus_lr_ratio must be a finite number of "
+                                                                   "at least 1"),
+        ({"lora_optimizer": "loraplus", "loraplus_lr_ratio": float("nan")}, "at least 1 (B learns faster than A), got nan"),
+        ({"lora_optimizer": "loraplus", "loraplus_lr_ratio": float("inf")}, "at least 1 (B learns faster than A), got inf"),
         ({"lora_optimizer": "lorafa", "use_dora": True}, "--lora_optimizer lorafa with --use_dora"),
     ],
 )

@@ -128,6 +128,7 @@ def test_deepspeed_configs_are_checked_against_the_world(tmp_path):
         main(["--model_name_or_path", MODEL_7B, "--deepspeed", str(unknown)])
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_with_exit_code_2():
     done = subprocess.run([sys.executable, "-m", "hf_lora_ds.plan", "--model_name_or_path", MODEL_7B,
                            "--device_memory", "32 potatoes"], capture_output=True, text=True, cwd=REPO)  # fmt: skip

@@ -1,6 +1,6 @@
-"""FSDP2's gaps: a DTensor gradient norm read as a plain tensor, and the FSDP state given to a CPU launch kept by
-accelerate. Sharding on CPU ranks and the gathered adapter are launched for real in tests/e2e/test_fsdp.py and
-tests/e2e/test_fsdp_matrix.py."""
+"""FSDP2's gaps: a DTensor gradient norm read as a plain tensor, the FSDP state given to a CPU launch kept by
+accelerate, and the adapter of a sharded model gathered whole (on one gloo rank here). Sharding on several CPU ranks
+and the saved adapter are launched for real in tests/e2e/test_fsdp.py and tests/e2e/test_fsdp_matrix.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
+from peft import LoraConfig, get_peft_model
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
-from hf_lora_ds.training.fsdp2 import full_grad_norm, shard_on_cpu
+from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
 
 
 class ShardedNorm:
@@ -55,3 +58,26 @@ def test_the_fsdp_state_given_to_a_cpu_launch_outlives_later_accelerator_states(
 def test_without_fsdp_a_cpu_launch_is_left_as_it_is(cpu_launch_accelerator):
     assert not shard_on_cpu(SimpleNamespace(args=SimpleNamespace(fsdp=""), accelerator=cpu_launch_accelerator))
     assert AcceleratorState().distributed_type == DistributedType.MULTI_CPU
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+def test_the_adapter_of_a_sharded_model_is_gathered_whole_onto_the_cpu(tiny_model, one_rank_group):
+    """What the adapter is saved from: every LoRA weight as a plain tensor, as trained; a sharded state dict would
+    hold DTensors, which PEFT's save_pretrained cannot write."""
+    model = get_peft_model(tiny_model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    adapter = {name: param.detach().clone() for name, param in model.named_parameters() if param.requires_grad}
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    gathered = full_adapter_state_dict(model)
+    assert adapter.keys() <= gathered.keys()
+    for name, tensor in adapter.items():
+        assert type(gathered[name]) is torch.Tensor and gathered[name].device.type == "cpu", name
+        assert torch.equal(gathered[name], tensor), name

@@ -51,3 +51,13 @@ def test_lorafa_trains_b_only(model, tmp_path):
     after = dict(model.named_parameters())
     assert all(torch.equal(after[name], tensor) for name, tensor in a_before.items())
     assert all(p.abs().sum() > 0 for name, p in after.items() if ".lora_B." in name)
+
+
+def test_lorafa_scales_b_by_the_adapter_s_alpha_over_r(model, tmp_path):
+    """LoRA-FA divides B's projected gradient by the square of the LoRA scaling, alpha / r (8 / 4 here): PEFT 0.21
+    reads it per module (``scaling_factors``); the one ``scaling_factor`` of the group, built from the ``r`` and
+    ``lora_alpha`` passed in, is what earlier PEFT versions apply to every module."""
+    group = create_lora_optimizer(model, _args(tmp_path, "lorafa")).param_groups[0]
+    assert group.get("scaling_factor", 2.0) == 2.0
+    factors = {factor for name, factor in zip(group["names"], group["scaling_factors"]) if ".lora_B." in name}
+    assert factors == {2.0}

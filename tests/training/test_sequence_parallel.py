@@ -4,6 +4,8 @@ accelerate config the flag becomes. The whole path (Ulysses, DeepSpeed, Trainer)
 
 from __future__ import annotations
 
+import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -22,33 +24,50 @@ from hf_lora_ds.training.sequence_parallel import (
 # Two ranks hold the two halves of one sequence: rank r's tokens contribute x_r * w to the summed loss.
 SHARD_INPUTS = (torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0]))
 TOKENS = 4  # supervised tokens of the whole (global) batch
+RANKS_DEADLINE_S = 60  # both ranks of a case, from fork to exit; a hung collective fails the test instead
 
 
-def _rank(rank: int, init_file: str, divisor: int, differentiable_gather: bool, results) -> None:
+def _rank(rank: int, init_file: str, work, args: tuple, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))  # fmt: skip
+                            timeout=timedelta(seconds=30))  # fmt: skip
+    results.put((rank, work(rank, *args)))
+    dist.destroy_process_group()
+
+
+def on_two_ranks(tmp_path, work, *args) -> dict:
+    """``work(rank, *args)`` on two gloo ranks, by rank. Forked, so the ranks start with this process's imports
+    (spawned ones re-import the package: minutes on a loaded 2-core machine, against a second); killed, and the
+    test failed, when they have not both finished within ``RANKS_DEADLINE_S``."""
+    context = mp.get_context("fork")
+    results = context.SimpleQueue()
+    init_file = tmp_path / f"init-{uuid.uuid4().hex}"  # a fresh rendezvous file per group
+    ranks = mp.start_processes(_rank, args=(str(init_file), work, args, results), nprocs=2, join=False,
+                               start_method="fork")  # fmt: skip
+    deadline = time.monotonic() + RANKS_DEADLINE_S
+    while not ranks.join(timeout=max(deadline - time.monotonic(), 0)):
+        if time.monotonic() >= deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the two gloo ranks did not finish within {RANKS_DEADLINE_S} s")
+    return dict(results.get() for _ in range(2))
+
+
+def _loss_and_gradient(rank: int, divisor: int, data_parallel: int, differentiable_gather: bool):
     weight = torch.tensor([0.5, 0.25], requires_grad=True)
     shard_loss = (SHARD_INPUTS[rank] * weight).sum() / TOKENS
     if differentiable_gather:  # transformers' deepspeed_sp_compute_loss: every rank backpropagates the whole sum
         loss = torch.stack(torch.distributed.nn.functional.all_gather(shard_loss)).sum()
     else:
-        loss = sequence_parallel_loss(shard_loss, dist.group.WORLD, deepspeed_divisor=divisor, data_parallel=1)
+        loss = sequence_parallel_loss(shard_loss, dist.group.WORLD, deepspeed_divisor=divisor, data_parallel=data_parallel)
     loss.backward()
     gradient = weight.grad.clone()
     dist.all_reduce(gradient)  # what DeepSpeed does with it: sum over every rank, then divide
-    results.put((rank, loss.item(), (gradient / divisor).tolist()))
-    dist.destroy_process_group()
+    return loss.item(), (gradient / divisor).tolist()
 
 
-def two_ranks(tmp_path, divisor: int, differentiable_gather: bool = False) -> dict[int, tuple[float, list[float]]]:
-    """Loss value and reduced gradient per rank. Forked, so the ranks start with this process's imports (spawned
-    ones re-import the package: minutes on a loaded 2-core machine, against a second)."""
-    results = mp.get_context("fork").SimpleQueue()
-    init_file = tmp_path / f"init-{divisor}-{differentiable_gather}"  # a fresh rendezvous file per group
-    mp.start_processes(_rank, args=(str(init_file), divisor, differentiable_gather, results), nprocs=2,
-                       start_method="fork")  # fmt: skip
-    found = [results.get() for _ in range(2)]
-    return {rank: (value, gradient) for rank, value, gradient in found}
+def two_ranks(tmp_path, divisor: int, data_parallel: int = 1, differentiable_gather: bool = False) -> dict:
+    """Loss value and reduced gradient per rank."""
+    return on_two_ranks(tmp_path, _loss_and_gradient, divisor, data_parallel, differentiable_gather)
 
 
 def test_each_rank_backpropagates_its_shard_and_reports_the_sequence(tmp_path):
@@ -60,6 +79,15 @@ def test_each_rank_backpropagates_its_shard_and_reports_the_sequence(tmp_path):
         for value, gradient in ranks.values():
             assert value == pytest.approx(one_process_loss)
             assert gradient == pytest.approx(one_process_gradient)
+
+
+def test_the_value_is_scaled_as_trainer_scales_every_rank_s_loss(tmp_path):
+    """With 2 data-parallel groups Trainer logs the mean over ranks of loss / 2: the value carries the factor back,
+    so the logged loss is one process's; the gradient stays the shard's own."""
+    one_process_loss = sum((x * torch.tensor([0.5, 0.25])).sum() for x in SHARD_INPUTS).item() / TOKENS
+    for value, gradient in two_ranks(tmp_path, divisor=1, data_parallel=2).values():
+        assert value == pytest.approx(2 * one_process_loss)
+        assert gradient == pytest.approx((sum(SHARD_INPUTS) / TOKENS).tolist())
 
 
 def test_a_differentiable_gather_doubles_the_gradient(tmp_path):
@@ -81,6 +109,18 @@ def test_deepspeed_divides_by_the_data_parallel_size_except_zero3s_reduce_scatte
 def test_trained_tokens_of_the_shards_count_once():
     shards = [{"shift_labels": torch.tensor([[-100, 5, 6], [7, -100, -100]])}, {"shift_labels": torch.tensor([[1, 2, -100]])}]
     assert supervised_tokens_in_shards(shards, torch.device("cpu")).item() == 5
+
+
+# Rank 0's shard is all prompt, rank 1's holds the 3 trained tokens: alone, rank 0 would divide its loss by zero.
+RANK_SHARDS = ([{"shift_labels": torch.tensor([[-100, -100, -100]])}], [{"shift_labels": torch.tensor([[5, 6, 7]])}])
+
+
+def _tokens_in_shards(rank: int) -> int:
+    return supervised_tokens_in_shards(RANK_SHARDS[rank], torch.device("cpu")).item()
+
+
+def test_every_rank_counts_the_trained_tokens_of_all_ranks(tmp_path):
+    assert on_two_ranks(tmp_path, _tokens_in_shards) == {0: 3, 1: 3}
 
 
 def test_the_flag_becomes_accelerates_deepspeed_sequence_parallelism():
