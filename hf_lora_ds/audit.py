@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     dataset = sft_dataset(data, tokenizer, args)
     report = audit_dataset(dataset)
     report.round_trip = round_trip(dataset)
-    print(data.summary())
+    print(data.summary() + dataset.unused_note())
     print(report)
     if len(dataset.source_counts) > 1:
         for name, source_report in audit_by_source(dataset).items():

@@ -34,6 +34,18 @@ class MaskAudit:
     spans_cut_by_truncation: int
     example: str
     round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.data.inference_prompts)
+    flags: dict[str, int] | None = None  # what the records' training flags changed (hf_lora_ds.data.turn_flags)
+
+    def flags_line(self) -> str | None:
+        """What the records' per-turn training flags changed against ``--assistant_turns``, or None if nothing."""
+        if not self.flags or not any(self.flags.values()):
+            return None
+        f = self.flags
+        return (
+            f"training flags: {f['turns_off']} turns switched off, {f['turns_on']} switched on; "
+            f"{f['tokens_masked']} tokens masked inside located turns, {f['tokens_on']} trained in turns only the "
+            "flags train"
+        )
 
     @property
     def all_spans_end_in_eot(self) -> bool:
@@ -47,6 +59,7 @@ class MaskAudit:
             f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
             + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
             + (f"; {self.round_trip.line()}" if self.round_trip else "")
+            + (f"; {flags}" if (flags := self.flags_line()) else "")
         )
 
     def __str__(self) -> str:
@@ -61,6 +74,7 @@ class MaskAudit:
                 f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
                 f"{self.spans_cut_by_truncation} cut by truncation)",
                 *([self.round_trip.line()] if self.round_trip else []),
+                *([flags] if (flags := self.flags_line()) else []),
                 f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
                 self.example,
             ]
@@ -113,6 +127,7 @@ def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAud
         spans_ending_in_eot=ending_in_eot,
         spans_cut_by_truncation=cut,
         example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
+        flags=dataset.flag_counts if source is None else None,
     )
 
 

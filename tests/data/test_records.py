@@ -34,7 +34,7 @@ GOOD = json.dumps({"instruction": "1=", "output": "0 + 1"})
     [
         ('{"instruction": "1=", "output": ', r"train.jsonl, line 2: malformed JSON"),
         ('{"instruction": "1="}', r"train.jsonl, line 2: missing field 'output'"),
-        ('{"prompt": "1=", "completion": "1"}', r"train.jsonl, line 2: missing field: .*'messages'"),
+        ('{"question": "1=", "answer": "1"}', r"train.jsonl, line 2: missing field: .*'messages'.*--columns"),
         ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: field 'messages\[0\].role': unknown role 'robot'"),
         ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}',
          r"line 2: field 'messages\[1\].content' is empty"),
