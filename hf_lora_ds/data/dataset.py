@@ -26,6 +26,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -132,6 +133,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         encoder = _Encoder(
             tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions(), thinking or ThinkingOptions()
         )
+        encoder.source_formats = loaded.formats  # a dataset_info.json entry reads its records its own way
         self.encoder, self.records = encoder, loaded.table
         # Locations and sources are part of the cached output, so the table's fingerprint keys the cache with them.
         key = Hasher.hash([loaded.table._fingerprint, encoder.settings(), _code_version()])
@@ -216,6 +218,7 @@ class _Encoder:
         self.system_prompt = system_prompt
         self.assistant_turns = assistant_turns
         self.formats = formats
+        self.source_formats: dict[str, FormatOptions] = {}
         self.thinking = thinking
         self.rules = TurnRules.of(tokenizer, thinking)
         self.locator = Locator(self.rules, assistant_turns)
@@ -229,16 +232,18 @@ class _Encoder:
             self.max_length,
             self.system_prompt,
             self.assistant_turns,
-            self.formats.columns,
-            self.formats.sharegpt_roles,
+            self.formats,
+            sorted(self.source_formats.items()),
             vars(self.thinking),
         ]
 
     def conversations(self, batch: dict[str, list]) -> Iterator[dict[str, Any]]:
         """Each record of the batch validated and normalised; the first bad one raises, naming its location. A
         conversation whose training flags (or TRL prompt) choose its trained turns gets them as ``plan``/``turns``."""
-        for text, where in zip(batch["record"], batch["where"]):
-            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, self.formats)
+        sources = batch["source"] if "source" in batch else repeat(None)  # a table of records and places alone
+        for text, where, source in zip(batch["record"], batch["where"], sources):
+            formats = self.source_formats.get(source, self.formats)
+            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, formats)
             if conversation["messages"] is None:  # plain text (TRL's standard kinds)
                 yield conversation
                 continue

@@ -79,7 +79,7 @@ USED_FIELDS = {
     "text": {"text"},
 }
 USED_MESSAGE_KEYS = {"role", "content", "tool_calls", "reasoning_content", DETAIL_KEY, *FLAG_KEYS}
-USED_TURN_KEYS = {"from", "value", "reasoning_content", DETAIL_KEY, *FLAG_KEYS}
+USED_TURN_KEYS = {"reasoning_content", DETAIL_KEY, *FLAG_KEYS}  # and the speaker and text keys
 # Fields of other frameworks' records that this package cannot honour, and why: refused, never ignored.
 REFUSED_FIELDS = {
     "images": "images (multimodal data: this package trains text-only models)",
@@ -100,10 +100,12 @@ ALPACA_FIELDS = {"instruction", "output"}  # both required in an alpaca record
 @dataclass(frozen=True)
 class FormatOptions:
     """How records are read: ``columns`` maps a known field to the dataset's column, ``sharegpt_roles`` adds or
-    overrides ShareGPT ``from`` names (values: user, assistant, system, tool or function_call)."""
+    overrides ShareGPT ``from`` names (values: user, assistant, system, tool or function_call), ``turn_keys`` are a
+    ShareGPT turn's speaker and text keys (LLaMA-Factory's ``role_tag`` and ``content_tag``)."""
 
     columns: dict[str, str] = field(default_factory=dict)
     sharegpt_roles: dict[str, str] = field(default_factory=dict)
+    turn_keys: tuple[str, str] = ("from", "value")
 
     def __post_init__(self) -> None:
         for key, column in self.columns.items():
@@ -159,7 +161,8 @@ def to_conversation(
     tools = _tools(record.get("tools"), where, names["tools"])
     turns = _Turns(where)
     if kind == "sharegpt":
-        messages = _sharegpt_messages(record, where, {**SHAREGPT_ROLES, **options.sharegpt_roles}, names, turns)
+        roles = {**SHAREGPT_ROLES, **options.sharegpt_roles}
+        messages = _sharegpt_messages(record, where, (roles, options.turn_keys), names, turns)
     elif kind == "messages":
         messages = _messages(record["messages"], where, names["messages"], turns=turns)
     elif kind == "prompt_completion":
@@ -335,35 +338,37 @@ def _tools(tools: Any, where: str, name: str) -> list[dict] | None:
 
 
 def _sharegpt_messages(
-    record: dict, where: str, roles: dict[str, str], names: _FieldNames, flags: _Turns
+    record: dict, where: str, speakers: tuple[dict[str, str], tuple[str, str]], names: _FieldNames, flags: _Turns
 ) -> list[dict[str, Any]]:
-    """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call."""
+    """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call.
+    ``speakers``: the roles of the ``from`` names, and the turn's speaker and text keys (``from``, ``value``)."""
+    (roles, (role_key, text_key)), used = speakers, USED_TURN_KEYS | set(speakers[1])
     turns, list_name = record["conversations"], names["conversations"]
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{from, value}} objects")
+        raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{{role_key}, {text_key}}} objects")
     messages: list[dict[str, Any]] = []
     for i, turn in enumerate(turns):
         name = f"{list_name}[{i}]"
         if not isinstance(turn, dict):
-            raise DataError(f"{where}: field '{name}' must be an object with 'from' and 'value'")
-        speaker, value = turn.get("from"), turn.get("value")
+            raise DataError(f"{where}: field '{name}' must be an object with '{role_key}' and '{text_key}'")
+        speaker, value = turn.get(role_key), turn.get(text_key)
         if speaker not in roles:
             raise DataError(
-                f"{where}: field '{name}.from': unknown speaker {speaker!r}; use one of {sorted(roles)} "
+                f"{where}: field '{name}.{role_key}': unknown speaker {speaker!r}; use one of {sorted(roles)} "
                 "or map it with --sharegpt_roles NAME=ROLE"
             )
         if not isinstance(value, str):
-            raise DataError(f"{where}: field '{name}.value' must be a string, got {type(value).__name__}")
+            raise DataError(f"{where}: field '{name}.{text_key}' must be a string, got {type(value).__name__}")
         role = roles[speaker]
         # The turn's own extras travel with it to the one validator: reasoning, training flags and spans.
         extras = {key: turn[key] for key in ("reasoning_content", DETAIL_KEY, *FLAG_KEYS) if key in turn}
-        flags.unused += [f"{list_name}[].{key}" for key in turn.keys() - USED_TURN_KEYS]
+        flags.unused += [f"{list_name}[].{key}" for key in turn.keys() - used]
         if role == "function_call":
             call = _sharegpt_call(value, where, name)
             messages.append({"role": "assistant", "content": "", "tool_calls": [call], **extras})
         else:
             messages.append({"role": role, "content": value, **extras})
-    messages = _messages(messages, where, list_name, validate_calls=False, content_field="value", turns=flags)
+    messages = _messages(messages, where, list_name, validate_calls=False, content_field=text_key, turns=flags)
     system = record.get("system")
     if system:  # prepended after validation, so errors index the record's own turns
         if not isinstance(system, str):

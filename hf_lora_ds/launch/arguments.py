@@ -85,6 +85,13 @@ class SFTTrainingArguments(TrainingArguments):
             "ShareGPT."
         },
     )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --train_file path/to/dataset_info.json (LLaMA-Factory's, or its folder): the entries to "
+            "train on, 'NAME[,NAME]', each read with its own formatting, columns and tags, concatenated."
+        },
+    )
     eval_file: str | None = field(
         default=None, metadata={"help": "Held-out data from the same kinds of source, scored by --eval_task before and after."}
     )
