@@ -38,7 +38,9 @@ def join_parts(parts: list[Any], where: str, name: str) -> Parts:
     for j, part in enumerate(parts):
         label = f"{name}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise DataError(f"{where}: field '{label}' must be a part object such as {{\"type\": \"text\", \"text\": ...}}")
+            raise DataError(
+                f"{where}: field '{label}' must be a part object such as {{\"type\": \"text\", \"text\": ...}}"
+            )
         kind = part["type"]
         if kind not in ("text", "reasoning", "tool_calls"):
             raise DataError(
@@ -70,6 +72,8 @@ def _calls(value: str, where: str, label: str) -> list[Any]:
     try:
         calls = json.loads(value)
     except json.JSONDecodeError as err:
-        raise DataError(f"{where}: field '{label}.value': tool call is not valid JSON ({err.msg} at column {err.colno})") from None
+        raise DataError(
+            f"{where}: field '{label}.value': tool call is not valid JSON ({err.msg} at column {err.colno})"
+        ) from None
     calls = calls if isinstance(calls, list) else [calls]
     return [{"function": call} if isinstance(call, dict) and "function" not in call else call for call in calls]

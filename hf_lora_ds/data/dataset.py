@@ -40,6 +40,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
+from hf_lora_ds.data.plain_text import PlainText
 from hf_lora_ds.data.record_table import cache_root
 from hf_lora_ds.data.records import DataError, decode_record
 from hf_lora_ds.data.skeleton import Locator
@@ -53,7 +54,6 @@ from hf_lora_ds.data.template_rule import (
     prefix_samples,
     render_samples,
 )
-from hf_lora_ds.data.plain_text import PlainText
 from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning
 from hf_lora_ds.data.turn_flags import TextMask, plan_turns, text_mask
 from hf_lora_ds.distributed import main_process_first
@@ -133,7 +133,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         encoder = _Encoder(
             tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions(), thinking or ThinkingOptions()
         )
-        encoder.source_formats = loaded.formats  # a dataset_info.json entry reads its records its own way
+        encoder.source_formats = dict(loaded.formats)  # a dataset_info.json entry reads its records its own way
         self.encoder, self.records = encoder, loaded.table
         # Locations and sources are part of the cached output, so the table's fingerprint keys the cache with them.
         key = Hasher.hash([loaded.table._fingerprint, encoder.settings(), _code_version()])

@@ -416,7 +416,8 @@ def _history(history: Any, where: str, name: str) -> list[dict[str, Any]]:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise DataError(f"{where}: field '{name}[{k}]' must be a [query, answer] pair")
         for role, j in (("user", 0), ("assistant", 1)):
-            messages.append({"role": role, "content": _string_field({"v": pair[j]}, "v", where, label=f"{name}[{k}][{j}]")})
+            content = _string_field({"v": pair[j]}, "v", where, label=f"{name}[{k}][{j}]")
+            messages.append({"role": role, "content": content})
     return messages
 
 

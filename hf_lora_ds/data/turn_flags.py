@@ -33,7 +33,10 @@ import numpy as np
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.template_rule import IGNORE_INDEX, AssistantTurns, TemplateError, TrainingText
 
-__all__ = ["FLAG_KEYS", "TextMask", "TurnPlan", "message_flag", "train_detail", "plan_turns", "text_mask", "mask_labels"]
+__all__ = [
+    "FLAG_KEYS", "DETAIL_KEY", "TextMask", "TurnPlan", "message_flag", "train_detail", "plan_turns", "text_mask",
+    "mask_labels",
+]  # fmt: skip
 
 # Message keys that switch a turn's training: axolotl, OpenAI, LLaMA-Factory v1, ms-swift (loss_scale and loss).
 FLAG_KEYS = ("train", "weight", "loss_weight", "loss_scale", "loss")

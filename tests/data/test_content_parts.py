@@ -56,6 +56,7 @@ def test_a_part_that_is_not_text_is_refused_in_one_line_naming_it(part, message)
 
 
 def test_parts_that_join_to_nothing_are_an_empty_content():
-    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "text", "text": " "}]}]}
+    blank = [{"type": "text", "text": " "}]
+    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": blank}]}
     with pytest.raises(DataError, match=r"^r: field 'messages\[1\].content' is empty$"):
         to_conversation(record, "r")

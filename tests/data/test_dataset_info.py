@@ -20,10 +20,12 @@ INFO = {
                   "columns": {"prompt": "q", "query": "extra", "response": "a", "system": "sys", "history": "hist"}},
     "my_chat": {"file_name": "chat.jsonl", "formatting": "sharegpt",
                 "columns": {"messages": "messages", "system": "system_prompt"},
-                "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}},
+                "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                         "assistant_tag": "assistant"}},
     "demo_dpo": {"file_name": "dpo.json", "ranking": True, "columns": {"prompt": "instruction", "chosen": "chosen"}},
     "hub": {"hf_hub_url": "someone/data"},
-    "vision": {"file_name": "mllm.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}},
+    "vision": {"file_name": "mllm.json", "formatting": "sharegpt",
+               "columns": {"messages": "messages", "images": "images"}},
 }  # fmt: skip
 
 

@@ -101,7 +101,8 @@ def test_span_training_inside_a_turn_the_flag_switches_off(chatml_tokenizer, tmp
     record = axolotl_record()
     record["conversations"][4]["train"] = False
     off = build([record], chatml_tokenizer, tmp_path / "off")
-    trained = marked([("Hello" + END, "Hello" + END), (JOKE + END, " very well"), ("Hi there!" + END, "Hi there!" + END)])
+    hi = "Hi there!" + END
+    trained = marked([("Hello" + END, "Hello" + END), (JOKE + END, " very well"), (hi, hi)])
     assert sample(off) == labels_of(chatml_tokenizer, TEXT, trained)
     # Against the defaults (every assistant turn whole), the turn is switched off but for the span it keeps.
     whole = trained_tokens(chatml_tokenizer, marked([(JOKE + END, JOKE + END)]))
@@ -121,8 +122,8 @@ def test_span_training_inside_a_turn_the_flag_switches_off(chatml_tokenizer, tmp
          r"field 'messages\[1\]': contradictory training flags \(train=True, weight=0\)"),
         ({"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 1, "end_offset": 3, "train": True}]},
          r"field 'messages\[1\].train_detail\[0\]': offsets 1-3 \(inclusive\) are outside the content's 3 characters"),
-        ({"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 0, "end_offset": 1, "train": True},
-                                                                  {"begin_offset": 1, "end_offset": 2, "train": False}]},
+        ({"role": "assistant", "content": "abc", "train_detail": [
+            {"begin_offset": 0, "end_offset": 1, "train": True}, {"begin_offset": 1, "end_offset": 2, "train": False}]},
          r"field 'messages\[1\].train_detail': spans overlap \(at character 1\)"),
         ({"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 0, "end_offset": 1}]},
          r"field 'messages\[1\].train_detail\[0\]' needs integer begin_offset and end_offset and a boolean train"),
