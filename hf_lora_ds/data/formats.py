@@ -268,7 +268,7 @@ class _Turns:
         detail = train_detail(message, content, role, self.where, name)
         if detail is not None:
             self.detail[self.offset + i] = detail
-        self.unused += [f"{list_name}[].{key}" for key in message.keys() - used]
+        self.unused += _unused_keys(message, used, list_name)
 
     def shift(self, by: int) -> None:
         """Message indices after a system turn was put first."""
@@ -279,6 +279,12 @@ class _Turns:
     def fields(self) -> dict[str, Any]:
         found = {"flags": self.flags, "detail": self.detail, "completion_from": self.completion_from}
         return {key: value for key, value in found.items() if value}
+
+
+def _unused_keys(message: dict, used: set[str], list_name: str) -> list[str]:
+    """The keys of a message that no reader uses, as ``messages[].name``; a null one is an absent one (Arrow gives
+    every message of a column every key any message has)."""
+    return [f"{list_name}[].{key}" for key in message.keys() - used if message[key] is not None]
 
 
 class _FieldNames(dict):
@@ -362,7 +368,7 @@ def _sharegpt_messages(
         role = roles[speaker]
         # The turn's own extras travel with it to the one validator: reasoning, training flags and spans.
         extras = {key: turn[key] for key in ("reasoning_content", DETAIL_KEY, *FLAG_KEYS) if key in turn}
-        flags.unused += [f"{list_name}[].{key}" for key in turn.keys() - used]
+        flags.unused += _unused_keys(turn, used, list_name)
         if role == "function_call":
             call = _sharegpt_call(value, where, name)
             messages.append({"role": "assistant", "content": "", "tool_calls": [call], **extras})

@@ -310,3 +310,11 @@ def test_a_column_mapped_field_that_goes_unused_is_named_as_the_user_wrote_it():
     options = FormatOptions(columns={"system": "persona"})
     record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "persona": "p"}
     assert to_conversation(record, "r", options=options)["unused"] == ["persona"]
+
+
+def test_null_message_keys_are_absent_ones_not_unused_fields():
+    """Arrow sources give every message every key any message of the column has, null where it had none."""
+    record = {"messages": [{"role": "user", "content": "q", "tool_call_id": None, "weight": None, "train_detail": None},
+                           {"role": "assistant", "content": "a", "name": "bot", "weight": None}]}  # fmt: skip
+    conversation = to_conversation(record, "r")
+    assert conversation["unused"] == ["messages[].name"] and "flags" not in conversation
