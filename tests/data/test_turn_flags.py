@@ -143,3 +143,16 @@ def test_a_flag_that_would_train_a_user_turn_is_refused_and_one_that_keeps_it_of
         record["conversations"][3]["train"] = True  # as axolotl's own example does
         to_conversation(record, "r")
     assert to_conversation(axolotl_record(), "r")["flags"] == {0: False, 1: False, 2: True}  # off: as they are
+
+
+def test_flags_keep_to_their_turn_when_a_system_turn_is_put_first(chatml_tokenizer, tmp_path):
+    """ShareGPT's record-level system and --system_prompt both insert a turn before the flagged ones."""
+    record = {"system": "Be brief.", "conversations": [
+        {"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Bonjour!", "weight": 0},
+        {"from": "human", "value": "Tell me a joke"}, {"from": "gpt", "value": "cats."}]}  # fmt: skip
+    text = chatml(("system", "Be brief."), ("user", "Hello"), ("assistant", "Bonjour!"), ("user", "Tell me a joke"),
+                  ("assistant", "cats."))  # fmt: skip
+    assert sample(build([record], chatml_tokenizer, tmp_path)) == expect(chatml_tokenizer, text, ["cats." + END])
+    del record["system"]
+    prompted = build([record], chatml_tokenizer, tmp_path / "b", system_prompt="Be brief.")
+    assert sample(prompted) == expect(chatml_tokenizer, text, ["cats." + END])
