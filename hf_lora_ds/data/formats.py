@@ -398,6 +398,11 @@ def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
 
 
 def _alpaca_messages(record: dict, where: str, names: _FieldNames) -> list[dict[str, Any]]:
+    if "instruction" not in record and "prompt" in record:  # half of a TRL record mapped by --columns
+        raise DataError(
+            f"{where}: missing field 'instruction' (alpaca); a TRL 'prompt'/'completion' record is read as it is "
+            "without --columns, or as a chat turn with --columns prompt=prompt,response=completion"
+        )
     instruction = _string_field(record, "instruction", where, label=names["instruction"])
     output = _string_field(record, "output", where, label=names["output"])
     optional = {"required": False, "allow_empty": True}

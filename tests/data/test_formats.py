@@ -257,7 +257,8 @@ def test_llamafactory_alpaca_history_rounds_are_context_and_trained(chatml_token
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"instruction": "q", "output": "a", "history": [["only a query"]]}, r"^r: field 'history\[0\]' must be a \[query"),
+        ({"instruction": "q", "output": "a", "history": [["only a query"]]},
+         r"^r: field 'history\[0\]' must be a \[query"),
         ({"instruction": "q", "output": "a", "history": [["q", 3]]}, r"^r: field 'history\[0\]\[1\]' must be a string"),
         ({"prompt": [{"role": "user", "content": "q"}], "completion": "a"},
          r"^r: field 'completion' must be a list of messages like the prompt"),
@@ -318,3 +319,10 @@ def test_null_message_keys_are_absent_ones_not_unused_fields():
                            {"role": "assistant", "content": "a", "name": "bot", "weight": None}]}  # fmt: skip
     conversation = to_conversation(record, "r")
     assert conversation["unused"] == ["messages[].name"] and "flags" not in conversation
+
+
+def test_a_half_mapped_trl_record_is_told_both_ways_to_read_it():
+    options = FormatOptions.from_flags("response=completion", None)
+    told = r"read as it is without --columns, or as a chat turn with --columns prompt=prompt,response=completion"
+    with pytest.raises(DataError, match=r"^r: missing field 'instruction' \(alpaca\); a TRL .* " + told):
+        to_conversation({"prompt": "1=", "completion": "0 + 1"}, "r", options=options)
