@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = load_tokenizer(args)
-    train_data = load_run_data(args.train_file, args)
-    print0(train_data.summary())
+    train_data = load_run_data(args.train_file, args, args.dataset)
     train_dataset = sft_dataset(train_data, tokenizer, args)
+    print0(train_data.summary() + train_dataset.unused_note())
     print0(check_round_trip(train_dataset).line())  # inference prompts start the training texts, on a sample
     check_run_fits(args, profile_from_dataset(train_dataset))
     task = get_task(args.eval_task)

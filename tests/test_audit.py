@@ -46,3 +46,33 @@ def test_the_audit_says_what_the_lora_variant_does(tiny_model_dir, tmp_path, cap
           "--lora_init_samples", "64", "--lora_dropout", "0", "--lora_optimizer", "loraplus"])  # fmt: skip
     assert ("LoRA init corda; a pass over 64 training samples before step 1; adapter converted at the end to plain "
             "LoRA of rank 16 for the original base; LoRA+: B at 16x the learning rate of A") in capsys.readouterr().out
+
+
+def test_audit_shows_samples_with_their_trained_spans(tiny_model_dir, tmp_path, capsys):
+    """jsonl: stdout is one object a sample; each trained span of its text is exactly an answer and its end of turn,
+    located here in the text independently of the labels."""
+    from hf_lora_ds.data.records import load_records
+
+    data = write_records(tmp_path / "train.jsonl", RECORDS)
+    argv = ["--train_file", data, "--model_name_or_path", str(tiny_model_dir), "--show_samples", "2"]
+    main([*argv, "--show_samples_format", "jsonl"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    for line, record in zip(lines, load_records(data)):
+        sample = json.loads(line)
+        answer = record.data["output"] + "<|im_end|>"
+        start = sample["text"].index("<|im_start|>assistant\n" + answer) + len("<|im_start|>assistant\n")
+        assert sample["trained"] == [[start, start + len(answer)]] and sample["where"] == record.where
+    main(argv)
+    out = capsys.readouterr().out
+    assert f"--- sample 1 ({data}, line 2), supervised tokens in [[ ]]:\n" in out and "[[0 + 1<|im_end|>]]" in out
+
+
+def test_audit_reads_dataset_info_entries_named_by_dataset(tiny_model_dir, tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_records(folder / "sums.jsonl", [{"q": "1=", "a": "0 + 1", "note": "x"}])
+    (folder / "dataset_info.json").write_text(json.dumps({"sums": {"file_name": "sums.jsonl",
+                                                                   "columns": {"prompt": "q", "response": "a"}}}))
+    main(["--train_file", str(folder), "--dataset", "sums", "--model_name_or_path", str(tiny_model_dir)])
+    assert "data: 1 samples from 1 source(s) (sums: 1); unused fields: note (1 record)" in capsys.readouterr().out

@@ -26,6 +26,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
+from hf_lora_ds.data.plain_text import PlainText
 from hf_lora_ds.data.record_table import cache_root
 from hf_lora_ds.data.records import DataError, decode_record
 from hf_lora_ds.data.skeleton import Locator
@@ -53,6 +55,7 @@ from hf_lora_ds.data.template_rule import (
     render_samples,
 )
 from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning
+from hf_lora_ds.data.turn_flags import TextMask, plan_turns, text_mask
 from hf_lora_ds.distributed import main_process_first
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
@@ -69,9 +72,17 @@ _SAMPLE_FEATURES = datasets.Features(
         "length": datasets.Value("int32"),
         "num_supervised": datasets.Value("int32"),
         "truncated": datasets.Value("bool"),
+        # A record's first sample carries what the record said besides its turns: the fields and message keys no
+        # reader used (comma-separated), and the turns its training flags switched off and on.
+        "unused": datasets.Value("string"),
+        "turns_off": datasets.Value("int32"),
+        "turns_on": datasets.Value("int32"),
+        "tokens_masked": datasets.Value("int32"),  # by training flags, inside located turns
+        "tokens_on": datasets.Value("int32"),  # trained in turns that only the flags train
     }
 )
 EmptyLabelsPolicy = Literal["drop", "error"]
+FLAG_COUNTS = ("turns_off", "turns_on", "tokens_masked", "tokens_on")
 
 
 class ChatSFTDataset(torch.utils.data.Dataset):
@@ -122,6 +133,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         encoder = _Encoder(
             tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions(), thinking or ThinkingOptions()
         )
+        encoder.source_formats = dict(loaded.formats)  # a dataset_info.json entry reads its records its own way
         self.encoder, self.records = encoder, loaded.table
         # Locations and sources are part of the cached output, so the table's fingerprint keys the cache with them.
         key = Hasher.hash([loaded.table._fingerprint, encoder.settings(), _code_version()])
@@ -152,6 +164,8 @@ class ChatSFTDataset(torch.utils.data.Dataset):
                 f"{table['where'][first].as_py()}: sample {first} has no supervised token left after truncation to "
                 f"max_length={max_length} ({num_empty} such samples); raise max_length or set on_empty_labels='drop'"
             )
+        self.unused_fields = _unused_counts(table["unused"])
+        self.flag_counts = {name: pc.sum(table[name]).as_py() or 0 for name in FLAG_COUNTS}
         self.dropped_by_source = _count_values(table["source"].filter(empty))
         self.truncated_by_source = _count_values(table["source"].filter(table["truncated"]))
         self.num_dropped = num_empty
@@ -167,6 +181,14 @@ class ChatSFTDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
         return self.samples[index]
+
+    def unused_note(self) -> str:
+        """``; unused fields: history (1 record), messages[].name (3 records)`` for the data summary line: what the
+        records hold that nothing read, named once; empty when they hold nothing else."""
+        if not self.unused_fields:
+            return ""
+        named = (f"{name} ({count} record{'s' if count != 1 else ''})" for name, count in self.unused_fields.items())
+        return "; unused fields: " + ", ".join(named)
 
     @property
     def lengths(self) -> list[int]:
@@ -196,9 +218,11 @@ class _Encoder:
         self.system_prompt = system_prompt
         self.assistant_turns = assistant_turns
         self.formats = formats
+        self.source_formats: dict[str, FormatOptions] = {}
         self.thinking = thinking
         self.rules = TurnRules.of(tokenizer, thinking)
         self.locator = Locator(self.rules, assistant_turns)
+        self.plain_text = PlainText(tokenizer)
 
     def settings(self) -> list[Any]:
         """Everything besides the records that decides the output: vocabulary, template and options."""
@@ -208,17 +232,32 @@ class _Encoder:
             self.max_length,
             self.system_prompt,
             self.assistant_turns,
-            self.formats.columns,
-            self.formats.sharegpt_roles,
+            self.formats,
+            sorted(self.source_formats.items()),
             vars(self.thinking),
         ]
 
     def conversations(self, batch: dict[str, list]) -> Iterator[dict[str, Any]]:
-        """Each record of the batch validated and normalised; the first bad one raises, naming its location."""
-        for text, where in zip(batch["record"], batch["where"]):
-            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, self.formats)
+        """Each record of the batch validated and normalised; the first bad one raises, naming its location. A
+        conversation whose training flags (or TRL prompt) choose its trained turns gets them as ``plan``/``turns``."""
+        sources = batch["source"] if "source" in batch else repeat(None)  # a table of records and places alone
+        for text, where, source in zip(batch["record"], batch["where"], sources):
+            formats = self.source_formats.get(source, self.formats)
+            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, formats)
+            if conversation["messages"] is None:  # plain text (TRL's standard kinds)
+                yield conversation
+                continue
             if self.rules.traits.writes_reasoning:
-                conversation["messages"] = move_inline_reasoning(conversation["messages"])
+                moved = move_inline_reasoning(conversation["messages"])
+                for i in conversation.get("detail", {}):
+                    if moved[i]["content"] != conversation["messages"][i]["content"]:
+                        raise DataError(f"{where}: train_detail of message {i}: its content holds a <think> block "
+                                        "that the template writes apart, so its offsets cannot be placed; give the "
+                                        "reasoning as reasoning_content")  # fmt: skip
+                conversation["messages"] = moved
+            plan = plan_turns(conversation, self.assistant_turns, where)
+            if plan is not None:
+                conversation["plan"], conversation["turns"] = plan, plan.located
             yield conversation
 
     def samples(self, conversation: dict[str, Any], where: str = "record") -> list[TrainingText]:
@@ -228,15 +267,32 @@ class _Encoder:
     def sample_lists(self, conversations: list[dict[str, Any]], wheres: list[str]) -> list[list[TrainingText]]:
         """Each conversation's samples: located (``hf_lora_ds.data.skeleton``) where that is proven exact, else by the
         prefix rule, which also raises, conversation by conversation, any error of either, naming the record."""
-        located = self.locator.samples(conversations)
-        return [
-            found if found is not None else self._rule_samples(conversation, where)
-            for conversation, where, found in zip(conversations, wheres, located)
-        ]
+        chats = [conversation for conversation in conversations if conversation["messages"] is not None]
+        located = iter(self.locator.samples(chats))
+        samples = []
+        for conversation, where in zip(conversations, wheres):
+            if conversation["messages"] is None:
+                samples.append([self.plain_text.sample(conversation)])
+            elif (found := next(located)) is not None:
+                samples.append(found)
+            else:
+                samples.append(self._rule_samples(conversation, where))
+        return samples
 
     def _rule_samples(self, conversation: dict[str, Any], where: str) -> list[TrainingText]:
+        turns = conversation.get("turns", self.assistant_turns)
         try:
-            return prefix_samples(self.rules, conversation["messages"], self.assistant_turns, conversation["tools"])
+            return prefix_samples(self.rules, conversation["messages"], turns, conversation["tools"])
+        except TemplateError as err:
+            raise TemplateError(f"{where}: {err}") from None
+
+    def masks(self, conversation: dict[str, Any], samples: list[TrainingText], where: str) -> list[TextMask | None]:
+        """Each sample's characters switched off (or on) by the record's training flags (``turn_flags``)."""
+        plan = conversation.get("plan")
+        if plan is None:
+            return [None] * len(samples)
+        try:
+            return [text_mask(plan, sample, conversation["messages"]) for sample in samples]
         except TemplateError as err:
             raise TemplateError(f"{where}: {err}") from None
 
@@ -251,17 +307,23 @@ class _Encoder:
 
     def encode(self, batch: dict[str, list]) -> pa.Table:
         """A batch of records' samples: rendered, tokenized with offsets, labelled, as the samples' columns."""
-        texts, spans, places = [], [], []
+        texts, spans, masks, places, notes = [], [], [], [], []
         conversations = list(self.conversations(batch))
         samples_of = self.sample_lists(conversations, batch["where"])
-        for samples, where, source in zip(samples_of, batch["where"], batch["source"]):
-            for sample in samples:
+        for conversation, samples, where, source in zip(conversations, samples_of, batch["where"], batch["source"]):
+            masks += self.masks(conversation, samples, where)
+            plan = conversation.get("plan")
+            for k, sample in enumerate(samples):
                 texts.append(sample.text)
                 spans.append(sample.spans)
                 places.append((where, source))
-        return self.table(tokenized_labels(self.tokenizer, texts, spans), places)
+                first = k == 0 and plan is not None
+                notes.append((",".join(conversation["unused"]) if k == 0 else "",
+                              plan.switched_off if first else 0, plan.switched_on if first else 0))  # fmt: skip
+        flat = tokenized_labels(self.tokenizer, texts, spans, masks if any(masks) else None)
+        return self.table(flat, places, notes)
 
-    def table(self, flat: FlatLabels, places: list[tuple[str, str]]) -> pa.Table:
+    def table(self, flat: FlatLabels, places: list[tuple[str, str]], notes: list[tuple[str, int, int]]) -> pa.Table:
         """The samples' columns (``_SAMPLE_FEATURES``), built as Arrow arrays from flat numpy ones rather than from
         a Python list per sample: truncated to ``max_length``, with their lengths and supervised-token counts."""
         sample = np.repeat(np.arange(len(flat.lengths)), flat.lengths)  # the sample of each token
@@ -280,6 +342,11 @@ class _Encoder:
             "length": pa.array(lengths, type=pa.int32()),
             "num_supervised": pa.array(supervised, type=pa.int32()),
             "truncated": pa.array(flat.lengths > lengths),
+            "unused": pa.array([unused for unused, _, _ in notes], type=pa.string()),
+            "turns_off": pa.array([off for _, off, _ in notes], type=pa.int32()),
+            "turns_on": pa.array([on for _, _, on in notes], type=pa.int32()),
+            "tokens_masked": pa.array(flat.flag_counts[:, 0], type=pa.int32()),
+            "tokens_on": pa.array(flat.flag_counts[:, 1], type=pa.int32()),
         }
         return pa.Table.from_pydict(columns, schema=_SAMPLE_FEATURES.arrow_schema)
 
@@ -305,6 +372,15 @@ def _cached(cache_file: Path, num_proc: int | None) -> bool:
         return cache_file.is_file()
     shards = (cache_file.with_name(f"{cache_file.stem}_{i:05d}_of_{num_proc:05d}.arrow") for i in range(num_proc))
     return all(shard.is_file() for shard in shards)
+
+
+def _unused_counts(column: pa.ChunkedArray) -> dict[str, int]:
+    """Records per unused field name, from the comma-joined names of each record's first sample, by name."""
+    counts: Counter = Counter()
+    for names, count in _count_values(column).items():
+        for name in filter(None, names.split(",")):
+            counts[name] += count
+    return dict(sorted(counts.items()))
 
 
 def _count_values(column: pa.ChunkedArray) -> Counter:

@@ -4,13 +4,24 @@ Users bring SFT data in the shape it was published in. Rather than asking for a 
 recognised by its fields and turned into ``{"messages": [...], "tools": [...] | None}``:
 
 - alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
-  "system" (optional), "reasoning" (optional: the output's reasoning)}``;
-- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``;
+  "system" (optional), "reasoning" (optional: the output's reasoning), "history" (optional, LLaMA-Factory's
+  ``[[query, answer], ...]``: earlier rounds, whose answers are trained as every assistant turn is)}``;
+- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``, TRL's
+  conversational language-modeling records;
 - ShareGPT: ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}], "system": ..., "tools": ...}``
   (``from`` names are mapped to roles by ``SHAREGPT_ROLES``, extendable with ``--sharegpt_roles``);
+- TRL prompt/completion: conversational ``{"prompt": [messages], "completion": [messages]}`` (the prompt's turns are
+  context, the completion's assistant turns are trained, tool calls included) and standard
+  ``{"prompt": str, "completion": str}``, and TRL's standard language modeling ``{"text": str}``: plain text, no chat
+  template, as TRL trains them (the completion, or the whole text, and the tokenizer's eos after it);
 - tool calling: ``messages`` whose assistant turns carry ``tool_calls`` and whose ``tool`` turns hold the results,
   with a ``tools`` list (JSON schemas) per record, rendered by the model's own chat template;
 - any other column names, mapped onto the known fields with ``--columns prompt=question,response=answer``.
+
+A content may be a string or a list of typed parts (``hf_lora_ds.data.content_parts``); a message may carry a
+training flag of any peer's spelling (``hf_lora_ds.data.turn_flags``). Fields and message keys a record holds but
+no reader uses are listed in the conversation's ``unused`` (the data summary counts them); a known field of another
+framework that cannot be honoured here (images, preference pairs) is refused.
 
 Assistant turns may carry reasoning for thinking models: ``reasoning_content`` on a message or ShareGPT turn,
 ``<think>...</think>`` inside the content, or alpaca's ``reasoning`` field (``--columns reasoning=thought``).
@@ -25,7 +36,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_lora_ds.data.content_parts import join_parts
 from hf_lora_ds.data.records import DataError
+from hf_lora_ds.data.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
 
 __all__ = [
     "FormatOptions",
@@ -51,18 +64,48 @@ SHAREGPT_ROLES = {
 }
 # --columns keys that are other names for the alpaca fields.
 COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
-KNOWN_FIELDS = ("instruction", "input", "output", "system", "reasoning", "messages", "conversations", "tools")
-FORMAT_FIELDS = ("instruction", "messages", "conversations")  # a record with one of them has a known format
+KNOWN_FIELDS = (
+    "instruction", "input", "output", "system", "reasoning", "history", "messages", "conversations", "tools", "prompt",
+    "completion", "text",
+)  # fmt: skip
+# A record with one of them has a known format.
+FORMAT_FIELDS = ("instruction", "output", "messages", "conversations", "completion", "text")
+# What each kind reads; any other field of a record is named as unused in the data summary.
+USED_FIELDS = {
+    "sharegpt": {"conversations", "system", "tools"},
+    "messages": {"messages", "tools"},
+    "prompt_completion": {"prompt", "completion", "tools"},
+    "alpaca": {"instruction", "input", "output", "system", "reasoning", "history", "tools"},
+    "text": {"text"},
+}
+USED_MESSAGE_KEYS = {"role", "content", "tool_calls", "reasoning_content", DETAIL_KEY, *FLAG_KEYS}
+USED_TURN_KEYS = {"reasoning_content", DETAIL_KEY, *FLAG_KEYS}  # and the speaker and text keys
+# Fields of other frameworks' records that this package cannot honour, and why: refused, never ignored.
+REFUSED_FIELDS = {
+    "images": "images (multimodal data: this package trains text-only models)",
+    "videos": "videos (multimodal data: this package trains text-only models)",
+    "audios": "audios (multimodal data: this package trains text-only models)",
+    "chosen": "a preference pair (chosen/rejected: DPO or reward-model data, not SFT)",
+    "rejected": "a preference pair (chosen/rejected: DPO or reward-model data, not SFT)",
+    "kto_tag": "a KTO label (unpaired preference data, not SFT)",
+}
+ACCEPTED_KINDS = (
+    "'messages' (chat; TRL conversational), 'conversations' (ShareGPT), 'instruction' and 'output' (alpaca, with "
+    "'history'), 'prompt' and 'completion' (TRL, standard or conversational), or 'text' (TRL language modeling); "
+    "other column names can be mapped with --columns (e.g. --columns prompt=question,response=answer)"
+)
 ALPACA_FIELDS = {"instruction", "output"}  # both required in an alpaca record
 
 
 @dataclass(frozen=True)
 class FormatOptions:
     """How records are read: ``columns`` maps a known field to the dataset's column, ``sharegpt_roles`` adds or
-    overrides ShareGPT ``from`` names (values: user, assistant, system, tool or function_call)."""
+    overrides ShareGPT ``from`` names (values: user, assistant, system, tool or function_call), ``turn_keys`` are a
+    ShareGPT turn's speaker and text keys (LLaMA-Factory's ``role_tag`` and ``content_tag``)."""
 
     columns: dict[str, str] = field(default_factory=dict)
     sharegpt_roles: dict[str, str] = field(default_factory=dict)
+    turn_keys: tuple[str, str] = ("from", "value")
 
     def __post_init__(self) -> None:
         for key, column in self.columns.items():
@@ -98,32 +141,150 @@ def to_conversation(
     record: Any, where: str, system_prompt: str | None = None, options: FormatOptions | None = None
 ) -> dict[str, Any]:
     """Validate one record of any supported format and return ``{"messages": [...], "tools": list | None}``, with
-    ``system_prompt`` first when the record brings no system turn of its own (its own wins)."""
+    ``system_prompt`` first when the record brings no system turn of its own (its own wins).
+
+    Besides those: ``unused`` (the fields and message keys no reader used), and where the record says so,
+    ``flags`` / ``detail`` (per-turn training flags by message index, ``hf_lora_ds.data.turn_flags``) and
+    ``completion_from`` (the first message of a TRL completion). A plain-text record (TRL's standard kinds) is
+    ``{"text", "prompt_chars", "messages": None, "tools": None}``: its text, and how much of it is prompt."""
     options = options or FormatOptions()
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     # A null field is an absent one: Arrow sources (parquet, save_to_disk, the Hub) give every row every column.
     record, names = _map_columns({k: v for k, v in record.items() if v is not None}, options.columns, where)
+    _refuse_foreign_fields(record, where, names)
+    kind = _kind(record, where)
+    if kind == "text" or (kind == "prompt_completion" and isinstance(record["prompt"], str)):
+        conversation = _plain_text(record, kind, where, names)
+        conversation["unused"] = _unused(record, kind, names, [])
+        return conversation
     tools = _tools(record.get("tools"), where, names["tools"])
-    if "conversations" in record:
-        messages = _sharegpt_messages(record, where, {**SHAREGPT_ROLES, **options.sharegpt_roles}, names)
-    elif "messages" in record:
-        messages = _messages(record["messages"], where, names["messages"])
-    elif "instruction" in record or "output" in record:
-        messages = _alpaca_messages(record, where, names)
+    turns = _Turns(where)
+    if kind == "sharegpt":
+        roles = {**SHAREGPT_ROLES, **options.sharegpt_roles}
+        messages = _sharegpt_messages(record, where, (roles, options.turn_keys), names, turns)
+    elif kind == "messages":
+        messages = _messages(record["messages"], where, names["messages"], turns=turns)
+    elif kind == "prompt_completion":
+        messages = _prompt_completion(record, where, names, turns)
     else:
-        raise DataError(
-            f"{where}: missing field: a record needs 'messages' (chat format) "
-            f"or 'instruction' and 'output' (alpaca format); found fields {sorted(record)}"
-        )
+        messages = _alpaca_messages(record, where, names)
     if system_prompt is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})
-    return {"messages": messages, "tools": tools}
+        turns.shift(1)
+    conversation = {"messages": messages, "tools": tools, "unused": _unused(record, kind, names, turns.unused)}
+    return conversation | turns.fields()
 
 
 def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, Any]]:
     """The conversation of one record (any format), validated, without its tools: what an eval prompt needs."""
-    return to_conversation(record, where, system_prompt)["messages"]
+    conversation = to_conversation(record, where, system_prompt)
+    if conversation["messages"] is None:
+        raise DataError(
+            f"{where}: a plain-text record (TRL's 'text' or string 'prompt'/'completion') has no chat turns to prompt "
+            "a generation eval with; give the eval set as messages"
+        )
+    return conversation["messages"]
+
+
+def _kind(record: dict, where: str) -> str:
+    if "conversations" in record:
+        return "sharegpt"
+    if "messages" in record:
+        return "messages"
+    if "instruction" in record or "output" in record:
+        return "alpaca"
+    if "prompt" in record:
+        if "completion" not in record:
+            raise DataError(
+                f"{where}: a 'prompt' without a 'completion' (TRL's prompt-only kind) has nothing to train on; "
+                f"a record needs {ACCEPTED_KINDS}"
+            )
+        if "label" in record:
+            raise DataError(f"{where}: field 'label': unpaired preference data (TRL's KTO kind), not SFT; drop the "
+                            "records labelled false and the field")  # fmt: skip
+        return "prompt_completion"
+    if "text" in record:
+        return "text"
+    raise DataError(f"{where}: missing field: a record needs {ACCEPTED_KINDS}; found fields {sorted(record)}")
+
+
+def _refuse_foreign_fields(record: dict, where: str, names: _FieldNames) -> None:
+    for name, what in REFUSED_FIELDS.items():
+        if record.get(name) not in (None, "", [], {}):
+            raise DataError(f"{where}: field '{names[name]}' holds {what}, which this package cannot train on; "
+                            "drop the field or the record")  # fmt: skip
+
+
+def _unused(record: dict, kind: str, names: _FieldNames, message_keys: list[str]) -> list[str]:
+    """The record's fields its kind does not read (named as the user wrote them), then its unused message keys."""
+    return sorted(names[name] for name in record.keys() - USED_FIELDS[kind]) + sorted(set(message_keys))
+
+
+def _plain_text(record: dict, kind: str, where: str, names: _FieldNames) -> dict[str, Any]:
+    """TRL's standard kinds, trained as TRL trains them: no chat template, the completion (or all the text) learnt."""
+    if kind == "text":
+        text = _string_field(record, "text", where, label=names["text"])
+        return {"text": text, "prompt_chars": 0, "messages": None, "tools": None}
+    prompt = _string_field(record, "prompt", where, label=names["prompt"])
+    completion = record["completion"]
+    if not isinstance(completion, str):
+        raise DataError(f"{where}: field '{names['completion']}' must be a string like the prompt (TRL's standard "
+                        f"kind), got {type(completion).__name__}")  # fmt: skip
+    completion = _string_field(record, "completion", where, label=names["completion"])
+    return {"text": prompt + completion, "prompt_chars": len(prompt), "messages": None, "tools": None}
+
+
+def _prompt_completion(record: dict, where: str, names: _FieldNames, turns: _Turns) -> list[dict[str, Any]]:
+    """TRL's conversational prompt/completion: the prompt's turns are context, the completion's assistant turns
+    (several, tool calls and results among them) are what is trained."""
+    prompt, completion = record["prompt"], record["completion"]
+    if not isinstance(completion, list):
+        raise DataError(f"{where}: field '{names['completion']}' must be a list of messages like the prompt (TRL's "
+                        f"conversational kind), got {type(completion).__name__}")  # fmt: skip
+    first = _messages(prompt, where, names["prompt"], need_assistant=False, turns=turns)
+    turns.offset = len(first)
+    rest = _messages(completion, where, names["completion"], turns=turns, system_first=False)
+    turns.completion_from = len(first)
+    return first + rest
+
+
+class _Turns:
+    """What a record's turns say besides role and content, gathered while they are validated: training flags and
+    spans by message index, the first message of a TRL completion, and the message keys nothing reads."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.offset = 0  # index of the list being read within the conversation (a TRL completion follows its prompt)
+        self.flags: dict[int, bool] = {}
+        self.detail: dict[int, list[tuple[int, int, bool]]] = {}
+        self.completion_from = 0
+        self.unused: list[str] = []
+
+    def read(self, message: dict, role: str, content: str, i: int, name: str, list_name: str, used: set[str]) -> None:
+        flag = message_flag(message, role, self.where, name)
+        if flag is not None:
+            self.flags[self.offset + i] = flag
+        detail = train_detail(message, content, role, self.where, name)
+        if detail is not None:
+            self.detail[self.offset + i] = detail
+        self.unused += _unused_keys(message, used, list_name)
+
+    def shift(self, by: int) -> None:
+        """Message indices after a system turn was put first."""
+        self.flags = {i + by: v for i, v in self.flags.items()}
+        self.detail = {i + by: v for i, v in self.detail.items()}
+        self.completion_from += by if self.completion_from else 0
+
+    def fields(self) -> dict[str, Any]:
+        found = {"flags": self.flags, "detail": self.detail, "completion_from": self.completion_from}
+        return {key: value for key, value in found.items() if value}
+
+
+def _unused_keys(message: dict, used: set[str], list_name: str) -> list[str]:
+    """The keys of a message that no reader uses, as ``messages[].name``; a null one is an absent one (Arrow gives
+    every message of a column every key any message has)."""
+    return [f"{list_name}[].{key}" for key in message.keys() - used if message[key] is not None]
 
 
 class _FieldNames(dict):
@@ -163,8 +324,8 @@ def _unmet_columns(missing: list[tuple[str, str]], mapped: dict) -> list[tuple[s
     field (instruction, output) it still lacks, so the user hears of their column, not of 'output' they never wrote."""
     if not any(name in mapped for name in FORMAT_FIELDS):
         return missing
-    if "messages" in mapped or "conversations" in mapped:
-        return []
+    if "messages" in mapped or "conversations" in mapped or not ALPACA_FIELDS & mapped.keys():
+        return []  # a chat, TRL or text record
     return [(key, column) for key, column in missing if COLUMN_ALIASES.get(key, key) in ALPACA_FIELDS - mapped.keys()]
 
 
@@ -182,32 +343,38 @@ def _tools(tools: Any, where: str, name: str) -> list[dict] | None:
     return tools
 
 
-def _sharegpt_messages(record: dict, where: str, roles: dict[str, str], names: _FieldNames) -> list[dict[str, Any]]:
-    """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call."""
+def _sharegpt_messages(
+    record: dict, where: str, speakers: tuple[dict[str, str], tuple[str, str]], names: _FieldNames, flags: _Turns
+) -> list[dict[str, Any]]:
+    """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call.
+    ``speakers``: the roles of the ``from`` names, and the turn's speaker and text keys (``from``, ``value``)."""
+    (roles, (role_key, text_key)), used = speakers, USED_TURN_KEYS | set(speakers[1])
     turns, list_name = record["conversations"], names["conversations"]
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{from, value}} objects")
+        raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{{role_key}, {text_key}}} objects")
     messages: list[dict[str, Any]] = []
     for i, turn in enumerate(turns):
         name = f"{list_name}[{i}]"
         if not isinstance(turn, dict):
-            raise DataError(f"{where}: field '{name}' must be an object with 'from' and 'value'")
-        speaker, value = turn.get("from"), turn.get("value")
+            raise DataError(f"{where}: field '{name}' must be an object with '{role_key}' and '{text_key}'")
+        speaker, value = turn.get(role_key), turn.get(text_key)
         if speaker not in roles:
             raise DataError(
-                f"{where}: field '{name}.from': unknown speaker {speaker!r}; use one of {sorted(roles)} "
+                f"{where}: field '{name}.{role_key}': unknown speaker {speaker!r}; use one of {sorted(roles)} "
                 "or map it with --sharegpt_roles NAME=ROLE"
             )
         if not isinstance(value, str):
-            raise DataError(f"{where}: field '{name}.value' must be a string, got {type(value).__name__}")
+            raise DataError(f"{where}: field '{name}.{text_key}' must be a string, got {type(value).__name__}")
         role = roles[speaker]
-        reasoning = {"reasoning_content": turn["reasoning_content"]} if "reasoning_content" in turn else {}
+        # The turn's own extras travel with it to the one validator: reasoning, training flags and spans.
+        extras = {key: turn[key] for key in ("reasoning_content", DETAIL_KEY, *FLAG_KEYS) if key in turn}
+        flags.unused += _unused_keys(turn, used, list_name)
         if role == "function_call":
             call = _sharegpt_call(value, where, name)
-            messages.append({"role": "assistant", "content": "", "tool_calls": [call], **reasoning})
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call], **extras})
         else:
-            messages.append({"role": role, "content": value, **reasoning})
-    messages = _messages(messages, where, list_name, validate_calls=False, content_field="value")
+            messages.append({"role": role, "content": value, **extras})
+    messages = _messages(messages, where, list_name, validate_calls=False, content_field=text_key, turns=flags)
     system = record.get("system")
     if system:  # prepended after validation, so errors index the record's own turns
         if not isinstance(system, str):
@@ -216,6 +383,7 @@ def _sharegpt_messages(record: dict, where: str, roles: dict[str, str], names: _
             raise DataError(f"{where}: field '{names['system']}': {list_name}[0] is a system turn already; keep one "
                             "of them")  # fmt: skip
         messages.insert(0, {"role": "system", "content": system})
+        flags.shift(1)
     return messages
 
 
@@ -230,6 +398,11 @@ def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
 
 
 def _alpaca_messages(record: dict, where: str, names: _FieldNames) -> list[dict[str, Any]]:
+    if "instruction" not in record and "prompt" in record:  # half of a TRL record mapped by --columns
+        raise DataError(
+            f"{where}: missing field 'instruction' (alpaca); a TRL 'prompt'/'completion' record is read as it is "
+            "without --columns, or as a chat turn with --columns prompt=prompt,response=completion"
+        )
     instruction = _string_field(record, "instruction", where, label=names["instruction"])
     output = _string_field(record, "output", where, label=names["output"])
     optional = {"required": False, "allow_empty": True}
@@ -237,19 +410,47 @@ def _alpaca_messages(record: dict, where: str, names: _FieldNames) -> list[dict[
     system = _string_field(record, "system", where, label=names["system"], **optional)
     reasoning = _string_field(record, "reasoning", where, label=names["reasoning"], **optional)
     messages = [{"role": "system", "content": system}] if system else []
+    messages += _history(record.get("history"), where, names["history"])
     user = f"{instruction}\n{extra}" if extra else instruction
     answer = {"role": "assistant", "content": output} | ({"reasoning_content": reasoning} if reasoning else {})
     return messages + [{"role": "user", "content": user}, answer]
 
 
+def _history(history: Any, where: str, name: str) -> list[dict[str, Any]]:
+    """LLaMA-Factory's ``history``: ``[[query, answer], ...]``, the rounds before the instruction, oldest first."""
+    if history is None or history == []:
+        return []
+    if not isinstance(history, list):
+        raise DataError(f"{where}: field '{name}' must be a list of [query, answer] pairs")
+    messages = []
+    for k, pair in enumerate(history):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise DataError(f"{where}: field '{name}[{k}]' must be a [query, answer] pair")
+        for role, j in (("user", 0), ("assistant", 1)):
+            content = _string_field({"v": pair[j]}, "v", where, label=f"{name}[{k}][{j}]")
+            messages.append({"role": role, "content": content})
+    return messages
+
+
 def _messages(
-    messages: Any, where: str, list_name: str, validate_calls: bool = True, content_field: str = "content"
+    messages: Any,
+    where: str,
+    list_name: str,
+    validate_calls: bool = True,
+    content_field: str = "content",
+    *,
+    turns: _Turns | None = None,
+    need_assistant: bool = True,
+    system_first: bool = True,
 ) -> list[dict[str, Any]]:
-    """The one validator of turns: roles as in ``ROLES``, a system turn only first, content a non-empty string except
-    beside tool calls (which only assistant turns make), reasoning only on assistant turns, some assistant turn.
+    """The one validator of turns: roles as in ``ROLES``, a system turn only first, content a non-empty string (or
+    a list of text parts) except beside tool calls (which only assistant turns make), reasoning only on assistant
+    turns, some assistant turn (unless ``need_assistant`` is off: a TRL prompt); training flags read into ``turns``.
 
     ``list_name`` and ``content_field`` are the record's own names (``conversations`` / ``value`` for ShareGPT), so
-    errors point at the field the user wrote."""
+    errors point at the field the user wrote. ``system_first`` off: the list continues a conversation (a TRL
+    completion), so no turn of it may be a system turn."""
+    turns = turns or _Turns(where)
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{role, content}} objects")
     result = []
@@ -260,8 +461,9 @@ def _messages(
         role = _string_field(message, "role", where, label=f"{name}.role")
         if role not in ROLES:
             raise DataError(f"{where}: field '{name}.role': unknown role {role!r}; use one of {list(ROLES)}")
-        if role == "system" and i != 0:
+        if role == "system" and (i != 0 or not system_first):
             raise DataError(f"{where}: field '{name}.role': a system turn may only come first")
+        message = _parts_read(message, where, f"{name}.{content_field}")
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
             raise DataError(f"{where}: field '{name}.tool_calls': only assistant turns make tool calls")
@@ -276,10 +478,26 @@ def _messages(
                 _tool_call(call, where, f"{name}.tool_calls[{j}]") if validate_calls else call
                 for j, call in enumerate(calls)
             ]
+        turns.read(message, role, content, i, name, list_name, USED_MESSAGE_KEYS)
         result.append(out)
-    if not any(m["role"] == "assistant" for m in result):
+    if need_assistant and not any(m["role"] == "assistant" for m in result):
         raise DataError(f"{where}: field '{list_name}': no assistant turn, so there is nothing to train on")
     return result
+
+
+def _parts_read(message: dict, where: str, name: str) -> dict:
+    """A message whose content is a list of parts, as one with their text joined, their reasoning as
+    ``reasoning_content`` and their tool calls added to its ``tool_calls`` (``hf_lora_ds.data.content_parts``)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = join_parts(content, where, name)
+    joined = {**message, "content": parts.text}
+    if parts.reasoning and not message.get("reasoning_content"):
+        joined["reasoning_content"] = parts.reasoning
+    if parts.calls:
+        joined["tool_calls"] = [*(message.get("tool_calls") or []), *parts.calls]
+    return joined
 
 
 def _reasoning(message: dict, role: str, where: str, name: str) -> dict[str, str]:

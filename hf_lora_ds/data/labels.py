@@ -21,6 +21,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from hf_lora_ds.data.template_rule import IGNORE_INDEX, TemplateError
+from hf_lora_ds.data.turn_flags import TextMask, mask_labels
 
 __all__ = ["FlatLabels", "labels_from_spans", "batch_labels", "tokenized_labels", "sample_tokens"]
 
@@ -60,6 +61,11 @@ class FlatLabels:
     ids: np.ndarray
     labels: np.ndarray
     lengths: np.ndarray
+    flag_counts: np.ndarray | None = None  # per text: tokens masked and tokens switched on by training flags
+
+    def __post_init__(self) -> None:
+        if self.flag_counts is None:
+            object.__setattr__(self, "flag_counts", np.zeros((len(self.lengths), 2), dtype=np.int64))
 
 
 def batch_labels(
@@ -94,19 +100,27 @@ def batch_labels(
 
 
 def tokenized_labels(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]]
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    masks: Sequence[TextMask | None] | None = None,
 ) -> FlatLabels:
     """The texts tokenized and labelled (``batch_labels``); a text with a token across a span's start is tokenized
-    in pieces cut at its spans' starts (``sample_tokens``), and only then can a crossing token be an error."""
+    in pieces cut at its spans' starts (``sample_tokens``), and only then can a crossing token be an error. Texts
+    with a training-flag mask (``hf_lora_ds.data.turn_flags``) then have its characters' tokens switched off."""
     encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
     ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
     try:
-        return batch_labels(tokenizer, texts, spans, offsets, ids)
+        flat = batch_labels(tokenizer, texts, spans, offsets, ids)
     except TemplateError:
         for k, (text, text_spans) in enumerate(zip(texts, spans)):
             if _crosses_a_start(offsets[k], text_spans):
                 ids[k], offsets[k] = _pieces(tokenizer, text, text_spans)
-    return batch_labels(tokenizer, texts, spans, offsets, ids)
+        flat = batch_labels(tokenizer, texts, spans, offsets, ids)
+    if masks is None:
+        return flat
+    labels, counts = mask_labels(flat.labels, flat.lengths, offsets, masks)
+    return FlatLabels(flat.ids, labels, flat.lengths, counts)
 
 
 def sample_tokens(tokenizer: PreTrainedTokenizerBase, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:

@@ -8,6 +8,7 @@ learns to stop), trained turns whose inference prompt is not the start of their 
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.inference_prompts import RoundTrip
 
-__all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision"]
+__all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision", "show_samples", "trained_spans"]
 
 OPEN, CLOSE = "[[", "]]"
 
@@ -34,6 +35,18 @@ class MaskAudit:
     spans_cut_by_truncation: int
     example: str
     round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.data.inference_prompts)
+    flags: dict[str, int] | None = None  # what the records' training flags changed (hf_lora_ds.data.turn_flags)
+
+    def flags_line(self) -> str | None:
+        """What the records' per-turn training flags changed against ``--assistant_turns``, or None if nothing."""
+        if not self.flags or not any(self.flags.values()):
+            return None
+        f = self.flags
+        return (
+            f"training flags: {f['turns_off']} turns switched off, {f['turns_on']} switched on; "
+            f"{f['tokens_masked']} tokens masked inside located turns, {f['tokens_on']} trained in turns only the "
+            "flags train"
+        )
 
     @property
     def all_spans_end_in_eot(self) -> bool:
@@ -47,6 +60,7 @@ class MaskAudit:
             f"{self.spans_ending_in_eot}/{self.spans} spans end in the end-of-turn token"
             + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
             + (f"; {self.round_trip.line()}" if self.round_trip else "")
+            + (f"; {flags}" if (flags := self.flags_line()) else "")
         )
 
     def __str__(self) -> str:
@@ -61,6 +75,7 @@ class MaskAudit:
                 f"every span ends in end-of-turn:   {verdict} ({self.spans_ending_in_eot}/{self.spans}, "
                 f"{self.spans_cut_by_truncation} cut by truncation)",
                 *([self.round_trip.line()] if self.round_trip else []),
+                *([flags] if (flags := self.flags_line()) else []),
                 f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
                 self.example,
             ]
@@ -81,6 +96,42 @@ def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int],
     if run:
         pieces.append(OPEN + tokenizer.decode(run) + CLOSE)
     return "".join(pieces)
+
+
+def trained_spans(tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int]) -> tuple[str, list]:
+    """A sample's text, decoded whole, and its supervised runs as ``[start, end]`` character spans of that text: a
+    run's span ends where the text decoded through it ends (runs start and end on character boundaries: at the
+    template's text, or where training flags cut, which follow a token's first character)."""
+    text = _decode(tokenizer, input_ids)
+    spans, start = [], None
+    for i, label in enumerate([*labels, IGNORE_INDEX]):
+        if label != IGNORE_INDEX and start is None:
+            start = i
+        elif label == IGNORE_INDEX and start is not None:
+            spans.append([len(_decode(tokenizer, input_ids[:start])), len(_decode(tokenizer, input_ids[:i]))])
+            start = None
+    return text, spans
+
+
+def show_samples(dataset: ChatSFTDataset, count: int, style: str = "text") -> str:
+    """The first ``count`` samples with what is trained: ``text``, the decoded sample with each supervised run in
+    [[ ]]; ``jsonl``, one JSON object a sample (``sample``, ``where``, ``text``, ``trained``: character spans of
+    ``text``), a stable interface for scripts."""
+    wheres = dataset.samples.with_format(None).select_columns(["where"])
+    lines = []
+    for i in range(min(count, len(dataset))):
+        sample, where = dataset[i], wheres[i]["where"]
+        if style == "jsonl":
+            text, spans = trained_spans(dataset.tokenizer, sample["input_ids"], sample["labels"])
+            lines.append(json.dumps({"sample": i, "where": where, "text": text, "trained": spans}, ensure_ascii=False))
+        else:
+            marked = render_supervision(dataset.tokenizer, sample["input_ids"], sample["labels"])
+            lines.append(f"--- sample {i} ({where}), supervised tokens in {OPEN} {CLOSE}:\n{marked}")
+    return "\n".join(lines)
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAudit:
@@ -113,6 +164,7 @@ def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAud
         spans_ending_in_eot=ending_in_eot,
         spans_cut_by_truncation=cut,
         example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
+        flags=dataset.flag_counts if source is None else None,
     )
 
 

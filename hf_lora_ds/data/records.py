@@ -46,7 +46,8 @@ class Record:
 
 
 def load_records(data: str | Path | list[dict]) -> list[Record]:
-    """Read records from a ``.json`` (array or JSON lines), ``.jsonl`` or ``.parquet`` file, or take a list.
+    """Read records from a ``.json`` (array, JSON lines or one object), ``.jsonl`` or ``.parquet`` file, or take a
+    list.
 
     For the small files held whole (eval sets); training data is read into Arrow by ``hf_lora_ds.data.record_table``.
     """
@@ -72,6 +73,8 @@ def iter_record_texts(data: str | Path) -> Iterator[tuple[str, str]]:
         texts = _parquet_texts(path)
     elif _starts_with_bracket(path):
         texts = _json_array_texts(path)
+    elif suffix == ".json" and not _first_line_is_json(path):
+        texts = _one_object_text(path)
     else:
         texts = _json_line_texts(path)
     empty = True
@@ -118,6 +121,32 @@ def _starts_with_bracket(path: Path) -> bool:
             if text:
                 return text.startswith(b"[")
     return False
+
+
+def _first_line_is_json(path: Path) -> bool:
+    """Whether a ``.json`` file's first non-blank line is a JSON value of its own: JSON lines, else one object
+    written over several lines (axolotl's fixtures), read whole."""
+    for line, _ in _json_line_texts(path):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            return False
+        return True
+    return True
+
+
+def _one_object_text(path: Path) -> Iterator[tuple[str, str]]:
+    """The one JSON value a ``.json`` file holds, as one record; a malformed file is reported with what Python's
+    parser says about the whole of it (its line and column)."""
+    text = "".join(_utf8_chunks(path))
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{path}, line {err.lineno}: malformed JSON (read whole, as one object, since its first line is no JSON "
+            f"value of its own; Python's json parser: {err})"
+        ) from None
+    yield text, f"{path}, line 1 (the file's one object)"
 
 
 def _not_utf8(path: Path, line: int, offset: int, byte: int) -> DataError:

@@ -41,7 +41,7 @@ __all__ = ["Locator"]
 _STAND_IN = "\ue000{}\ue001"  # private-use characters around the message index: no template writes them itself
 _STAND_INS = re.compile("\ue000(\\d+)\ue001")
 Place = tuple[int, int]  # (piece, offset in it) of a skeleton position that lies outside every stand-in
-Shape = tuple[str, ...]  # the roles of a conversation's messages
+Shape = tuple[str, ...]  # the roles of a conversation's messages (and the turns it trains, where a record chose them)
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,10 @@ class Locator:
         plain = all(m.keys() == {"role", "content"} and isinstance(m["content"], str) and m["content"] for m in messages)
         if not (self.blind and plain and not conversation["tools"]):
             return None  # tools, tool calls and reasoning are read by templates; an empty content tests false
-        shape = tuple(m["role"] for m in messages)
+        turns = conversation.get("turns")  # trained turns that a record's flags chose, part of the shape
+        shape = (*(m["role"] for m in messages), *(() if turns is None else ("turns", *map(str, turns))))
         if shape not in self._skeletons:
-            self._skeletons[shape] = self._build(shape)
+            self._skeletons[shape] = self._build(shape[: len(messages)], turns)
         return shape
 
     def _check_renders(self, conversations: Sequence[dict[str, Any]], shapes: list[Shape | None]) -> None:
@@ -118,11 +119,12 @@ class Locator:
             if self._skeletons[shape].fill([m["content"] for m in conversations[k]["messages"]])[0] != text:
                 self._skeletons[shape] = None
 
-    def _build(self, shape: Shape) -> _Skeleton | None:
-        """The prefix rule's renders of the shape with stand-ins; None when its turns are not all in one text."""
+    def _build(self, shape: Shape, chosen: list[int] | None) -> _Skeleton | None:
+        """The prefix rule's renders of the shape with stand-ins, training the ``chosen`` turns (None: those of
+        ``assistant_turns``); None when its turns are not all in one text."""
         tokenizer = self.rules.tokenizer
         stand_ins = [{"role": role, "content": _STAND_IN.format(j)} for j, role in enumerate(shape)]
-        turns = trained_turns(stand_ins, self.assistant_turns)
+        turns = trained_turns(stand_ins, self.assistant_turns if chosen is None else chosen)
         try:
             text = render(tokenizer, stand_ins, enable_thinking=self.thinking)
             parts = _STAND_INS.split(text)

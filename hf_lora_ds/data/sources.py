@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
 
+from hf_lora_ds.data.dataset_info import INFO_NAME, InfoEntry, info_file, read_entries
+from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.record_table import RecordTable, from_list, from_rows, read_file
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.distributed import main_process_first
@@ -46,10 +48,12 @@ class Source:
 @dataclass
 class LoadedData:
     """Records in training order, as a table with ``record``, ``where`` and ``source`` columns, and the number of
-    samples each source supplies, in the order the sources were given."""
+    samples each source supplies, in the order the sources were given; ``formats``: how the records of a source are
+    read where it says so itself (an entry of LLaMA-Factory's ``dataset_info.json``), by source."""
 
     table: datasets.Dataset
     source_counts: dict[str, int]
+    formats: dict[str, FormatOptions] = field(default_factory=dict)
 
     @property
     def records(self) -> RecordTable:
@@ -102,12 +106,15 @@ def _weight(value: Any, location: Any, mixture: bool) -> float | None:
     return weight
 
 
-def _load_table(location: str, trust_remote_code: bool, cache_dir: str | Path | None) -> datasets.Dataset:
+def _load_table(
+    location: str, trust_remote_code: bool, cache_dir: str | Path | None, source: str | None = None
+) -> datasets.Dataset:
+    """The records of one source, whose rows are named ``source`` (default: its location)."""
     path = Path(location)
     if path.is_file():
-        return read_file(path, location, cache_dir)
+        return read_file(path, source or location, cache_dir)
     if path.is_dir():
-        return _load_directory(path, location, cache_dir)
+        return _load_directory(path, source or location, cache_dir)
     if path.suffix.lower() in DATA_SUFFIXES:
         raise FileNotFoundError(f"data file not found: {path} (check --train_file / --eval_file)")
     return from_rows(_load_hub(location, trust_remote_code), location, cache_dir)
@@ -149,21 +156,49 @@ def _load_hub(location: str, trust_remote_code: bool) -> datasets.Dataset:
 
 
 def load_data(
-    spec: str | Path | list[dict], seed: int = 0, trust_remote_code: bool = False, cache_dir: str | Path | None = None
+    spec: str | Path | list[dict],
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    cache_dir: str | Path | None = None,
+    dataset: str | None = None,
 ) -> LoadedData:
-    """Records of ``spec``: one source or several mixed by weight (``--train_file`` text), or a list of records.
+    """Records of ``spec``: one source or several mixed by weight (``--train_file`` text), or a list of records;
+    a ``dataset_info.json`` (or its folder) with the entries ``dataset`` names (``--dataset a,b``).
 
     On a multi-rank run rank 0 reads the sources into the cache first; the other ranks then read its tables.
     """
     if isinstance(spec, list):
         return LoadedData(from_list(spec), {"records": len(spec)})
     sources = parse_sources(str(spec))
+    info = info_file(sources[0].location) if len(sources) == 1 else None
+    if info is not None:
+        return _load_entries(read_entries(info, dataset), seed, cache_dir)
+    if dataset:
+        raise DataError(f"--dataset {dataset}: names entries of LLaMA-Factory's {INFO_NAME}, and --train_file {spec} "
+                        f"is no {INFO_NAME} (nor a folder holding one)")  # fmt: skip
+    for source in sources:
+        if info_file(source.location):
+            raise DataError(f"mixture source {source.location!r}: a {INFO_NAME} cannot be a part of a mixture; give "
+                            "it alone with --dataset NAME[,NAME]")  # fmt: skip
     with main_process_first():
         loaded = [(source, _load_table(source.location, trust_remote_code, cache_dir)) for source in sources]
     if len(loaded) == 1:
         source, table = loaded[0]
         return LoadedData(table, {source.location: len(table)})
     return mix(loaded, seed)
+
+
+def _load_entries(entries: list[InfoEntry], seed: int, cache_dir: str | Path | None) -> LoadedData:
+    """The entries' files, each a source named after its entry, concatenated (as LLaMA-Factory mixes them) and
+    shuffled; each read with its entry's columns and tags."""
+    with main_process_first():
+        tables = [(entry, _load_table(str(entry.path), False, cache_dir, source=entry.name)) for entry in entries]
+    formats = {entry.name: entry.formats for entry in entries}
+    if len(tables) == 1:
+        return LoadedData(tables[0][1], {entries[0].name: len(tables[0][1])}, formats)
+    mixed = mix([(Source(entry.name, max(len(table), 1)), table) for entry, table in tables], seed)
+    mixed.formats = formats
+    return mixed
 
 
 def mix(parts: list[tuple[Source, datasets.Dataset]], seed: int) -> LoadedData:

@@ -15,6 +15,7 @@ answer from fewer renders where it can prove it the same; ``hf_lora_ds.data.labe
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -103,14 +104,20 @@ def render_samples(
     return prefix_samples(TurnRules.of(tokenizer, thinking), messages, assistant_turns, tools)
 
 
-def trained_turns(messages: list[dict[str, Any]], assistant_turns: AssistantTurns) -> list[int]:
-    """The message indices of the assistant turns that are trained."""
+def trained_turns(messages: list[dict[str, Any]], assistant_turns: AssistantTurns | Sequence[int]) -> list[int]:
+    """The message indices of the assistant turns that are trained: ``assistant_turns`` itself where it lists them
+    (a record's training flags decided them, ``hf_lora_ds.data.turn_flags``)."""
+    if not isinstance(assistant_turns, str):
+        return sorted(assistant_turns)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     return turns[-1:] if assistant_turns == "last" else turns
 
 
 def prefix_samples(
-    rules: TurnRules, messages: list[dict[str, Any]], assistant_turns: AssistantTurns, tools: list[dict] | None
+    rules: TurnRules,
+    messages: list[dict[str, Any]],
+    assistant_turns: AssistantTurns | Sequence[int],
+    tools: list[dict] | None,
 ) -> list[TrainingText]:
     """``render_samples`` by the rule itself: the reference, and the fallback of ``hf_lora_ds.data.skeleton``.
 

@@ -81,8 +81,15 @@ class SFTTrainingArguments(TrainingArguments):
         metadata={
             "help": "Training data: a .json/.jsonl/.parquet file, a datasets.save_to_disk directory, a folder of such "
             "files, or a Hub dataset id (name, name:config, name@split); several mixed by weight as "
-            "'a.jsonl:0.7,b_dir:0.3' (or a list in the YAML file). Records: alpaca, messages (with tool calls), "
-            "ShareGPT."
+            "'a.jsonl:0.7,b_dir:0.3' (or a list in the YAML file); LLaMA-Factory's dataset_info.json with --dataset. "
+            "Records: alpaca (with history), messages (with tool calls), ShareGPT, TRL prompt/completion and text."
+        },
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --train_file path/to/dataset_info.json (LLaMA-Factory's, or its folder): the entries to "
+            "train on, 'NAME[,NAME]', each read with its own formatting, columns and tags, concatenated."
         },
     )
     eval_file: str | None = field(

@@ -123,7 +123,7 @@ def sequence_profile(args) -> SequenceProfile:
         tokenizer = load_tokenizer(args, need_weights=False)
     except UserError:  # a directory with only config.json, a config file, a hub id out of reach: plan by max_length
         return SequenceProfile.unknown(args.max_length)
-    return profile_from_dataset(sft_dataset(load_run_data(args.train_file, args), tokenizer, args))
+    return profile_from_dataset(sft_dataset(load_run_data(args.train_file, args, args.dataset), tokenizer, args))
 
 
 def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:

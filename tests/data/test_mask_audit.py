@@ -68,3 +68,13 @@ def test_audit_per_source_of_a_mixture(chatml_tokenizer, tmp_path):
     assert list(per_source) == [a]  # b kept no sample, so it has no audit of its own
     assert (per_source[a].samples, per_source[a].dropped_empty, per_source[a].truncated) == (2, 0, 0)
     assert (cut.dropped_by_source[b], cut.truncated_by_source[b]) == (1, 1)
+
+
+def test_audit_counts_what_training_flags_switched(chatml_tokenizer, tmp_path):
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!", "weight": 0},
+                {"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "cats."}]
+    report = audit_dataset(ChatSFTDataset([*RECORDS, {"messages": messages}], chatml_tokenizer, cache_dir=tmp_path))
+    assert report.flags_line() == ("training flags: 1 turns switched off, 0 switched on; 0 tokens masked inside "
+                                   "located turns, 0 trained in turns only the flags train")  # fmt: skip
+    assert report.flags_line() in report.line() and report.flags_line() in str(report)
+    assert audit_dataset(ChatSFTDataset(RECORDS, chatml_tokenizer, cache_dir=tmp_path)).flags_line() is None

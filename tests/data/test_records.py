@@ -34,7 +34,7 @@ GOOD = json.dumps({"instruction": "1=", "output": "0 + 1"})
     [
         ('{"instruction": "1=", "output": ', r"train.jsonl, line 2: malformed JSON"),
         ('{"instruction": "1="}', r"train.jsonl, line 2: missing field 'output'"),
-        ('{"prompt": "1=", "completion": "1"}', r"train.jsonl, line 2: missing field: .*'messages'"),
+        ('{"question": "1=", "answer": "1"}', r"train.jsonl, line 2: missing field: .*'messages'.*--columns"),
         ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: field 'messages\[0\].role': unknown role 'robot'"),
         ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}',
          r"line 2: field 'messages\[1\].content' is empty"),
@@ -124,3 +124,30 @@ def test_system_prompt_only_added_when_missing():
     record = {"messages": [{"role": "system", "content": "Mine"}, {"role": "user", "content": "q"},
                            {"role": "assistant", "content": "a"}]}
     assert to_messages(record, system_prompt="S")[0]["content"] == "Mine"
+
+
+def test_a_json_file_holding_one_object_is_one_record(tmp_path):
+    """axolotl's conversation fixture: one pretty-printed object in a .json file."""
+    record = {"conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Bonjour!"}]}
+    path = tmp_path / "conversation.json"
+    path.write_text(json.dumps(record, indent=2))
+    assert [(r.data, r.where) for r in load_records(path)] == [(record, f"{path}, line 1 (the file's one object)")]
+
+
+def test_a_malformed_one_object_file_quotes_pythons_parser_on_the_whole_file(tmp_path):
+    path = tmp_path / "conversation.json"
+    path.write_text('{\n  "conversations": [\n    {"from": "human" "value": "Hello"}\n  ]\n}\n')
+    with pytest.raises(DataError) as err:
+        load_records(path)
+    try:
+        json.loads(path.read_text())
+    except json.JSONDecodeError as parser:
+        said = str(parser)
+    assert str(err.value).startswith(f"{path}, line 3: malformed JSON (") and said in str(err.value)
+    assert "line 3 column 22" in said
+
+
+def test_json_lines_in_a_json_file_are_still_read_a_line_at_a_time(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(GOOD + "\n" + GOOD + "\n")
+    assert [r.where for r in load_records(path)] == [f"{path}, line 1", f"{path}, line 2"]

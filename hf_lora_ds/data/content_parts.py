@@ -1,0 +1,79 @@
+"""A message's content given as a list of typed parts, as OpenAI, Hugging Face and LLaMA-Factory v1 write it.
+
+OpenAI and the HF chat form write ``[{"type": "text", "text": ...}]``; LLaMA-Factory's v1 records write
+``[{"type": "text", "value": ...}]`` and keep a turn's reasoning and tool calls in parts of their own
+(``{"type": "reasoning", "value": ...}``, ``{"type": "tool_calls", "value": "<JSON>"}``). Text parts are joined in
+order, with nothing between them, into the one string the chat template writes (the label rule locates the content
+as that string); reasoning parts become ``reasoning_content``, tool-call parts the turn's ``tool_calls``. A part
+this text-only package cannot train on (an image, audio, a file) is refused, naming it, rather than left out of a
+turn whose answer may refer to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_lora_ds.data.records import DataError
+
+__all__ = ["Parts", "join_parts"]
+
+_TEXT_KEYS = ("text", "value")  # OpenAI / HF, LLaMA-Factory v1
+
+
+@dataclass
+class Parts:
+    """What a list of parts holds: the joined text, the joined reasoning, and the tool calls (raw, validated later)."""
+
+    text: str = ""
+    reasoning: str = ""
+    calls: list[Any] = field(default_factory=list)
+
+
+def join_parts(parts: list[Any], where: str, name: str) -> Parts:
+    """The parts of ``name`` (``messages[1].content``) read in order; a part that is no text is refused."""
+    joined = Parts()
+    texts, reasoning = [], []
+    for j, part in enumerate(parts):
+        label = f"{name}[{j}]"
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise DataError(
+                f"{where}: field '{label}' must be a part object such as {{\"type\": \"text\", \"text\": ...}}"
+            )
+        kind = part["type"]
+        if kind not in ("text", "reasoning", "tool_calls"):
+            raise DataError(
+                f"{where}: field '{label}': a {kind!r} part; only text parts can be trained on here (this package "
+                "trains text-only models): drop the part or the record"
+            )
+        value = _part_value(part, where, label)
+        if kind == "text":
+            texts.append(value)
+        elif kind == "reasoning":
+            reasoning.append(value)
+        else:
+            joined.calls += _calls(value, where, label)
+    joined.text, joined.reasoning = "".join(texts), "".join(reasoning)
+    return joined
+
+
+def _part_value(part: dict, where: str, label: str) -> str:
+    for key in _TEXT_KEYS:
+        if key in part and part[key] is not None:
+            if not isinstance(part[key], str):
+                raise DataError(f"{where}: field '{label}.{key}' must be a string, got {type(part[key]).__name__}")
+            return part[key]
+    raise DataError(f"{where}: field '{label}': a {part['type']!r} part needs 'text' (or 'value')")
+
+
+def _calls(value: str, where: str, label: str) -> list[Any]:
+    """LLaMA-Factory v1's tool-call part: one call or a list of them, as JSON; each becomes an OpenAI-style call."""
+    try:
+        calls = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{where}: field '{label}.value': tool call is not valid JSON ({err.msg} at column {err.colno})"
+        ) from None
+    calls = calls if isinstance(calls, list) else [calls]
+    return [{"function": call} if isinstance(call, dict) and "function" not in call else call for call in calls]

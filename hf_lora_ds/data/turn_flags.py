@@ -1,0 +1,225 @@
+"""Per-turn and per-span training flags, in each framework's spelling, honoured exactly by the labels.
+
+Every peer lets a record say which turns are learnt, each in its own words: axolotl's per-message ``train`` (bool)
+and ``train_detail`` (``[{"begin_offset", "end_offset", "train"}]``, character offsets into the content, both ends
+inclusive as axolotl's docs count them), OpenAI's ``weight`` (0 or 1, on assistant turns), LLaMA-Factory v1's
+``loss_weight``, ms-swift's ``loss`` (bool) and ``loss_scale``. Weights are 0 or 1 here: this package trains a plain
+mean loss, so a fractional weight is refused rather than rounded.
+
+The rule:
+
+- a turn's flag, where it has one, decides whether it is trained; ``--assistant_turns`` (and, for TRL's
+  prompt/completion records, the prompt's turns being context) only decides for turns without one;
+- only assistant turns can be trained (their text is located after their inference prompt); a flag that would
+  train another role is refused, one that switches it off changes nothing;
+- ``train_detail`` overrides the turn's flag over its spans of the content; the rest of the turn (any content it
+  leaves out, the template's text around the content, the end-of-turn token) follows the turn's flag;
+- a token is trained iff its first character is trained: a token that straddles a span edge follows the span its
+  first character lies in.
+
+The template rule locates each such turn as it locates any trained turn (``hf_lora_ds.data.template_rule``); the
+characters switched off inside a located turn are a ``TextMask``, applied to the labels after tokenizing, only for
+texts that have one, so records without flags cost nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hf_lora_ds.data.records import DataError
+from hf_lora_ds.data.template_rule import IGNORE_INDEX, AssistantTurns, TemplateError, TrainingText
+
+__all__ = [
+    "FLAG_KEYS", "DETAIL_KEY", "TextMask", "TurnPlan", "message_flag", "train_detail", "plan_turns", "text_mask",
+    "mask_labels",
+]  # fmt: skip
+
+# Message keys that switch a turn's training: axolotl, OpenAI, LLaMA-Factory v1, ms-swift (loss_scale and loss).
+FLAG_KEYS = ("train", "weight", "loss_weight", "loss_scale", "loss")
+DETAIL_KEY = "train_detail"
+Span = tuple[int, int]
+
+
+def message_flag(message: dict, role: str, where: str, name: str) -> bool | None:
+    """Whether the message says it is trained (True), not trained (False), or says nothing (None)."""
+    said: dict[str, bool] = {}
+    for key in FLAG_KEYS:
+        value = message.get(key)
+        if value is not None:
+            said[key] = _flag_value(value, key, where, name)
+    if len(set(said.values())) > 1:
+        keys = ", ".join(f"{key}={message[key]!r}" for key in said)
+        raise DataError(f"{where}: field '{name}': contradictory training flags ({keys})")
+    flag = next(iter(said.values()), None)
+    if flag and role != "assistant":
+        key = next(iter(said))
+        raise DataError(
+            f"{where}: field '{name}.{key}': a {role} turn cannot be trained here (only assistant turns are, after "
+            "their inference prompt); drop the flag or set it to false / 0"
+        )
+    return flag
+
+
+def _flag_value(value: Any, key: str, where: str, name: str) -> bool:
+    if key in ("train", "loss"):
+        if not isinstance(value, bool):
+            raise DataError(f"{where}: field '{name}.{key}' must be true or false, got {value!r:.40}")
+        return value
+    if isinstance(value, (bool, int, float)) and value in (0, 1):
+        return bool(value)
+    raise DataError(
+        f"{where}: field '{name}.{key}' is {value!r:.40}: only 0 (not trained) or 1 (trained) is supported; this "
+        "package trains an unweighted loss, so a fractional weight would not be honoured"
+    )
+
+
+def train_detail(message: dict, content: str, role: str, where: str, name: str) -> list[tuple[int, int, bool]] | None:
+    """axolotl's ``train_detail`` of a message as ``(begin, end, train)`` content spans, ``end`` exclusive."""
+    detail = message.get(DETAIL_KEY)
+    if detail is None:
+        return None
+    label = f"{name}.{DETAIL_KEY}"
+    if not isinstance(detail, list):
+        raise DataError(f"{where}: field '{label}' must be a list of {{begin_offset, end_offset, train}} objects")
+    spans = []
+    for k, item in enumerate(detail):
+        at = f"{label}[{k}]"
+        if not isinstance(item, dict):
+            raise DataError(f"{where}: field '{at}' must be an object with begin_offset, end_offset and train")
+        begin, end, train = item.get("begin_offset"), item.get("end_offset"), item.get("train")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (begin, end)) or not isinstance(train, bool):
+            raise DataError(f"{where}: field '{at}' needs integer begin_offset and end_offset and a boolean train")
+        if not 0 <= begin <= end < len(content):
+            raise DataError(
+                f"{where}: field '{at}': offsets {begin}-{end} (inclusive) are outside the content's "
+                f"{len(content)} characters"
+            )
+        spans.append((begin, end + 1, train))
+    spans.sort()
+    for (_, end, _), (begin, _, _) in zip(spans, spans[1:]):
+        if begin < end:
+            raise DataError(f"{where}: field '{label}': spans overlap (at character {begin}); give each character once")
+    if role != "assistant" and any(train for _, _, train in spans):
+        raise DataError(f"{where}: field '{label}': a {role} turn cannot be trained here (only assistant turns are)")
+    return spans if role == "assistant" else None
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """Which assistant turns a conversation trains: ``located`` (the turns the template rule finds, in order), the
+    flag-decided state of each assistant turn, and what the flags changed against the defaults."""
+
+    located: list[int]
+    trained: dict[int, bool]
+    default: frozenset[int]
+    detail: dict[int, list[tuple[int, int, bool]]] = field(default_factory=dict)
+
+    @property
+    def switched_off(self) -> int:
+        return sum(1 for i in self.default if not self.trained[i])
+
+    @property
+    def switched_on(self) -> int:
+        return sum(1 for i, on in self.trained.items() if on and i not in self.default)
+
+
+def plan_turns(conversation: dict[str, Any], assistant_turns: AssistantTurns, where: str) -> TurnPlan | None:
+    """The conversation's trained turns where flags or a TRL prompt decide them; None when ``assistant_turns`` alone
+    does (the common case: the template rule picks the turns itself)."""
+    flags, detail = conversation.get("flags") or {}, conversation.get("detail") or {}
+    start = conversation.get("completion_from", 0)
+    if not (flags or detail or start):
+        return None
+    assistants = [i for i, m in enumerate(conversation["messages"]) if m["role"] == "assistant"]
+    eligible = [i for i in assistants if i >= start]
+    default = frozenset(eligible[-1:] if assistant_turns == "last" else eligible)
+    trained = {i: flags.get(i, i in default) for i in assistants}
+    located = [i for i in assistants if trained[i] or any(on for _, _, on in detail.get(i, ()))]
+    if not located:
+        raise DataError(f"{where}: no assistant turn is trained (the record's training flags switch every one off)")
+    return TurnPlan(located, trained, default, {i: detail[i] for i in located if i in detail})
+
+
+@dataclass(frozen=True)
+class TextMask:
+    """Characters of a training text inside its located turns: ``off`` are not trained, ``on`` are trained parts
+    of turns the defaults would not train (counted by the audit)."""
+
+    off: list[Span]
+    on: list[Span]
+
+
+def text_mask(plan: TurnPlan, sample: TrainingText, messages: list[dict[str, Any]]) -> TextMask | None:
+    """The mask of one training text, or None when the flags leave each of its located turns whole."""
+    if len(sample.spans) != len(sample.turns):
+        raise TemplateError("a trained turn was located as several spans; training flags cannot be applied to it")
+    off, on = [], []
+    for (start, end), turn in zip(sample.spans, sample.turns):
+        state = plan.trained[turn]
+        pieces = [(start, end, state)]
+        if turn in plan.detail:
+            at = _content_at(sample.text, messages[turn]["content"], (start, end), turn)
+            pieces = _override([(start, end, state)], [(at + b, at + e, t) for b, e, t in plan.detail[turn]])
+        off += [(a, b) for a, b, trained in pieces if not trained]
+        if turn not in plan.default:
+            on += [(a, b) for a, b, trained in pieces if trained]
+    return TextMask(off, on) if off or on else None
+
+
+def _content_at(text: str, content: str, span: Span, turn: int) -> int:
+    """Where the turn's content stands in its span: the offsets of ``train_detail`` count from there."""
+    at = text.rfind(content, *span)
+    if at < 0:
+        raise TemplateError(
+            f"train_detail of assistant turn {turn}: the chat template does not write the content as the record "
+            "gives it, so its character offsets cannot be placed"
+        )
+    return at
+
+
+def _override(base: list[tuple[int, int, bool]], spans: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """``base`` pieces with ``spans`` (sorted, disjoint, inside them) written over them."""
+    (start, end, state), = base
+    pieces, at = [], start
+    for begin, stop, train in spans:
+        if begin > at:
+            pieces.append((at, begin, state))
+        pieces.append((begin, stop, train))
+        at = stop
+    if at < end:
+        pieces.append((at, end, state))
+    return pieces
+
+
+def mask_labels(
+    labels: np.ndarray,
+    lengths: np.ndarray,
+    offsets: Sequence[Sequence[tuple[int, int]]],
+    masks: Sequence[TextMask | None],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Labels with each masked text's ``off`` tokens set to -100 (a token follows its first character), and per
+    text the tokens masked that way and the tokens its ``on`` characters train."""
+    labels = labels.copy()
+    counts = np.zeros((len(masks), 2), dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    for k, mask in enumerate(masks):
+        if mask is None:
+            continue
+        first = np.fromiter((start for start, _ in offsets[k]), dtype=np.int64, count=int(lengths[k]))
+        rows = labels[starts[k] : starts[k] + lengths[k]]  # a view: written through
+        trained = rows != IGNORE_INDEX
+        switched = _inside(first, mask.off) & trained
+        rows[switched] = IGNORE_INDEX
+        counts[k] = switched.sum(), (_inside(first, mask.on) & (rows != IGNORE_INDEX)).sum()
+    return labels, counts
+
+
+def _inside(points: np.ndarray, spans: list[Span]) -> np.ndarray:
+    inside = np.zeros(len(points), dtype=bool)
+    for start, end in spans:
+        inside |= (points >= start) & (points < end)
+    return inside
