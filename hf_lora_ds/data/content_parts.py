@@ -67,13 +67,16 @@ def _part_value(part: dict, where: str, label: str) -> str:
     raise DataError(f"{where}: field '{label}': a {part['type']!r} part needs 'text' (or 'value')")
 
 
+def tool_call_json(value: str, where: str, label: str) -> Any:
+    """A tool call written as a JSON string (ShareGPT's function_call turn, LLaMA-Factory v1's tool-call part)."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: field '{label}': tool call is not valid JSON ({err.msg} at column {err.colno})") from None
+
+
 def _calls(value: str, where: str, label: str) -> list[Any]:
     """LLaMA-Factory v1's tool-call part: one call or a list of them, as JSON; each becomes an OpenAI-style call."""
-    try:
-        calls = json.loads(value)
-    except json.JSONDecodeError as err:
-        raise DataError(
-            f"{where}: field '{label}.value': tool call is not valid JSON ({err.msg} at column {err.colno})"
-        ) from None
+    calls = tool_call_json(value, where, f"{label}.value")
     calls = calls if isinstance(calls, list) else [calls]
     return [{"function": call} if isinstance(call, dict) and "function" not in call else call for call in calls]

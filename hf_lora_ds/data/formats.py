@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_lora_ds.data.content_parts import join_parts
+from hf_lora_ds.data.content_parts import join_parts, tool_call_json
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
 
@@ -388,12 +388,7 @@ def _sharegpt_messages(
 
 
 def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
-    try:
-        call = json.loads(value)
-    except json.JSONDecodeError as err:
-        raise DataError(
-            f"{where}: field '{name}.value': tool call is not valid JSON ({err.msg} at column {err.colno})"
-        ) from None
+    call = tool_call_json(value, where, f"{name}.value")
     return _tool_call({"function": call} if isinstance(call, dict) else call, where, f"{name}.value")
 
 
