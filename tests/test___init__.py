@@ -25,6 +25,7 @@ def test_an_unknown_name_is_an_attribute_error():
         hf_lora_ds.LoraTrainer  # noqa: B018
 
 
+@pytest.mark.slow  # a fresh interpreter (the quick tier starts none: tests/conftest.py)
 def test_importing_the_package_loads_no_module_behind_the_names():
     code = "import sys, hf_lora_ds\nprint(sorted(m for m in sys.modules if m.startswith('hf_lora_ds.')))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

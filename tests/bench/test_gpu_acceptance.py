@@ -83,6 +83,7 @@ def test_no_stage_starts_past_the_deadline(tmp_path, monkeypatch):
     assert acceptance.results["stages"]["demo"]["skipped"] == "--deadline_s 5 reached"
 
 
+@pytest.mark.slow  # starts interpreters (the quick tier starts none: tests/conftest.py)
 def test_a_command_that_fails_or_hangs_is_a_stage_error_with_its_output(tmp_path):
     acceptance = _acceptance(tmp_path, [])
     with pytest.raises(run_acceptance.StageError, match=r"(?s)exited 3.*said this"):
@@ -92,6 +93,7 @@ def test_a_command_that_fails_or_hangs_is_a_stage_error_with_its_output(tmp_path
     assert "said this" in (tmp_path / "out" / "stages.log").read_text()
 
 
+@pytest.mark.slow  # starts interpreters (the quick tier starts none: tests/conftest.py)
 def test_a_timed_out_stage_leaves_no_process_behind(tmp_path):
     """A launcher's rank (here a grandchild that ignores SIGTERM) goes with the launcher, or it would hold the device
     through the stages after it."""
