@@ -57,6 +57,7 @@ STRING_CASES = {
     "eval_task": "no_such_task",
     "lora_init": "pissa_niter_x",
     "gguf_file": "missing.gguf",
+    "dataset": "no_such_entry",
 }
 # String arguments any text is valid for, or that are read only with another flag that the sweep does not set.
 FREE_TEXT = {
