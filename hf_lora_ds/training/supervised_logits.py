@@ -40,7 +40,7 @@ from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.training.fused_head_loss import fused_head_loss
 
 __all__ = ["CHUNK_ELEMENTS", "accepts_position_mask", "fused_head", "head_computes_loss", "normalised_loss", "shifted_labels",
-           "supervised_cross_entropy"]  # fmt: skip
+           "supervised_cross_entropy", "supervised_rows"]  # fmt: skip
 
 # fp32 logits per cross-entropy chunk (128 MiB): above this, each chunk's upcast and log-softmax are recomputed in
 # backward instead of being kept, so the loss never holds more than one chunk's fp32 copy of the logits.
@@ -116,6 +116,11 @@ def fused_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head if type(head) is torch.nn.Linear and head.bias is None else None
 
 
+def supervised_rows(positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The ``keep`` rows of a ``(batch, seq, ...)`` tensor; one the model already sliced by the mask is returned as is."""
+    return positions[keep] if positions.dim() == 3 else positions
+
+
 @contextmanager
 def head_computes_loss(head: torch.nn.Linear, targets: torch.Tensor, keep: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
     """Within the block, ``head`` maps its input rows to the summed fp32 cross-entropy against ``targets`` ``(n,)``
@@ -129,10 +134,7 @@ def head_computes_loss(head: torch.nn.Linear, targets: torch.Tensor, keep: torch
     def record(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
         produced["loss"] = output
 
-    def supervised_rows(hidden: torch.Tensor) -> torch.Tensor:
-        return hidden[keep] if hidden.dim() == 3 else hidden
-
-    head.forward = lambda hidden: fused_head_loss(supervised_rows(hidden), head.weight, targets)
+    head.forward = lambda hidden: fused_head_loss(supervised_rows(hidden, keep), head.weight, targets)
     handle = head.register_forward_hook(record)
     try:
         yield produced

@@ -55,6 +55,7 @@ from hf_lora_ds.training.supervised_logits import (
     normalised_loss,
     shifted_labels,
     supervised_cross_entropy,
+    supervised_rows,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
 
@@ -267,13 +268,12 @@ class LoraSFTTrainer(Trainer):
         targets = shifted_labels(inputs)
         keep = targets != IGNORE_INDEX
         forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
+        if self._position_mask:  # else the model computes every position and the loss reads the supervised ones
+            forward_inputs["logits_to_keep"] = keep
         outputs = self._fused_loss_forward(model, forward_inputs, keep, targets[keep])
-        if outputs is None and self._position_mask:
-            outputs = model(**forward_inputs, logits_to_keep=keep)
-            outputs.loss = supervised_cross_entropy(outputs.logits, targets[keep])
-        elif outputs is None:  # the model computes every position's logits: the loss reads the supervised ones
+        if outputs is None:
             outputs = model(**forward_inputs)
-            outputs.loss = supervised_cross_entropy(outputs.logits[keep], targets[keep])
+            outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, keep), targets[keep])
         loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
         if self.sequence_parallel_size > 1 and model.training:  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
             data_parallel = data_parallel_size(self.accelerator.num_processes, self.sequence_parallel_size)
@@ -301,7 +301,7 @@ class LoraSFTTrainer(Trainer):
         if head is None:
             return None
         with head_computes_loss(head, targets, keep) as produced:
-            outputs = model(**forward_inputs, **({"logits_to_keep": keep} if self._position_mask else {}))
+            outputs = model(**forward_inputs)
         loss = produced.get("loss")
         # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
         if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
