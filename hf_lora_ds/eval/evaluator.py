@@ -7,8 +7,8 @@ returns the same :class:`EvalResult`. Greedy generation does not depend on which
 in fp32 on CPU, where the predictions of 2 ranks equal one process's); bf16/fp16 GPU kernels may pick different
 algorithms for different batch shapes, so there a near-tie token can rarely differ between runs with other batching.
 
-Under DeepSpeed ZeRO-3 (and FSDP2) each rank holds only a slice of every weight. Gathering the whole model onto each rank for
-generation (``GatheredParameters`` over all parameters) would need the full model's memory on every rank, exactly
+Under DeepSpeed ZeRO-3 (and FSDP2) each rank holds only a slice of every weight. Gathering the whole model onto
+each rank for generation (``GatheredParameters`` over all parameters) would need the full model's memory on every rank, exactly
 what ZeRO-3 exists to avoid. Instead ``generate`` runs with ``synced_gpus=True`` on the partitioned model:
 DeepSpeed's hooks all-gather one layer's parameters just before it runs and release them after, so the extra
 memory is about one layer (plus DeepSpeed's prefetch buckets), not the model. The cost is communication: every

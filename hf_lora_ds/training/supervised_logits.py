@@ -117,12 +117,14 @@ def fused_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 def supervised_rows(positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The ``keep`` rows of a ``(batch, seq, ...)`` tensor; one the model already sliced by the mask is returned as is."""
+    """The ``keep`` rows of a ``(batch, seq, ...)`` tensor; one the model already sliced by the mask is returned."""
     return positions[keep] if positions.dim() == 3 else positions
 
 
 @contextmanager
-def head_computes_loss(head: torch.nn.Linear, targets: torch.Tensor, keep: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
+def head_computes_loss(
+    head: torch.nn.Linear, targets: torch.Tensor, keep: torch.Tensor
+) -> Iterator[dict[str, torch.Tensor]]:
     """Within the block, ``head`` maps its input rows to the summed fp32 cross-entropy against ``targets`` ``(n,)``
     (hf_lora_ds.training.fused_head_loss) instead of logits: ``(n, hidden)`` rows where the model sliced them by the
     ``keep`` mask, or ``(batch, seq, hidden)`` where it hands the head every position (a model that cannot take the
