@@ -7,6 +7,11 @@ order, with nothing between them, into the one string the chat template writes (
 as that string); reasoning parts become ``reasoning_content``, tool-call parts the turn's ``tool_calls``. A part
 this text-only package cannot train on (an image, audio, a file) is refused, naming it, rather than left out of a
 turn whose answer may refer to it.
+
+A template that iterates a content's parts itself (``{% for part in message['content'] %}``: Qwen2.5-VL's, the
+multimodal ones that render a string content as nothing) is given the text parts as the record wrote them, kept
+beside the joined text under ``PARTS_KEY`` (``hf_lora_ds.data.template_probes.render`` puts them in place); the
+label rule still locates the joined text in what it writes.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any
 
 from hf_lora_ds.data.records import DataError
 
-__all__ = ["Parts", "join_parts"]
+__all__ = ["PARTS_KEY", "Parts", "drop_parts", "join_parts"]
+
+PARTS_KEY = "content_parts"  # a message's text parts as given, for a template that iterates them
 
 _TEXT_KEYS = ("text", "value")  # OpenAI / HF, LLaMA-Factory v1
 
@@ -29,6 +36,13 @@ class Parts:
     text: str = ""
     reasoning: str = ""
     calls: list[Any] = field(default_factory=list)
+
+
+def drop_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` without the parts kept beside its joined text."""
+    if PARTS_KEY not in message:
+        return message
+    return {key: value for key, value in message.items() if key != PARTS_KEY}
 
 
 def join_parts(parts: list[Any], where: str, name: str) -> Parts:

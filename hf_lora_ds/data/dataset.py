@@ -38,6 +38,7 @@ import torch
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
+from hf_lora_ds.data.content_parts import drop_parts
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
 from hf_lora_ds.data.plain_text import PlainText
@@ -247,6 +248,8 @@ class _Encoder:
             if conversation["messages"] is None:  # plain text (TRL's standard kinds)
                 yield conversation
                 continue
+            if not self.rules.traits.iterates_parts:  # it is given the joined text (hf_lora_ds.data.content_parts)
+                conversation["messages"] = [drop_parts(message) for message in conversation["messages"]]
             if self.rules.traits.writes_reasoning:
                 moved = move_inline_reasoning(conversation["messages"])
                 for i in conversation.get("detail", {}):

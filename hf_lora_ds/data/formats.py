@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_lora_ds.data.content_parts import join_parts, tool_call_json
+from hf_lora_ds.data.content_parts import PARTS_KEY, join_parts, tool_call_json
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
 
@@ -78,7 +78,7 @@ USED_FIELDS = {
     "alpaca": {"instruction", "input", "output", "system", "reasoning", "history", "tools"},
     "text": {"text"},
 }
-USED_MESSAGE_KEYS = {"role", "content", "tool_calls", "reasoning_content", DETAIL_KEY, *FLAG_KEYS}
+USED_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "reasoning_content", DETAIL_KEY, *FLAG_KEYS}
 USED_TURN_KEYS = {"reasoning_content", DETAIL_KEY, *FLAG_KEYS}  # and the speaker and text keys
 # Fields of other frameworks' records that this package cannot honour, and why: refused, never ignored.
 REFUSED_FIELDS = {
@@ -458,6 +458,7 @@ def _messages(
             raise DataError(f"{where}: field '{name}.role': unknown role {role!r}; use one of {list(ROLES)}")
         if role == "system" and (i != 0 or not system_first):
             raise DataError(f"{where}: field '{name}.role': a system turn may only come first")
+        given = message.get("content")
         message = _parts_read(message, where, f"{name}.{content_field}")
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
@@ -466,6 +467,11 @@ def _messages(
             message, "content", where, allow_empty=bool(calls), label=f"{name}.{content_field}"
         )
         out: dict[str, Any] = {"role": role, "content": content, **_reasoning(message, role, where, name)}
+        if isinstance(given, list):  # for a template that iterates the parts itself (hf_lora_ds.data.content_parts)
+            out[PARTS_KEY] = [part if "text" in part else {**part, "text": part["value"]}  # LLaMA-Factory v1's
+                              for part in given if part["type"] == "text"]  # fmt: skip
+        if role == "tool" and message.get("tool_call_id") is not None:  # Mistral's templates write it
+            out["tool_call_id"] = _string_field(message, "tool_call_id", where, label=f"{name}.tool_call_id")
         if calls:
             if not isinstance(calls, list):
                 raise DataError(f"{where}: field '{name}.tool_calls' must be a list")
@@ -544,4 +550,7 @@ def _tool_call(call: Any, where: str, name: str) -> dict[str, Any]:
             ) from None
     if not isinstance(arguments, dict):
         raise DataError(f"{where}: field '{name}.function.arguments' must be a JSON object")
-    return {"type": "function", "function": {"name": fn_name, "arguments": arguments}}
+    normal = {"type": "function", "function": {"name": fn_name, "arguments": arguments}}
+    if call.get("id") is not None:  # the call's id, which Mistral's templates write and its result refers to
+        normal["id"] = _string_field(call, "id", where, label=f"{name}.id")
+    return normal

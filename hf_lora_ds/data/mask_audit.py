@@ -36,6 +36,16 @@ class MaskAudit:
     example: str
     round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.data.inference_prompts)
     flags: dict[str, int] | None = None  # what the records' training flags changed (hf_lora_ds.data.turn_flags)
+    stop_tokens: tuple[str, ...] | None = None  # a template with no end-of-turn token: what ends a reply (GLM-4)
+
+    def stop_line(self) -> str | None:
+        """What a reply is trained through where the template writes no end-of-turn token after it, or None."""
+        if not self.stop_tokens:
+            return None
+        return (
+            f"replies end in the next turn's role token ({', '.join(self.stop_tokens)}), which stops generation: "
+            "the template writes no end-of-turn token, so a reply is trained through that token"
+        )
 
     def flags_line(self) -> str | None:
         """What the records' per-turn training flags changed against ``--assistant_turns``, or None if nothing."""
@@ -61,6 +71,7 @@ class MaskAudit:
             + (f" ({self.spans_cut_by_truncation} cut by truncation)" if self.spans_cut_by_truncation else "")
             + (f"; {self.round_trip.line()}" if self.round_trip else "")
             + (f"; {flags}" if (flags := self.flags_line()) else "")
+            + (f"; {stop}" if (stop := self.stop_line()) else "")
         )
 
     def __str__(self) -> str:
@@ -76,6 +87,7 @@ class MaskAudit:
                 f"{self.spans_cut_by_truncation} cut by truncation)",
                 *([self.round_trip.line()] if self.round_trip else []),
                 *([flags] if (flags := self.flags_line()) else []),
+                *([stop] if (stop := self.stop_line()) else []),
                 f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
                 self.example,
             ]
@@ -165,7 +177,15 @@ def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAud
         spans_cut_by_truncation=cut,
         example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
         flags=dataset.flag_counts if source is None else None,
+        stop_tokens=_stop_tokens(dataset),
     )
+
+
+def _stop_tokens(dataset: ChatSFTDataset) -> tuple[str, ...] | None:
+    """The tokens the label rule trains a reply through where the template writes none after it
+    (``hf_lora_ds.data.template_probes``: the token it writes when a user turn or a tool result follows)."""
+    closers = dataset.encoder.rules.traits.turn_closers
+    return tuple(dict.fromkeys(closers.values())) if closers else None
 
 
 def audit_by_source(dataset: ChatSFTDataset) -> dict[str, MaskAudit]:

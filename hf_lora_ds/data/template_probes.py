@@ -12,7 +12,9 @@ with marker strings no data contains:
 - the think tag its generation prompt ends with (``<think>``, ``<seed:think>``, ``[THINK]``), when the prompt opens
   a block: a tag whose closing spelling (``</think>``, ``[/THINK]``) the template's source holds;
 - the special token it writes after a final assistant turn when the conversation goes on with a user turn or a
-  tool result, for a template that writes nothing after it while the turn is last.
+  tool result, for a template that writes nothing after it while the turn is last;
+- whether it iterates a content's parts itself, so that a record's parts are given to it as they are
+  (``hf_lora_ds.data.content_parts``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import re
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
+
+from hf_lora_ds.data.content_parts import PARTS_KEY
 
 __all__ = ["TemplateTraits", "probe_template", "closing_tag", "render"]
 
@@ -37,6 +41,7 @@ class TemplateTraits:
     think_open: str | None  # the think tag the generation prompt ends with
     turn_closers: dict[str, str] | None  # role of the next message -> the special token the template writes
     # after an assistant turn before it (GLM: <|user|>, <|observation|>), where it writes none after a last turn
+    iterates_parts: bool = False  # it writes the text of each part of a content given as a list of parts
 
     @property
     def writes_reasoning(self) -> bool:
@@ -53,11 +58,20 @@ def render(
     enable_thinking: bool | None = None,
 ) -> str:
     """The template's text for ``messages``, rendered the one way every path here renders it (``enable_thinking``
-    passed only when given: a template reads it as defined or not)."""
+    passed only when given: a template reads it as defined or not); a message's parts kept for a template that
+    iterates them (``PARTS_KEY``) are its content."""
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    if any(PARTS_KEY in message for message in messages):
+        messages = [_with_parts(message) for message in messages]
     return tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
+
+
+def _with_parts(message: dict) -> dict:
+    if PARTS_KEY not in message:
+        return message
+    return {**{key: value for key, value in message.items() if key != PARTS_KEY}, "content": message[PARTS_KEY]}
 
 
 def closing_tag(tag: str) -> str:
@@ -71,7 +85,8 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, special_tokens: tuple[str
     user = {"role": "user", "content": _QUERY}
     think_open = _think_open(tokenizer, user)
     closers = _turn_closers(tokenizer, user, special_tokens)
-    return TemplateTraits(_close(tokenizer, user, think_open), think_open, closers)
+    parts = _iterates_parts(tokenizer)
+    return TemplateTraits(_close(tokenizer, user, think_open), think_open, closers, parts)
 
 
 def _think_open(tokenizer: PreTrainedTokenizerBase, user: dict) -> str | None:
@@ -101,6 +116,17 @@ def _close(tokenizer: PreTrainedTokenizerBase, user: dict, think_open: str | Non
         return None
     prompt = render(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
     return prompt[prompt.rindex(think_open) + len(think_open) :] + closing_tag(think_open) + "\n\n"
+
+
+def _iterates_parts(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether a user content given as two text parts renders as their texts, not as the list's Python spelling
+    (what a template that writes the content as a string makes of a list)."""
+    parts = [{"type": "text", "text": _QUERY}, {"type": "text", "text": _ANSWER}]
+    try:
+        text = render(tokenizer, [{"role": "user", "content": parts}], add_generation_prompt=True)
+    except Exception:
+        return False
+    return _QUERY in text and _ANSWER in text and "'type'" not in text and '"type"' not in text
 
 
 def _turn_closers(

@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
+_SPACE = re.compile(r"\s*")
 AssistantTurns = Literal["all", "last"]
 
 
@@ -134,7 +135,11 @@ def prefix_samples(
         if spans is None:
             end, text = anchor + 1, _generated_text(rules, messages, anchor, tools, thinking)
             spans = _turn_spans(rules, messages, anchor, (text, end, thinking), tools)
+        if spans is None and (moved := _moved_system_text(rules, messages, anchor, tools, thinking)):
+            text, reply = moved
+            spans = reply_spans(rules, messages[anchor], anchor, text, reply)
         if spans is None:
+            _refuse_unrendered_calls(rules, messages, anchor, tools, thinking)
             prompt = _ids(rules.tokenizer, render(rules.tokenizer, messages[:anchor], True, tools, thinking))
             difference = token_difference(rules.tokenizer, prompt, _ids(rules.tokenizer, text), "rendered turn")
             raise TemplateError(
@@ -190,6 +195,42 @@ def _generated_text(
     elif rest.startswith(tag):
         return through  # the history writes a block of its own: the rule reports what differs
     return prompt + (messages[i].get("reasoning_content") or "").strip() + close + rest
+
+
+def _moved_system_text(
+    rules: TurnRules, messages: list[dict[str, Any]], i: int, tools: list[dict] | None, thinking: bool
+) -> tuple[str, tuple[int, int]] | None:
+    """The training text of assistant turn ``i`` and its reply's bounds, for a template that writes the system
+    prompt only into the last message's user turn (Mistral v0.3, Mistral-Nemo): the turn's inference prompt, which
+    carries the system prompt, then the reply as the template writes it once the turn is written, when the system
+    prompt is gone from the history. None unless the conversation through the turn renders exactly as it does
+    without its system message (so the template dropped it there) and that rendering starts with the bare prompt."""
+    if messages[0]["role"] != "system" or i < 2:
+        return None
+    tokenizer, bare = rules.tokenizer, messages[1:]
+    through = render_through(rules, messages, i + 1, tools, thinking)
+    bare_prompt = render(tokenizer, bare[: i - 1], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    if through != render_through(rules, bare, i, tools, thinking) or not through.startswith(bare_prompt):
+        return None
+    prompt = render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    reply = through[len(bare_prompt) :]
+    return prompt + reply, (len(prompt), len(prompt) + len(reply))
+
+
+def _refuse_unrendered_calls(
+    rules: TurnRules, messages: list[dict[str, Any]], i: int, tools: list[dict] | None, thinking: bool
+) -> None:
+    """Name a tool call the template does not write (GLM-4 skips a turn with no content whole), rather than the
+    prompt mismatch that follows from it."""
+    history = render(rules.tokenizer, messages[:i], tools=tools, enable_thinking=thinking)
+    through = render(rules.tokenizer, messages[: i + 1], tools=tools, enable_thinking=thinking)
+    for call in messages[i].get("tool_calls") or []:
+        name = call["function"]["name"]
+        if through.count(name) <= history.count(name):
+            raise TemplateError(
+                f"the chat template does not render the tool call {name!r} of assistant turn {i}; use a model "
+                "whose chat template supports tools (Qwen2.5's does)"
+            )
 
 
 def token_difference(tokenizer: PreTrainedTokenizerBase, prompt: list[int], text: list[int], name: str) -> str:
@@ -269,8 +310,8 @@ def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any],
         at = written.rfind(needle)
         while at >= after:
             found = True
-            if eot := rules.end_of_turn.match(written, at + len(needle)):
-                return at, _end_of_turn_run(rules, written, eot.end())
+            if eot := _spaced_end_of_turn(rules, written, at + len(needle)):
+                return at, _end_of_turn_run(rules, written, eot)
             at = written.rfind(needle, after, at + len(needle) - 1)
     if not found:
         raise TemplateError(
@@ -282,6 +323,13 @@ def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any],
         f"the chat template puts {rest[:30]!r} after the assistant content instead of an end-of-turn special token; "
         "the model would never learn to stop"
     )
+
+
+def _spaced_end_of_turn(rules: TurnRules, written: str, at: int) -> int | None:
+    """The end of the end-of-turn token at ``at``, or after whitespace there (Mixtral-8x22B's ``' ' + eos_token``):
+    the whitespace the template writes before the token is part of what the model generates, trained as written."""
+    eot = rules.end_of_turn.match(written, _SPACE.match(written, at).end())
+    return eot.end() if eot else None
 
 
 def _end_of_turn_run(rules: TurnRules, written: str, at: int) -> int:

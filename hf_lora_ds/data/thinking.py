@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from hf_lora_ds.data.content_parts import drop_parts
+
 __all__ = ["THINK_OPEN", "THINK_CLOSE", "ThinkingOptions", "split_inline_think", "move_inline_reasoning"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -54,6 +56,6 @@ def move_inline_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]
         if message["role"] == "assistant" and "reasoning_content" not in message:
             reasoning, answer = split_inline_think(message["content"])
             if reasoning is not None:
-                message = {**message, "content": answer, "reasoning_content": reasoning}
+                message = {**drop_parts(message), "content": answer, "reasoning_content": reasoning}
         out.append(message)
     return out

@@ -6,9 +6,12 @@ import json
 
 import pytest
 
+from hf_lora_ds.data.content_parts import drop_parts
 from hf_lora_ds.data.formats import to_conversation
 from hf_lora_ds.data.records import DataError
-from tests.data.peer_records import END, build, chatml, expect, sample
+from hf_lora_ds.data.template_rule import TemplateError
+from hf_lora_ds.testing import template_tokenizer
+from tests.data.peer_records import END, build, chatml, expect, labels_of, sample
 
 
 def test_openai_text_parts_are_joined_in_order_and_trained_as_a_string(chatml_tokenizer, tmp_path):
@@ -29,7 +32,7 @@ def test_llamafactory_v1_value_parts_with_reasoning_and_tool_calls():
         {"role": "tool", "content": [{"type": "text", "value": "sunny"}]},
         {"role": "assistant", "content": [{"type": "text", "value": "Sunny."}], "loss_weight": 1},
     ]}  # fmt: skip
-    messages = to_conversation(record, "r")["messages"]
+    messages = [drop_parts(message) for message in to_conversation(record, "r")["messages"]]
     assert messages[0] == {"role": "user", "content": "Weather?"}
     assert messages[1] == {"role": "assistant", "content": "", "reasoning_content": "Look it up.",
                            "tool_calls": [{"type": "function", "function": call}]}  # fmt: skip
@@ -60,3 +63,27 @@ def test_parts_that_join_to_nothing_are_an_empty_content():
     record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": blank}]}
     with pytest.raises(DataError, match=r"^r: field 'messages\[1\].content' is empty$"):
         to_conversation(record, "r")
+
+
+# TRL's Idefics3 template: it writes each text part of a content list and renders a string content as nothing.
+IDEFICS3 = (
+    "<|begin_of_text|>{% for message in messages %}{{message['role'].capitalize()}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+def test_a_template_that_iterates_the_parts_gets_them_as_they_are(chatml_tokenizer, tmp_path):
+    tokenizer = template_tokenizer(chatml_tokenizer, IDEFICS3)
+    user = {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "value": "a joke"}]}
+    answer = {"role": "assistant", "content": [{"type": "text", "text": "cats"}, {"type": "text", "text": "."}]}
+    text = "<|begin_of_text|>User: Tell me a joke<end_of_utterance>\nAssistant: cats.<end_of_utterance>\n"
+    reply = " cats.<end_of_utterance>"  # after the prompt "...Assistant:", what the model generates
+    trained = [text.index(reply) <= i < text.index(reply) + len(reply) for i in range(len(text))]
+    assert sample(build([{"messages": [user, answer]}], tokenizer, tmp_path)) == labels_of(tokenizer, text, trained)
+    # The same words as strings render as nothing in this template: no content to train, refused.
+    plain = {"messages": [{"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "cats."}]}
+    with pytest.raises(TemplateError, match="changes the content of assistant turn 1"):
+        build([plain], tokenizer, tmp_path / "plain")

@@ -117,3 +117,17 @@ def test_a_content_that_also_stands_in_a_header_is_found_where_the_answer_is(cha
     assert trained(sample.text, sample.spans) == [
         "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>assistant<|return|>"
     ]
+
+
+def test_a_system_prompt_moved_elsewhere_than_the_last_user_turn_is_refused(chatml_tokenizer):
+    # The Mistral v0.3 shape (system prompt in the user turn that is the last message) is trained turn by turn
+    # (tests/data/test_template_shapes.py); a template that moves it into the assistant turn instead would have it
+    # trained as part of the reply, so it is refused.
+    template = MISTRAL.replace("loop.last or loop_messages[loop.index0 + 1:] | selectattr('role', 'equalto', "
+                               "'user') | list | length == 0", "loop.last").replace(
+        "{{ ' ' + m['content'] + '</s>' }}",
+        "{{ ' ' + (system + ' ' if loop.last and system else '') + m['content'] + '</s>' }}")  # fmt: skip
+    tokenizer = _with_template(chatml_tokenizer, template, "<s>", "</s>", "[INST]", "[/INST]")
+    assert tokenizer.apply_chat_template(CHAT[:3], tokenize=False).endswith("[/INST] Be brief. 4</s>")
+    with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 2"):
+        render_samples(tokenizer, CHAT[:3])
