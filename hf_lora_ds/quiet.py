@@ -11,6 +11,8 @@ Each of these is matched narrowly, by its own message or import, never by catego
   very logger that emits it: a parent logger's filters never see records its children propagate. PEFT's own import
   (``peft/helpers.py``) is also made without bitsandbytes, so parsing a run's arguments does not pay its import;
   hf_lora_ds.model.quantization gives the helper its module back.
+- torch 2.13 deprecates ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, which DeepSpeed's ZeRO calls at
+  every step: a FutureWarning pair per step and rank (something resets the "once" registry). The fix is DeepSpeed's.
 - DeepSpeed logs "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
   whenever it is imported on a machine without one (the planner reads DeepSpeed's config schema on every run). The
   run's own first line already names the device it trains on (``device cpu``).
@@ -24,6 +26,7 @@ import warnings
 
 __all__ = [
     "QUIETED_BITSANDBYTES_LOG",
+    "QUIETED_COLLECTIVE_WARNING",
     "QUIETED_DEEPSPEED_LOG",
     "QUIETED_WARNING",
     "give_peft_bitsandbytes",
@@ -31,6 +34,7 @@ __all__ = [
 ]
 
 QUIETED_WARNING = r"`is_gradient_checkpointing` is deprecated"  # the start of transformers' message
+QUIETED_COLLECTIVE_WARNING = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
 QUIETED_DEEPSPEED_LOG = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 QUIETED_BITSANDBYTES_LOG = "Failed to load CPU gemm_4bit_forward from kernels-community: "  # then the import error
 # The logger that emits each line (the filter must sit on it, see the module doc) and the line, or its start.
@@ -54,7 +58,8 @@ class _DropMessage(logging.Filter):
 def quiet_third_party_noise() -> None:
     """Install the filters and import PEFT without bitsandbytes; idempotent. Call it before PEFT is imported (the
     package does, first thing in ``hf_lora_ds/__init__.py``)."""
-    warnings.filterwarnings("ignore", message=QUIETED_WARNING, category=FutureWarning)
+    for message in (QUIETED_WARNING, QUIETED_COLLECTIVE_WARNING):
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
     for name, (message, is_prefix) in _QUIETED_LOGS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessage) for f in logger.filters):

@@ -8,11 +8,12 @@ import sys
 import warnings
 
 import pytest
+import torch
 from peft import LoraConfig, get_peft_model
 
 from hf_lora_ds.quiet import QUIETED_DEEPSPEED_LOG, quiet_third_party_noise
 from hf_lora_ds.testing import build_tiny_qwen2
-from tests.e2e.launching import REPO
+from tests.e2e.launching import REPO, free_port
 
 
 def _wrap(tokenizer, quiet: bool) -> list[str]:
@@ -34,6 +35,30 @@ def test_the_gradient_checkpointing_future_warning_alone_is_filtered(qwen_style_
     )
     quiet = _wrap(qwen_style_tokenizer, quiet=True)
     assert quiet == ["some other future change"]
+
+
+def _collective_warnings(quiet: bool) -> list[str]:
+    """The FutureWarnings of the two collectives DeepSpeed's ZeRO calls, on a one-rank gloo group, every one shown."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if quiet:
+                quiet_third_party_noise()
+            torch.distributed.all_gather_into_tensor(torch.zeros(2), torch.ones(2))
+            torch.distributed.reduce_scatter_tensor(torch.zeros(2), torch.ones(2))
+            warnings.warn("some other future change", FutureWarning, stacklevel=1)
+    finally:
+        torch.distributed.destroy_process_group()
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_the_deprecated_collectives_deepspeed_calls_alone_are_filtered():
+    loud = _collective_warnings(quiet=False)
+    assert sum("is deprecated" in message for message in loud) == 2, (
+        f"torch no longer deprecates the collectives DeepSpeed calls ({loud}): drop the filter from hf_lora_ds.quiet"
+    )
+    assert _collective_warnings(quiet=True) == ["some other future change"]
 
 
 def test_deepspeed_cpu_fallback_line_alone_is_dropped():

@@ -7,15 +7,13 @@ tokenizer like a user's ``--model_name_or_path``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.launching import REPO
+from tests.e2e.launching import REPO, launch_env
 
 TRAIN_RECORDS = 32
 EVAL_RECORDS = 6
@@ -30,10 +28,9 @@ def deepspeed_cpu_ops():
     ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Tests run one after another, so this session
     fixture is the only builder.
     """
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     start = time.perf_counter()
-    done = subprocess.run(["bash", str(REPO / ".ci" / "prebuild_deepspeed_ops.sh")], env=env, capture_output=True,
-                          text=True, timeout=1200)  # fmt: skip
+    script = str(REPO / ".ci" / "prebuild_deepspeed_ops.sh")
+    done = subprocess.run(["bash", script], env=launch_env(), capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"building DeepSpeed's CPU ops failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
     print(f"\nDeepSpeed CPU ops ready in {time.perf_counter() - start:.0f} s:\n{done.stdout.strip()}")
 

@@ -7,9 +7,11 @@ variables, so a test run under some launcher still starts clean children.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from hf_lora_ds.model.adapter_check import verify_adapter
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = Path(__file__).with_name("sft_entry.py")
+VARIANT_MARKER = "[e2e] variant "  # rank 0's line before each run of an ``sft_entry.py --variant`` launch
 RUN_SFT = REPO / "run_sft.py"
 CONFIGS = sorted(path.stem for path in (REPO / "ds_configs").glob("*.json"))
 LAUNCH_TIMEOUT_S = 600
@@ -41,8 +44,12 @@ def free_port() -> int:
 
 
 def launch_env() -> dict[str, str]:
+    """This environment without launcher variables, and this interpreter's bin first on PATH (as an activated venv
+    has it): DeepSpeed's op builds run the first ``ninja`` on PATH, and a venv's ninja and the system's log their
+    commands differently, so ops built by one are rebuilt by the other (minutes each, at every switch)."""
     env = {key: value for key, value in os.environ.items() if key not in _INHERITED_LAUNCH_VARIABLES}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
@@ -88,13 +95,33 @@ class Launch:
     finished_at: float
 
 
+def start(command: list[str], log) -> subprocess.Popen:
+    """The launcher in a session of its own: a timed-out test kills its ranks with it (killing the launcher alone
+    leaves them running, and a rank killed inside DeepSpeed's op build leaves the build's lock for the next test)."""
+    return subprocess.Popen(command, cwd=REPO, env=launch_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+
+
+def wait_or_kill(process: subprocess.Popen, timeout: float) -> int:
+    try:
+        return process.wait(timeout=timeout)
+    except BaseException:  # the timeout, or the test interrupted
+        kill_group(process)
+        raise
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of the launcher's session (its ranks outlive a launcher that died first)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def run(command: list[str], log_path: Path, timeout: int = LAUNCH_TIMEOUT_S) -> Launch:
-    start = time.perf_counter()
+    begin = time.perf_counter()
     with open(log_path, "w") as log:
-        done = subprocess.run(
-            command, cwd=REPO, env=launch_env(), stdout=log, stderr=subprocess.STDOUT, timeout=timeout
-        )
-    return Launch(done.returncode, log_path.read_text(errors="replace"), time.perf_counter() - start, time.time())
+        returncode = wait_or_kill(start(command, log), timeout)
+    return Launch(returncode, log_path.read_text(errors="replace"), time.perf_counter() - begin, time.time())
 
 
 def node_launcher(kind: str, node_rank: int, port: int, log_dir: Path) -> list[str]:
@@ -112,23 +139,33 @@ def node_launcher(kind: str, node_rank: int, port: int, log_dir: Path) -> list[s
 def run_two_nodes(kind: str, args: list[str], log_dir: Path, timeout: int = LAUNCH_TIMEOUT_S) -> list[Launch]:
     """Start both nodes at once and wait for both; one ``Launch`` per node, ``finished_at`` when both are done."""
     port = free_port()
-    start, logs, nodes = time.perf_counter(), [], []
+    begin, logs, nodes = time.perf_counter(), [], []
     try:
         for node_rank in (0, 1):
-            command = node_launcher(kind, node_rank, port, log_dir) + args
             logs.append(open(log_dir / f"node{node_rank}.log", "w"))
-            nodes.append(
-                subprocess.Popen(command, cwd=REPO, env=launch_env(), stdout=logs[-1], stderr=subprocess.STDOUT)
-            )
-        codes = [node.wait(timeout=timeout) for node in nodes]
+            nodes.append(start(node_launcher(kind, node_rank, port, log_dir) + args, logs[-1]))
+        deadline = time.monotonic() + timeout
+        codes = [wait_or_kill(node, max(deadline - time.monotonic(), 0)) for node in nodes]
     finally:
         for node, log in zip(nodes, logs):
             if node.poll() is None:
-                node.kill()
+                kill_group(node)
             log.close()
-    seconds, now = time.perf_counter() - start, time.time()
+    seconds, now = time.perf_counter() - begin, time.time()
     return [Launch(code, (log_dir / f"node{rank}.log").read_text(errors="replace"), seconds, now)
             for rank, code in enumerate(codes)]  # fmt: skip
+
+
+def variant_args(variants: dict[str, str]) -> list[str]:
+    """``sft_entry.py --variant NAME:ARGS`` for each run of one launch."""
+    return [option for name, extra in variants.items() for option in ("--variant", f"{name}:{extra}")]
+
+
+def variant_logs(log: str) -> dict[str, str]:
+    """Each variant's part of a ``--variant`` launch's log, from rank 0's ``[e2e] variant NAME`` line to the next (the
+    lines rank 0 prints for that run; another rank's lines near a boundary may fall on either side)."""
+    parts = re.split(rf"^{re.escape(VARIANT_MARKER)}(\S+)$", log, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
 
 
 def check_ok(launch: Launch) -> None:

@@ -33,7 +33,8 @@
   original base and compare, and see LoRA+'s groups as the engine holds them.
 - ``--variant NAME:ARGS`` (repeatable): one launch trains several runs one after another, each with the common
   flags plus ARGS and ``--output_dir OUTPUT_DIR/NAME``; the process group is released once, after the last. A
-  2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches.
+  2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches. Rank 0 prints
+  ``[e2e] variant NAME`` before each run, so a test can read each run's part of the log.
 
 It runs behind run_sft.py's error boundary (``run_cli``), as users' launches do. After ``main`` returns, each
 rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
@@ -60,6 +61,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 import run_sft  # noqa: E402  (needs the repository root on sys.path)
 from hf_lora_ds.errors import run_cli  # noqa: E402
+from tests.e2e.launching import VARIANT_MARKER  # noqa: E402
 
 
 def offset_loaded_weights(rank: int) -> None:
@@ -226,6 +228,8 @@ def run_variants(run_sft_args: list[str], variants: list[str], callbacks: list) 
     try:
         environment = dict(os.environ)
         for name, extra in (variant.split(":", 1) for variant in variants):
+            if os.environ.get("RANK", "0") == "0":
+                print(f"{VARIANT_MARKER}{name}", flush=True)
             run_sft.main([*run_sft_args, *extra.split(), "--output_dir", str(output_dir / name)], callbacks=callbacks)
             # Accelerate exports its DeepSpeed settings (ACCELERATE_*) for the run it built; the next run would take
             # them for an ``accelerate launch`` config.

@@ -1,25 +1,34 @@
 """run_sft.py under every launcher it supports, on CPU: each ds_config with 2 ranks under the deepspeed launcher (and
 the one-GPU offload case, stage3_offload, with 1), torchrun with 2 ranks (DDP, and ZeRO-3: DeepSpeed needs no
-launcher of its own), and plain python with ZeRO-3.
-Every launch must exit 0, lower the loss, save an adapter that passes the integrity check, print the right world
+launcher of its own), and plain python with ZeRO-3; ``--deepspeed auto`` under both multi-rank launchers, and
+``--deepspeed`` given as base64 text.
+Every run must exit 0, lower the loss, save an adapter that passes the integrity check, print the right world
 size, give each rank its own samples, and write the before/after eval report.
 
-The sample check reads ``e2e_samples_rank{R}.json``, written by the test-only ``SampleRecorder`` in sft_entry.py
-(run_sft.main plus that callback); the other checks read only what run_sft.py itself leaves. run_sft.py itself, the
-real entry point, is launched with ``deepspeed --num_gpus 2 run_sft.py --deepspeed ds_configs/stage3.json`` by
-test_supervised_logits.py.
+Starting ranks costs more than the tiny model's run, so each launcher is started once and runs every configuration
+of its cases one after another (``sft_entry.py --variant``: one ``run_sft.main`` a configuration, the process group
+kept between them); each test reads its own run's output directory and its part of the log. The sample check reads
+``e2e_samples_rank{R}.json``, written by the test-only ``SampleRecorder`` in sft_entry.py; the other checks read only
+what run_sft.py itself leaves. run_sft.py itself, the real entry point, is launched with
+``deepspeed --num_gpus 2 run_sft.py --deepspeed ds_configs/stage3.json`` by test_eval_zero3.py.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+from pathlib import Path
 
 import pytest
+import torch
 
+from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 from tests.e2e.launching import (
     CONFIGS,
     ENTRY,
     REPO,
+    adapter_weights,
     check_ok,
     check_own_samples,
     check_process_groups_released,
@@ -28,41 +37,114 @@ from tests.e2e.launching import (
     launcher,
     run,
     sft_args,
+    trainer_state,
+    variant_args,
+    variant_logs,
 )
 
-# One rank under the deepspeed launcher is also launched by test_universal_resume (ZeRO-2 and ZeRO-3, 1 to 2 and
-# 2 to 1 ranks); the other configs' 1-rank launches showed nothing their 2-rank ones do not.
-CASES = [("deepspeed", 2, config) for config in CONFIGS] + [("deepspeed", 1, "stage3_offload")]
-CASES += [("torchrun", 2, None), ("torchrun", 2, "stage3"), ("python", 1, "stage3")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test of a launcher waits for its whole launch
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c or 'ddp'}" for k, n, c in CASES])
-def test_launch(kind, nproc, config, tiny_model_dir, sum_data, tmp_path):
-    out = tmp_path / "out"
-    extra = ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")] if config else []
-    shm_before = deepspeed_shm_buffers()
-    launch = run(launcher(kind, nproc) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out, *extra),
-                 tmp_path / "launch.log")  # fmt: skip
-    check_ok(launch)
-    assert deepspeed_shm_buffers() <= shm_before, "DeepSpeed's shm allreduce buffers were left in /dev/shm"
-    print(f"{kind} x{nproc} {config or 'ddp'}: {launch.seconds:.1f} s")
-    check_run(out, launch.log, tiny_model_dir, nproc)
-    check_process_groups_released(out, nproc)
-    check_own_samples(out, nproc, num_records=len(json.loads(sum_data["train"].read_text())))
+def config_flag(config: str) -> str:
+    return f"--deepspeed {REPO / 'ds_configs' / f'{config}.json'}"
 
 
-@pytest.mark.slow
-def test_zero3_with_activation_checkpointing_and_every_parameter_partitioned(tiny_model_dir, sum_data, tmp_path):
-    """PEFT + ZeRO-3 + activation checkpointing: frozen weights gathered to shape [0] on recompute used to crash.
-    The "auto" persistence threshold (10 x hidden) would keep the tiny model's norms whole and hide the bug."""
+def stage3_every_parameter_partitioned(root) -> str:
+    """stage3.json with no persistence threshold: its "auto" (10 x hidden) would keep the tiny model's norms whole."""
     config = json.loads((REPO / "ds_configs" / "stage3.json").read_text())
     config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    (tmp_path / "stage3_all.json").write_text(json.dumps(config))
-    out = tmp_path / "out"
-    args = sft_args(tiny_model_dir, sum_data, out, "--deepspeed", str(tmp_path / "stage3_all.json"),
-                    "--activation_checkpointing", "true", eval_file=False)  # fmt: skip
-    launch = run(launcher("deepspeed", 2) + [str(ENTRY)] + args, tmp_path / "launch.log")
-    check_ok(launch)
-    check_run(out, launch.log, tiny_model_dir, world_size=2, evaluated=False)
-    check_process_groups_released(out, 2)
+    (root / "stage3_all.json").write_text(json.dumps(config))
+    return str(root / "stage3_all.json")
+
+
+def launch_runs(root) -> dict[tuple[str, int], dict[str, str]]:
+    """Per launcher and rank count, its runs: name -> run_sft flags. One rank under the deepspeed launcher is also
+    launched by test_universal_resume (ZeRO-2 and ZeRO-3, 1 to 2 and 2 to 1 ranks); the other configs' 1-rank launches
+    showed nothing their 2-rank ones do not."""
+    stage2 = DEEPSPEED_CONFIGS / "stage2.json"
+    return {
+        ("deepspeed", 2): {
+            **{config: config_flag(config) for config in CONFIGS},
+            "auto": "--deepspeed auto",
+            "stage3_all_checkpointed": f"--deepspeed {stage3_every_parameter_partitioned(root)} "
+                                       "--activation_checkpointing true",
+        },
+        ("deepspeed", 1): {"stage3_offload": config_flag("stage3_offload")},
+        ("torchrun", 2): {"ddp": "", "stage3": config_flag("stage3"), "auto": "--deepspeed auto"},
+        ("python", 1): {
+            "stage3": config_flag("stage3"),
+            "stage2_file": f"--deepspeed {stage2}",
+            "stage2_base64": f"--deepspeed {base64.urlsafe_b64encode(stage2.read_bytes()).decode()}",
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def launched(tiny_model_dir, sum_data, tmp_path_factory):
+    """``launched(kind, nproc)``: that launcher's one launch of all its runs (started by the first test asking), with
+    its output root and rank 0's log part of each run."""
+    root = tmp_path_factory.mktemp("launch-matrix")
+    runs, done = launch_runs(root), {}
+
+    def launch(kind: str, nproc: int) -> tuple[Path, dict[str, str]]:
+        out = root / f"{kind}-{nproc}"
+        shm_before = deepspeed_shm_buffers()
+        command = launcher(kind, nproc) + [str(ENTRY), *variant_args(runs[kind, nproc])]
+        launch = run(command + sft_args(tiny_model_dir, sum_data, out), root / f"{kind}-{nproc}.log")
+        check_ok(launch)
+        print(f"{kind} x{nproc}: {len(runs[kind, nproc])} runs in {launch.seconds:.1f} s")
+        assert deepspeed_shm_buffers() <= shm_before, "DeepSpeed's shm allreduce buffers were left in /dev/shm"
+        check_process_groups_released(out, nproc)
+        return out, variant_logs(launch.log)
+
+    def get(kind: str, nproc: int) -> tuple[Path, dict[str, str]]:
+        if (kind, nproc) not in done:  # a failed launch fails every test of it, launched once
+            try:
+                done[kind, nproc] = launch(kind, nproc)
+            except AssertionError as failure:
+                done[kind, nproc] = failure
+        if isinstance(done[kind, nproc], AssertionError):
+            raise done[kind, nproc]
+        return done[kind, nproc]
+
+    return get
+
+
+CASES = [("deepspeed", 2, config) for config in CONFIGS] + [("deepspeed", 1, "stage3_offload")]
+CASES += [("torchrun", 2, "ddp"), ("torchrun", 2, "stage3"), ("python", 1, "stage3")]
+
+
+@pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c}" for k, n, c in CASES])
+def test_launch(kind, nproc, config, launched, tiny_model_dir, sum_data):
+    out, logs = launched(kind, nproc)
+    check_run(out / config, logs[config], tiny_model_dir, nproc)
+    check_own_samples(out / config, nproc, num_records=len(json.loads(sum_data["train"].read_text())))
+
+
+def test_zero3_with_activation_checkpointing_and_every_parameter_partitioned(launched, tiny_model_dir):
+    """PEFT + ZeRO-3 + activation checkpointing: frozen weights gathered to shape [0] on recompute used to crash."""
+    out, logs = launched("deepspeed", 2)
+    check_run(out / "stage3_all_checkpointed", logs["stage3_all_checkpointed"], tiny_model_dir, world_size=2)
+
+
+@pytest.mark.parametrize("kind", ["deepspeed", "torchrun"])
+def test_deepspeed_auto_picks_a_shipped_config_and_trains_under_it(kind, launched):
+    out, logs = launched(kind, 2)
+    out, log = out / "auto", logs["auto"]
+    picks = re.findall(r"--deepspeed auto: (\S+) \(the memory plan's pick\)", log)
+    assert len(picks) == 1, log[-4000:]  # rank 0 only
+    # Every shipped config fits this tiny model; the fastest DeepSpeed one is taken.
+    assert picks[0] == str(DEEPSPEED_CONFIGS / "stage0.json")  # the package's copy (ds_configs/ links to it)
+    plan_lines = [line for line in log.splitlines() if line.startswith("memory plan: ")]
+    assert len(plan_lines) == 1 and plan_lines[0].startswith("memory plan: ds_configs/stage0.json without"), plan_lines
+    assert trainer_state(out)["global_step"] == 4
+    assert str(DEEPSPEED_CONFIGS / "stage0.json") in (out / "report.html").read_text()  # the report records the pick
+
+
+def test_a_base64_config_trains_as_its_file(launched):
+    out, logs = launched("python", 1)
+    assert all("engine: DeepSpeed ZeRO-2" in logs[name] for name in ("stage2_file", "stage2_base64"))
+    by_file, by_text = adapter_weights(out / "stage2_file"), adapter_weights(out / "stage2_base64")
+    assert by_file.keys() == by_text.keys()
+    for key, tensor in by_file.items():
+        torch.testing.assert_close(by_text[key], tensor, rtol=0, atol=0)

@@ -1,6 +1,6 @@
 """The plan as run_sft uses it: ``--deepspeed auto`` and the stop before loading on an accelerator. A GPU is
 simulated (torch says an accelerator is there, so dtype and memory are the GPU's); the CPU launches that exercise
-the same code paths for real are tests/e2e/test_deepspeed_auto.py."""
+the same code paths for real are tests/e2e/test_launch_matrix.py."""
 
 from __future__ import annotations
 
