@@ -30,25 +30,31 @@ class SignalAtStep(TrainerCallback):
             os.kill(os.getpid(), self.signum)
 
 
-@pytest.fixture
-def sft_argv(tiny_model_dir, tmp_path):
-    train = tmp_path / "train.json"
+@pytest.fixture(scope="module")
+def sft_argv(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("preemption")
+    train = root / "train.json"
     train.write_text(json.dumps(RECORDS, ensure_ascii=False), encoding="utf-8")
 
     def argv(out: Path, *extra: str) -> list[str]:
         return ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--eval_file", "",
-                "--output_dir", str(out), "--dataset_cache_dir", str(tmp_path / "cache"), "--max_steps", "4",
+                "--output_dir", str(out), "--dataset_cache_dir", str(root / "cache"), "--max_steps", "4",
                 "--per_device_train_batch_size", "8", "--learning_rate", "1e-2", "--save_strategy", "no",
                 "--logging_steps", "1", "--lora_dropout", "0", "--report_to", "none", "--disable_tqdm", "true", *extra]  # fmt: skip
 
     return argv
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
-def test_signal_saves_a_complete_checkpoint_and_auto_resumes(sft_argv, tmp_path, signum):
-    reference = tmp_path / "uninterrupted"
-    run_sft.main(sft_argv(reference))
+@pytest.fixture(scope="module")
+def uninterrupted(sft_argv, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The adapter an uninterrupted run ends with: one run, which every signal's resumed run must equal."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "out"
+    run_sft.main(sft_argv(out))
+    return load_file(out / "adapter_model.safetensors")
 
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_signal_saves_a_complete_checkpoint_and_auto_resumes(sft_argv, uninterrupted, tmp_path, signum):
     out = tmp_path / "preempted"
     with pytest.raises(SystemExit) as exited:
         run_sft.main(sft_argv(out), callbacks=[SignalAtStep(2, signum)])
@@ -60,7 +66,7 @@ def test_signal_saves_a_complete_checkpoint_and_auto_resumes(sft_argv, tmp_path,
     recorder = StepRecorder()
     run_sft.main(sft_argv(out, "--resume_from_checkpoint", "auto"), callbacks=[recorder])
     assert recorder.steps == [3, 4], "the resumed run must take only the remaining steps"
-    expected, got = load_file(reference / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    expected, got = uninterrupted, load_file(out / "adapter_model.safetensors")
     assert expected.keys() == got.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
