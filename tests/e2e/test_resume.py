@@ -9,6 +9,9 @@ needs the optimizer state restored as well as the weights."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 import torch
 from transformers.trainer_utils import get_last_checkpoint
@@ -27,57 +30,107 @@ from tests.e2e.launching import (
     run,
     sft_args,
     trainer_state,
+    variant_args,
+    variant_logs,
 )
 
 STEPS = 6
 # Trainer's own checkpoints, a one-process DeepSpeed engine, and ZeRO partitioned over 2 ranks: optimizer state
 # (stage 2; stage 1 is the same DeepSpeed optimizer and checkpoint layout), then parameters too with CPU Adam
 # (stage3_offload: stage 3's checkpoint layout, which offload does not change, and the offloaded optimizer's state).
-# Every shipped config is launched by tests/e2e/test_launch_matrix.py; resume here costs 3 launches a case, so the
-# cases are the distinct checkpoint paths.
-CASES = [("python", 1, None), ("python", 1, "stage0")]
-CASES += [("deepspeed", 2, config) for config in ("stage2", "stage3_offload")]
-# FSDP2 over 2 CPU ranks through the shipped Accelerate config: sharded checkpoint, adapter saved whole.
-CASES += [("accelerate", 2, "fsdp2")]
+# Every shipped config is launched by tests/e2e/test_launch_matrix.py; the cases here are the distinct checkpoint
+# paths. FSDP2 over 2 CPU ranks through the shipped Accelerate config: sharded checkpoint, adapter saved whole.
+LAUNCHES = {("python", 1): ["no-deepspeed", "stage0"], ("deepspeed", 2): ["stage2", "stage3_offload"],
+            ("accelerate", 2): ["fsdp2"]}  # fmt: skip
+CASES = [(kind, nproc, config) for (kind, nproc), configs in LAUNCHES.items() for config in configs]
+
+
+@dataclass
+class KilledRun:
+    """What the killed launch left, read before the resumed launch writes over it."""
+
+    returncode: int
+    log: str
+    steps: dict
+    last_checkpoint: str | None
+    complete: dict[int, bool]
+    marked: dict[int, bool]
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
+    """``resumed_runs(kind, nproc)``: per launcher, an uninterrupted launch of its configurations, one launch a
+    configuration whose last rank dies inside the save of step 4, and one launch resuming them all
+    (``sft_entry.py --variant``: one run a configuration, the ranks started once)."""
+    root, done = tmp_path_factory.mktemp("resume"), {}
+
+    def launch(kind: str, nproc: int, out: Path, name: str, *extra: str, evaluated: bool = False):
+        args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", str(STEPS), "--save_strategy", "steps",
+                        "--save_steps", "2", *extra, eval_file=evaluated)  # fmt: skip
+        command = launcher(kind, nproc, "fsdp2" if kind == "accelerate" else None)
+        return run(command + [str(ENTRY)] + args, root / f"{kind}-{name}.log")
+
+    def engine(kind: str, config: str) -> str:
+        if kind == "accelerate" or config == "no-deepspeed":
+            return ""
+        return f"--deepspeed {REPO / 'ds_configs' / f'{config}.json'}"
+
+    def launch_all(kind: str, nproc: int) -> dict:
+        variants = {config: engine(kind, config) for config in LAUNCHES[kind, nproc]}
+        reference, resumed = root / f"{kind}-uninterrupted", root / f"{kind}-resumed"
+        check_ok(launch(kind, nproc, reference, "uninterrupted", *variant_args(variants)))
+        killed = {}
+        for config, flags in variants.items():
+            out = resumed / config
+            # The last rank dies inside the save of step 4: Trainer has written checkpoint-4, the completion marker not.
+            launched = launch(kind, nproc, out, f"killed-{config}", *flags.split(), "--kill_rank", str(nproc - 1),
+                              "--kill_step", "4", "--kill_on", "save")  # fmt: skip
+            killed[config] = KilledRun(
+                launched.returncode, launched.log, recorded_steps(out, nproc)[0], get_last_checkpoint(str(out)),
+                {step: is_complete_checkpoint(out / f"checkpoint-{step}") for step in (2, 4)},
+                {step: (out / f"checkpoint-{step}" / COMPLETE_MARKER).exists() for step in (2, 4)},
+            )
+        # The resumed launch is the whole job: its accuracy before and after (the shipped FSDP2 config's, as a user
+        # runs it).
+        again = launch(kind, nproc, resumed, "resumed", "--resume_from_checkpoint", "auto", *variant_args(variants),
+                       evaluated=kind == "accelerate")  # fmt: skip
+        check_ok(again)
+        return {"reference": reference, "resumed": resumed, "killed": killed, "logs": variant_logs(again.log)}
+
+    def get(kind: str, nproc: int) -> dict:
+        if (kind, nproc) not in done:  # a failed launch fails every case of it, launched once
+            try:
+                done[kind, nproc] = launch_all(kind, nproc)
+            except AssertionError as failure:
+                done[kind, nproc] = failure
+        if isinstance(done[kind, nproc], AssertionError):
+            raise done[kind, nproc]
+        return done[kind, nproc]
+
+    return get
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c or 'no-deepspeed'}" for k, n, c in CASES])
-@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
-def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
-    kind, nproc, config, tiny_model_dir, sum_data, tmp_path
-):
-    def launch(out, name, *extra, evaluated: bool = False):
-        common = ["--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", "2"]
-        if config and kind != "accelerate":
-            common += ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
-        args = sft_args(tiny_model_dir, sum_data, out, *common, *extra, eval_file=evaluated)
-        command = launcher(kind, nproc, config if kind == "accelerate" else None)
-        return run(command + [str(ENTRY)] + args, tmp_path / f"{name}.log")
-
-    reference = tmp_path / "uninterrupted"
-    check_ok(launch(reference, "uninterrupted"))
-
-    # The last rank dies inside the save of step 4: Trainer has written checkpoint-4, the completion marker is not.
-    resumed = tmp_path / "resumed"
-    killed = launch(resumed, "killed", "--kill_rank", str(nproc - 1), "--kill_step", "4", "--kill_on", "save")
+@pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c}" for k, n, c in CASES])
+@pytest.mark.timeout(1800)  # the first case of a launcher waits for its 2 + configurations launches
+def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(kind, nproc, config, resumed_runs,
+                                                                        tiny_model_dir):  # fmt: skip
+    runs = resumed_runs(kind, nproc)
+    reference, resumed, killed, log = (runs["reference"] / config, runs["resumed"] / config, runs["killed"][config],
+                                       runs["logs"][config])  # fmt: skip
     assert killed.returncode != 0, killed.log[-3000:]
-    assert recorded_steps(resumed, nproc)[0] == {"start": 0, "completed": [1, 2, 3, 4]}
-    assert is_complete_checkpoint(resumed / "checkpoint-2")
-    assert not (resumed / "checkpoint-4" / COMPLETE_MARKER).exists()
+    assert killed.steps == {"start": 0, "completed": [1, 2, 3, 4]}
+    assert killed.complete[2] and not killed.marked[4]
     # transformers alone would resume from that unconfirmed one:
-    assert get_last_checkpoint(str(resumed)) == str(resumed / "checkpoint-4")
+    assert killed.last_checkpoint == str(resumed / "checkpoint-4")
 
-    # The resumed launch is the whole job: its accuracy before and after (the shipped FSDP2 config's, as a user runs it).
-    again = launch(resumed, "resumed", "--resume_from_checkpoint", "auto", evaluated=kind == "accelerate")
-    check_ok(again)
     if kind == "accelerate":
-        check_whole_job(resumed, again.log, world_size=nproc)
+        check_whole_job(resumed, log, world_size=nproc)
     note = f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint; skipped incomplete checkpoint-4)"
-    assert again.log.count(note) == 1, again.log[-3000:]
+    assert log.count(note) == 1, log[-3000:]
     # Every rank starts at the checkpoint's step and runs only the steps after it.
     assert recorded_steps(resumed, nproc) == [{"start": 2, "completed": [3, 4, 5, 6]}] * nproc
-    assert len(losses_logged_by(again.log)) == STEPS - 2, again.log[-3000:]
+    assert len(losses_logged_by(log)) == STEPS - 2, log[-3000:]
 
     assert trainer_state(resumed)["global_step"] == trainer_state(reference)["global_step"] == STEPS
     verify_adapter(resumed, base_model=tiny_model_dir)
@@ -86,7 +139,7 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     # Bit-exact without offload (measured). With offload, DeepSpeed's CPU Adam keeps beta^t in float: multiplied step
     # by step in one run, recomputed with std::pow after a resume, which moves the last bits of the bias correction
     # (measured: 6.2e-6 at most on weights up to 0.26, losses equal to 5 digits).
-    tolerance = {"rtol": 1e-4, "atol": 1e-5} if config and "offload" in config else {"rtol": 1e-5, "atol": 1e-6}
+    tolerance = {"rtol": 1e-4, "atol": 1e-5} if "offload" in config else {"rtol": 1e-5, "atol": 1e-6}
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], **tolerance, msg=name)
     # The same training run, not only the same end: identical losses at every step after the resume point.
