@@ -40,13 +40,11 @@ from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval import evaluate_phase, get_task, load_samples, print_comparison, write_eval_report
-from hf_lora_ds.launch.cli import parse_run_arguments
-from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
+from hf_lora_ds.launch.resolve import parse_run_arguments
 from hf_lora_ds.launch.world import describe_world
 from hf_lora_ds.model.loading import load_base_model, load_tokenizer
 from hf_lora_ds.plan import check_run_fits, profile_from_dataset
 from hf_lora_ds.resources import DEMO_ARGUMENTS
-from hf_lora_ds.training.checkpoints import resolve_resume_checkpoint
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
@@ -60,12 +58,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
     transformers.set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after; the adapter's A init must repeat
-    # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
-    # convert to a universal checkpoint fails here, not after the model is loaded.
-    checkpoint, resume_note = resolve_resume_checkpoint(
-        args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
-    )
-    print0(describe_world(args), *([resume_note] if resume_note else []))
+    print0(describe_world(args))
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = load_tokenizer(args)
@@ -108,7 +101,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
         callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
     )
 
-    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)  # resolved with the arguments
     if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
         release_process_group()
         raise SystemExit(PREEMPTED_EXIT_CODE)

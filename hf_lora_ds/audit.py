@@ -26,7 +26,7 @@ from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.mask_audit import MaskAudit, audit_by_source, audit_dataset, show_samples
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.launch.cli import read_checked_values
+from hf_lora_ds.launch.resolve import read_checked_values
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.model.lora_coverage import meta_coverage

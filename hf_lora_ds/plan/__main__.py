@@ -21,7 +21,7 @@ import torch
 
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.checks import check_paths
-from hf_lora_ds.launch.cli import read_run_values
+from hf_lora_ds.launch.resolve import read_run_values
 from hf_lora_ds.plan.planner import PlanRow, recommend
 from hf_lora_ds.plan.run_plan import (
     PlanArguments,

@@ -1,6 +1,6 @@
-"""From a command line to a run's arguments, each step once: the field checks, the DeepSpeed config in every form
-``--deepspeed`` takes (a path, a shipped short name, base64), ``--deepspeed auto``; the audit and the planner read the
-same flags through the same parser."""
+"""hf_lora_ds.launch.resolve: from a command line to a run's arguments, each step once: the DeepSpeed config in every
+form ``--deepspeed`` takes (a path, a shipped short name, base64), ``--deepspeed auto``; the audit and the planner
+read the same flags through the same parser."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch import arguments, cli
-from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
+from hf_lora_ds.launch import resolve as cli
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
 
@@ -41,10 +41,10 @@ def counted(monkeypatch, module, name: str) -> list[int]:
 
 
 def test_each_check_and_each_config_load_happens_once(run_flags, monkeypatch, no_launcher):
-    field_checks = counted(monkeypatch, arguments, "check_fields")
-    config_loads = counted(monkeypatch, arguments, "load_deepspeed_config")
+    run_checks = counted(monkeypatch, cli, "check_run_values")
+    config_loads = counted(monkeypatch, cli, "load_deepspeed_config")
     args = cli.parse_run_arguments([*run_flags, "--deepspeed", "stage2"])
-    assert (len(field_checks), len(config_loads)) == (1, 1)
+    assert (len(run_checks), len(config_loads)) == (1, 1)
     assert args.deepspeed == str(DEEPSPEED_CONFIGS / "stage2.json")  # the short name, resolved as the file
 
 
@@ -92,3 +92,11 @@ def test_checked_values_refuse_what_the_arguments_refuse(run_flags):
 def test_unknown_flags_are_named(run_flags):
     with pytest.raises(UserError, match=r"unknown argument\(s\) \['--tokenizer', 'x'\]"):
         cli.read_run_values([*run_flags, "--tokenizer", "x"])
+
+
+def test_arguments_built_in_code_check_the_config_before_anything_else(tmp_path, tiny_model_dir, no_launcher):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 7}}))
+    with pytest.raises(UserError, match="zero_optimization.stage is 7"):
+        cli.build_run_arguments(output_dir=str(tmp_path), model_name_or_path=str(tiny_model_dir),
+                                train_file=str(config), deepspeed=str(config), report_to="none")

@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainingArguments
+
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
@@ -30,11 +32,13 @@ __all__ = [
     "check_deepspeed_config",
     "deepspeed_config_file",
     "deepspeed_config_path",
+    "describe_zero",
     "known_top_level_keys",
     "load_deepspeed_config",
     "offloads",
     "run_deepspeed_config",
     "shipped_deepspeed_names",
+    "zero_summary",
 ]
 
 _ZERO_STAGES = (0, 1, 2, 3)
@@ -105,7 +109,7 @@ def shipped_deepspeed_names() -> list[str]:
     return sorted(path.stem for path in DEEPSPEED_CONFIGS.glob("*.json"))
 
 
-def run_deepspeed_config(args: Any) -> dict | None:
+def run_deepspeed_config(args: TrainingArguments) -> dict | None:
     """The DeepSpeed config of a run, the one answer for every reader: the live dict TrainingArguments built (the
     one the engine is built from, Trainer's ``"auto"`` values filled in), else ``--deepspeed`` loaded in whichever
     form it was given or adopted from ``accelerate launch``; None without DeepSpeed."""
@@ -281,3 +285,22 @@ def _check_batch(config: dict, source: str, micro_batch: int, accumulation: int,
             f"--gradient_accumulation_steps {accumulation} x {world_size} ranks = {expected}; set train_batch_size "
             f'to "auto" (Trainer computes it){fix}'
         )
+
+
+def zero_summary(config: dict) -> tuple[int, str, str]:
+    """ZeRO stage and the optimizer and parameter offload devices of a DeepSpeed config: what must agree."""
+    zero = config.get("zero_optimization", {}) or {}
+
+    def device(section: str) -> str:
+        value = zero.get(section)
+        return str(value.get("device", "none")) if isinstance(value, dict) else "none"
+
+    return int(zero.get("stage", 0)), device("offload_optimizer"), device("offload_param")
+
+
+def describe_zero(config: dict) -> str:
+    """``ZeRO-3, offload optimizer cpu, parameters cpu`` for a DeepSpeed config."""
+    stage, optimizer, parameters = zero_summary(config)
+    offloaded = [f"{name} {where}" for name, where in (("optimizer", optimizer), ("parameters", parameters))
+                 if where != "none"]  # fmt: skip
+    return f"ZeRO-{stage}" + (f", offload {', '.join(offloaded)}" if offloaded else "")

@@ -9,10 +9,10 @@ import torch
 from peft import PeftModel
 from transformers import TrainerCallback
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
-from hf_lora_ds.launch.arguments import SFTTrainingArguments
-from hf_lora_ds.training.trainer import LoraSFTTrainer
+from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 
 RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x - 3} + 3"} for x in range(10, 42)]
 

@@ -18,14 +18,14 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.packing import training_samples
 from hf_lora_ds.distributed import gather_from_ranks, print0
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.arguments import SFTTrainingArguments
-from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line

@@ -1,4 +1,4 @@
-"""hf_lora_ds.launch.deepspeed_config: a bad --deepspeed config is refused before loading, naming the key and the flag to change."""
+"""hf_lora_ds.config.deepspeed: a bad --deepspeed config is refused before loading, naming the key and the flag to change."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.launch.deepspeed_config import (
+from hf_lora_ds.config.deepspeed import (
     check_deepspeed_config,
     deepspeed_config_path,
     known_top_level_keys,
     load_deepspeed_config,
     shipped_deepspeed_names,
 )
+from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 from tests import REPO
 
@@ -108,16 +108,6 @@ def test_train_batch_size_depends_on_the_world_size():
 def test_offload_with_forced_cpu_optimizer_off_is_allowed():
     zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
     _check({"zero_optimization": zero, "zero_force_ds_cpu_optimizer": False})
-
-
-def test_arguments_check_the_config_before_anything_else(tmp_path, tiny_model_dir):
-    from hf_lora_ds import SFTTrainingArguments
-
-    config = tmp_path / "c.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 7}}))
-    with pytest.raises(UserError, match="zero_optimization.stage is 7"):
-        SFTTrainingArguments(output_dir=str(tmp_path), model_name_or_path=str(tiny_model_dir),
-                             train_file=str(config), deepspeed=str(config), report_to="none")  # fmt: skip
 
 
 def test_shipped_configs_by_short_name():
