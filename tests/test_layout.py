@@ -1,6 +1,7 @@
 """The folders show the architecture, and the code keeps to it: imports only go down the layers below, every
 TrainerCallback lives in callbacks/, the top level stays small, and every module has its test module at the same
-path under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py).
+path under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py; a command's ``python -m``
+shim, which defines nothing, needs none).
 """
 
 from __future__ import annotations
@@ -30,16 +31,10 @@ LAYERS: list[dict[str, list[str]]] = [
     {"callbacks": ["hf_lora_ds.callbacks"]},
     {"trainer": ["hf_lora_ds.trainer"]},
     {"launch": ["hf_lora_ds.launch"]},
-    {
-        "entry points": [
-            "hf_lora_ds",
-            "hf_lora_ds.run_sft",
-            "hf_lora_ds.audit",
-            "hf_lora_ds.merge",
-            "hf_lora_ds.doctor",
-            "hf_lora_ds.testing",
-        ]
-    },
+    {"command lines": ["hf_lora_ds.cli"]},
+    # The public facade, the ``python -m`` shims of the commands, and the test models (imported by nothing here).
+    {"entry points": ["hf_lora_ds", "hf_lora_ds.run_sft", "hf_lora_ds.audit", "hf_lora_ds.merge", "hf_lora_ds.doctor",
+                      "hf_lora_ds._testing"]},
 ]
 ENTRY_POINTS = len(LAYERS) - 1
 
@@ -94,7 +89,8 @@ def test_the_layer_check_reads_type_checking_imports():
 
 
 def test_nothing_in_the_package_imports_its_testing_module():
-    assert [name for name in MODULES if "hf_lora_ds.testing" in imported_modules(name)] == []
+    assert [name for name in MODULES if not name.startswith("hf_lora_ds._testing")
+            and {"hf_lora_ds._testing", "hf_lora_ds._testing.tiny_models"} & imported_modules(name)] == []
 
 
 def test_the_top_level_holds_at_most_twelve_modules():

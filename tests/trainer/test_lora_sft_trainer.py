@@ -99,7 +99,7 @@ def test_save_refuses_an_empty_adapter(tiny_model, qwen_style_tokenizer, tmp_pat
 
 
 def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, tmp_path, capsys):
-    from hf_lora_ds.testing import build_tiny_qwen2
+    from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
     from hf_lora_ds.training.checkpoints import COMPLETE_MARKER
 
     def trainer(max_steps):

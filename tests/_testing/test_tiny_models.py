@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_lora_ds.testing import build_tiny_causal_lm, build_tiny_qwen2
+from hf_lora_ds._testing.tiny_models import build_tiny_causal_lm, build_tiny_qwen2
 
 
 def test_tiny_qwen2_is_small_and_matches_its_tokenizer(qwen_style_tokenizer):

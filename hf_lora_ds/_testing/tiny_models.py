@@ -1,6 +1,6 @@
 """Tiny Qwen2-architecture chat models and tokenizers built from scratch, with no download.
 
-Tests, benchmarks and the bundled demo model (``data/build_tiny_model.py``) all need a chat model whose
+Tests, benchmarks and the bundled demo model (``scripts/build_tiny_model.py``) all need a chat model whose
 tokenizer behaves like Qwen's: ChatML special tokens, ``<|im_end|>`` as end of turn, byte-level BPE, digits split
 one per token. Building one locally keeps every run offline and deterministic.
 """

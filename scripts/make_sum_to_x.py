@@ -5,7 +5,7 @@ The answer format is new to the bundled base model (pre-trained on plain ``{a} +
 (1..9) so the arithmetic is a one-digit subtraction a ~1M-parameter model can learn. Eval x values never appear in
 train, so eval accuracy measures generalisation, not recall.
 
-    python data/make_sum_to_x.py            # writes data/sum_to_x/{train,eval}.json
+    python scripts/make_sum_to_x.py            # writes data/sum_to_x/{train,eval}.json
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--x_max", type=int, default=999)
     parser.add_argument("--num_eval", type=int, default=150, help="held-out x values, one eval record each")
     parser.add_argument("--per_x", type=int, default=3, help="train records (distinct a) per train x value")
-    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent / "sum_to_x")
+    parser.add_argument("--out_dir", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "sum_to_x")
     args = parser.parse_args()
 
     train, evaluation = make_splits(args.seed, args.x_min, args.x_max, args.num_eval, args.per_x)

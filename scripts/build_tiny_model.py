@@ -21,7 +21,7 @@ what this script trains, once, from the train split only (eval x values stay uns
    Filler and echo draw from every token without a digit or ``=``, the answer prefix's tokens included (a real base
    knows every token of its vocabulary), but the prefix never appears as an answer: before LoRA the format is new.
 
-    PYTHONPATH=. python data/make_sum_to_x.py && PYTHONPATH=. python data/build_tiny_model.py
+    PYTHONPATH=. python scripts/make_sum_to_x.py && PYTHONPATH=. python scripts/build_tiny_model.py
 """
 
 from __future__ import annotations
@@ -37,11 +37,16 @@ import torch
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers import PreTrainedTokenizerFast, get_cosine_schedule_with_warmup
 
-from hf_lora_ds.testing import CHATML_DEFAULT_SYSTEM_TEMPLATE, SPECIAL_TOKENS, build_tiny_qwen2, train_chat_tokenizer
+from hf_lora_ds._testing.tiny_models import (
+    CHATML_DEFAULT_SYSTEM_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_tiny_qwen2,
+    train_chat_tokenizer,
+)
 
 __all__ = ["split_answer", "tokenizer_corpus", "encode_plain", "token_pool", "echo_example", "assemble", "accuracy", "main"]
 
-DATA_DIR = Path(__file__).parent
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 A_VALUES = range(1, 10)
 IGNORE_INDEX = -100
 _SPECIAL_RE = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))

@@ -9,9 +9,9 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_lora_ds.cli.eval import main
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval import evaluate
-from hf_lora_ds.eval.__main__ import main
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_compare_prints_before_and_after_and_writes_files(
     capsys, tmp_path, varied_model_dir, adapter_dir, sum_records_file, sum_records
 ):
     out = tmp_path / "out"
-    argv = ["--model", str(varied_model_dir), "--adapter", str(adapter_dir), "--task", "sum_to_x"]
+    argv = ["--model_name_or_path", str(varied_model_dir), "--adapter", str(adapter_dir), "--task", "sum_to_x"]
     argv += ["--data", str(sum_records_file), "--compare", "--output_dir", str(out), "--batch_size", "4"]
     assert main(argv) == 0
 
@@ -57,7 +57,7 @@ def test_compare_prints_before_and_after_and_writes_files(
 
 
 def test_single_eval_without_adapter(capsys, tmp_path, varied_model_dir, sum_records_file):
-    assert main(["--model", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "3",
+    assert main(["--model_name_or_path", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "3",
                  "--output_dir", str(tmp_path)]) == 0
     predictions = read_jsonl(tmp_path / "predictions_eval.jsonl")
     assert [p["index"] for p in predictions] == [0, 1, 2]  # --max_samples keeps the first 3
@@ -95,7 +95,7 @@ def _cli_error(capsys, argv: list[str]) -> str:
 def test_bad_records_name_file_line_and_field(capsys, tmp_path, varied_model_dir):
     data = tmp_path / "eval.jsonl"
     data.write_text('{"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}\n{"instruction": "6="}\n')
-    err = _cli_error(capsys, ["--model", str(varied_model_dir), "--data", str(data)])
+    err = _cli_error(capsys, ["--model_name_or_path", str(varied_model_dir), "--data", str(data)])
     assert err == f"error: {data}, line 2: missing field 'output'\n"
     assert f"{data}, line 2: missing field 'output'" in _cli_error(capsys, ["score", "--data", str(data)])
     data.write_text('{"instruction": "5=", "output": "王大丫丫的回答是--->1 + 4"}\n')
@@ -104,7 +104,7 @@ def test_bad_records_name_file_line_and_field(capsys, tmp_path, varied_model_dir
 
 def test_argument_errors(capsys, tmp_path, varied_model_dir):
     with pytest.raises(SystemExit):
-        main(["--model", str(varied_model_dir), "--data", "x.json", "--compare"])
+        main(["--model_name_or_path", str(varied_model_dir), "--data", "x.json", "--compare"])
     assert "pass --adapter DIR" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["score", "--task", "sum-to-x", "--data", "x.json"])
@@ -118,7 +118,7 @@ def test_paths_are_checked_before_the_model_loads(capsys, tmp_path, sum_records_
     afile, empty = tmp_path / "afile", tmp_path / "empty"
     afile.write_text("")
     empty.mkdir()
-    model = ["--model", str(tmp_path / "no-model"), "--data", str(sum_records_file)]
+    model = ["--model_name_or_path", str(tmp_path / "no-model"), "--data", str(sum_records_file)]
     assert _cli_error(capsys, [*model, "--adapter", str(afile)]) == (
         f"error: --adapter {afile}: is a file, not an adapter directory; pass the directory that holds "
         "adapter_config.json\n")  # fmt: skip
@@ -126,3 +126,9 @@ def test_paths_are_checked_before_the_model_loads(capsys, tmp_path, sum_records_
         f"error: --adapter {empty}: the directory has no adapter_config.json, so it is not a saved PEFT adapter")
     assert _cli_error(capsys, [*model, "--output_dir", str(afile)]) == (
         f"error: --output_dir {afile}: {afile} is a file, not a directory; choose another path\n")
+
+
+def test_the_old_model_flag_still_works_with_a_note(capsys, tmp_path, varied_model_dir, sum_records_file):
+    assert main(["--model", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "1",
+                 "--max_new_tokens", "2"]) == 0
+    assert "--model is deprecated; use --model_name_or_path" in capsys.readouterr().err

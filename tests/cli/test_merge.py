@@ -10,8 +10,8 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_lora_ds.cli.merge import main
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.merge import main
 
 PROMPTS = ["What is the capital of France?", "Tell me a joke about cats."]
 
@@ -24,7 +24,7 @@ def _logits(model, tokenizer, prompt: str) -> torch.Tensor:
 
 def test_cli_writes_a_model_matching_base_plus_adapter(tiny_model_dir, trained_adapter, tmp_path, capsys):
     out = tmp_path / "merged"
-    assert main(["--base", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]) == 0
+    assert main(["--model_name_or_path", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]) == 0
     assert "max abs logit diff" in capsys.readouterr().out
     assert list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
     assert not (out / "adapter_config.json").exists()  # a plain HF model, loadable without peft
@@ -46,7 +46,7 @@ def test_empty_adapter_fails_with_the_cause(tiny_model_dir, trained_adapter, tmp
     weights = {name: torch.empty(0) for name in load_file(broken / "adapter_model.safetensors")}
     save_file(weights, broken / "adapter_model.safetensors")
     with pytest.raises(SystemExit) as exited:
-        run_cli(lambda: main(["--base", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]))
+        run_cli(lambda: main(["--model_name_or_path", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]))
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "empty" in err and err.count("\n") == 1, err
@@ -56,7 +56,7 @@ def test_empty_adapter_fails_with_the_cause(tiny_model_dir, trained_adapter, tmp
 def test_cli_also_writes_a_gguf_that_loads_back_as_the_merged_model(tiny_model_dir, trained_adapter, tmp_path):
     pytest.importorskip("gguf", reason="GGUF export needs the gguf package: pip install 'hf_lora_ds[gguf]'")
     out, gguf_file = tmp_path / "merged", tmp_path / "gguf" / "merged.gguf"
-    argv = ["--base", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]
+    argv = ["--model_name_or_path", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]
     assert main([*argv, "--gguf", str(gguf_file), "--gguf_type", "f32"]) == 0
     tokenizer = AutoTokenizer.from_pretrained(out)
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -70,7 +70,7 @@ def test_paths_are_checked_before_anything_is_loaded(tmp_path, trained_adapter, 
     afile, empty = tmp_path / "afile", tmp_path / "empty"
     afile.write_text("")
     empty.mkdir()
-    base = ["--base", str(tmp_path / "no-base")]
+    base = ["--model_name_or_path", str(tmp_path / "no-base")]
     cases = {
         (f"--adapter {afile}: is a file, not an adapter directory"): ["--adapter", str(afile), "--out", str(empty)],
         (f"--adapter {empty}: the directory has no adapter_config.json"): ["--adapter", str(empty), "--out", str(empty)],
@@ -86,3 +86,8 @@ def test_paths_are_checked_before_anything_is_loaded(tmp_path, trained_adapter, 
         assert leaving.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_the_old_base_flag_still_works_with_a_note(tiny_model_dir, trained_adapter, tmp_path, capsys):
+    assert main(["--base", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(tmp_path / "o")]) == 0
+    assert "--base is deprecated; use --model_name_or_path" in capsys.readouterr().err

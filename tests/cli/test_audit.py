@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hf_lora_ds.audit import main
+from hf_lora_ds.cli.audit import main
 from hf_lora_ds.errors import UserError
 from tests.data.test_mask_audit import RECORDS, write_records
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_lora_ds import doctor
+from hf_lora_ds.cli import doctor
 from tests.e2e.launching import REPO, launch_env
 
 SECTIONS = ("== versions", "== devices", "== distributed", "== speed", "== LoRA run")
@@ -98,7 +98,7 @@ def test_a_check_that_raises_is_its_own_failure_and_the_report_goes_on():
 @pytest.mark.parametrize("losses", [[4.3, 4.3], [4.3, 4.5], [4.3]])
 def test_a_loss_that_does_not_fall_fails_the_run(monkeypatch, losses):
     """The run's own check, fed a trainer_state.json whose loss stays, rises or was logged once."""
-    from hf_lora_ds import run_sft
+    from hf_lora_ds.cli import run as run_sft
 
     def fake_main(argv):
         state = Path(argv[argv.index("--output_dir") + 1], "trainer_state.json")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hf_lora_ds.cli.plan import main
 from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.plan.__main__ import main
 from hf_lora_ds.resources import MODEL_CONFIGS
 
 REPO = Path(__file__).resolve().parents[2]
