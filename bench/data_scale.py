@@ -207,7 +207,7 @@ def main() -> None:
     if args.plain:
         return plain_child(args)
 
-    from hf_lora_ds.testing import train_chat_tokenizer
+    from hf_lora_ds._testing.tiny_models import train_chat_tokenizer
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="data_scale-"))
     workdir.mkdir(parents=True, exist_ok=True)

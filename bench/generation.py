@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_lora_ds._testing.tiny_models import CHATML_DEFAULT_SYSTEM_TEMPLATE, build_tiny_qwen2, train_chat_tokenizer
 from hf_lora_ds.eval import DEFAULT_PREFIX, generate, get_task, load_samples
-from hf_lora_ds.testing import CHATML_DEFAULT_SYSTEM_TEMPLATE, build_tiny_qwen2, train_chat_tokenizer
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

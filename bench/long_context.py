@@ -36,10 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator  # noqa: E402
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2, train_chat_tokenizer  # noqa: E402
 from hf_lora_ds.data.packing import PackedDataset  # noqa: E402
 from hf_lora_ds.model.gguf_import import plain_model  # noqa: E402
 from hf_lora_ds.resources import DEMO_DATA  # noqa: E402
-from hf_lora_ds.testing import build_tiny_qwen2, train_chat_tokenizer  # noqa: E402
 
 WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
 

@@ -72,7 +72,7 @@ def build_model_dir(spec: ModelSpec, directory: Path) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from hf_lora_ds.testing import train_chat_tokenizer
+    from hf_lora_ds._testing.tiny_models import train_chat_tokenizer
 
     tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50)
     config = Qwen2Config(

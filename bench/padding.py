@@ -19,7 +19,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator
-from hf_lora_ds.testing import build_tiny_qwen2, train_chat_tokenizer
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2, train_chat_tokenizer
 
 WORDS = "the a cat dog sat on mat quick brown fox jumps over lazy river mountain answer question why how".split()
 

@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import sys
 
-from hf_lora_ds.plan.__main__ import parse
+from hf_lora_ds.cli.plan import parse
 from hf_lora_ds.plan.planner import SequenceProfile, recommend
 from hf_lora_ds.plan.run_plan import plan_run
 

@@ -37,8 +37,8 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's hf_lora_ds, also when not installed
 
 from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator  # noqa: E402
+from hf_lora_ds._testing.tiny_models import train_chat_tokenizer  # noqa: E402
 from hf_lora_ds.model.gguf_import import model_source, plain_model  # noqa: E402
-from hf_lora_ds.testing import train_chat_tokenizer  # noqa: E402
 
 # name: (vocab_size, or None for the tokenizer's 300, hidden_size, num_hidden_layers, default number of chats,
 # batch size or None for --batch_size, longest answer in words or None for the 40-word sentences of every turn).

@@ -12,9 +12,9 @@ from hf_lora_ds.quiet import quiet_third_party_noise
 quiet_third_party_noise()  # first: the package's modules bring in PEFT, and PEFT bitsandbytes (see hf_lora_ds.quiet)
 
 _EXPORTS = {
-    "SFTTrainingArguments": "hf_lora_ds.launch.arguments",
+    "SFTTrainingArguments": "hf_lora_ds.config",
     "ChatSFTDataset": "hf_lora_ds.data.dataset",
-    "LoraSFTTrainer": "hf_lora_ds.training.trainer",
+    "LoraSFTTrainer": "hf_lora_ds.trainer.lora_sft_trainer",
     "DataError": "hf_lora_ds.data.records",
     "TemplateError": "hf_lora_ds.data.dataset",
     "IGNORE_INDEX": "hf_lora_ds.data.dataset",

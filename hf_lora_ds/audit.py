@@ -1,72 +1,10 @@
-"""``python -m hf_lora_ds.audit``: what the model will be trained on, counted over the whole dataset, before a GPU-hour
-is spent.
+"""``python -m hf_lora_ds.audit``: the mask audit command, hf_lora_ds.cli.audit."""
 
-    python -m hf_lora_ds.audit --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --train_file my_train.jsonl
-    python -m hf_lora_ds.audit examples/qwen2.5-7b-instruct_zero3_2x24gb.yaml
+from hf_lora_ds.cli.audit import main
 
-Takes run_sft.py's own flags (or its YAML/JSON file, then flags; what is set nowhere is the demo's) through the same
-parser and checks, and builds the tokenizer and the dataset through the same functions as training, so it counts the
-samples training will see. Prints the mask audit of ``--train_file`` (hf_lora_ds.data.mask_audit, one per source of a
-mixture), the train-to-inference round trip of every record (hf_lora_ds.data.inference_prompts), where the LoRA
-adapters would land (built from the model's config on the meta device: no weight is read) and what the LoRA variant
-does (hf_lora_ds.model.lora_variants: an init that rewrites the base, a data pass, LoRA+ or LoRA-FA).
-
-``--show_samples N`` prints the first N samples with their supervised tokens in [[ ]]; with
-``--show_samples_format jsonl`` the output is those samples alone, one JSON object a line: ``sample``, ``where``,
-``text`` and ``trained``, the list of ``[start, end]`` character spans of ``text`` that are trained (a stable
-interface, as axolotl's ``preprocess --debug`` and LLaMA-Factory's first-example print give their users).
-"""
-
-from __future__ import annotations
-
-import argparse
-import sys
-
-from hf_lora_ds.data.inference_prompts import round_trip
-from hf_lora_ds.data.mask_audit import MaskAudit, audit_by_source, audit_dataset, show_samples
-from hf_lora_ds.data.run_data import load_run_data, sft_dataset
-from hf_lora_ds.errors import run_cli
-from hf_lora_ds.launch.cli import read_checked_values
-from hf_lora_ds.model.loading import base_model_config, load_tokenizer
-from hf_lora_ds.model.lora import lora_config_from_args
-from hf_lora_ds.model.lora_coverage import meta_coverage
-from hf_lora_ds.model.lora_variants import variant_line
-
-
-def main(argv: list[str] | None = None) -> MaskAudit:
-    shown, rest = _show_flags().parse_known_args(sys.argv[1:] if argv is None else argv)
-    args = read_checked_values(rest)
-    tokenizer = load_tokenizer(args, need_weights=False)
-    data = load_run_data(args.train_file, args, args.dataset)
-    dataset = sft_dataset(data, tokenizer, args)
-    report = audit_dataset(dataset)
-    if shown.show_samples_format == "jsonl":  # stdout is the samples alone, one JSON object a line, for scripts
-        print(show_samples(dataset, shown.show_samples, "jsonl"))
-        return report
-    report.round_trip = round_trip(dataset)
-    print(data.summary() + dataset.unused_note())
-    print(report)
-    if shown.show_samples:
-        print("\n" + show_samples(dataset, shown.show_samples))
-    if len(dataset.source_counts) > 1:
-        for name, source_report in audit_by_source(dataset).items():
-            print(f"\n--- source {name} ---\n{source_report}")
-    coverage = meta_coverage(base_model_config(args), args.lora_target_modules, args.trust_remote_code)
-    note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
-    variant = variant_line(lora_config_from_args(args), args)
-    print("\n" + "\n".join([coverage.table(), *([note] if note else []), *([variant] if variant else [])]))
-    return report
-
-
-def _show_flags() -> argparse.ArgumentParser:
-    """The audit's own flags; every other argument is run_sft.py's."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--show_samples", type=int, default=0, metavar="N", help="print the first N samples too")
-    parser.add_argument("--show_samples_format", choices=("text", "jsonl"), default="text",
-                        help="text: trained tokens in [[ ]] after the report; jsonl: only the samples, one JSON object "
-                        "a line (sample, where, text, trained: [start, end] character spans of text)")  # fmt: skip
-    return parser
-
+__all__ = ['main']
 
 if __name__ == "__main__":
+    from hf_lora_ds.errors import run_cli
+
     run_cli(main)

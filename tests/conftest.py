@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from hf_lora_ds.testing import (
+from hf_lora_ds._testing.tiny_models import (
     CHATML_DEFAULT_SYSTEM_TEMPLATE,
     CHATML_TEMPLATE,
     DEFAULT_SYSTEM_PROMPT,

@@ -51,7 +51,7 @@ def test_eval_x_values_are_held_out_from_train():
 
 def test_files_match_what_the_generator_writes():
     """The committed files are reproducible: the generator's defaults still write exactly them."""
-    spec = importlib.util.spec_from_file_location("make_sum_to_x", DATA_DIR / "make_sum_to_x.py")
+    spec = importlib.util.spec_from_file_location("make_sum_to_x", DATA_DIR.parent / "scripts" / "make_sum_to_x.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     train, evaluation = module.make_splits()

@@ -193,8 +193,8 @@ def test_deepspeed_config(tiny_model_dir, tmp_path, train_file, case, run_sft_he
 def test_eval_cli(tmp_path):
     data = tmp_path / "eval.json"
     data.write_text(json.dumps([RECORD]))
-    check_one_line(run_cli("-m", "hf_lora_ds.eval", "--model", str(tmp_path / "gone"), "--data", str(data)),
-                   "--model", "gone: no such directory")  # fmt: skip
+    check_one_line(run_cli("-m", "hf_lora_ds.eval", "--model_name_or_path", str(tmp_path / "gone"), "--data", str(data)),
+                   "--model_name_or_path", "gone: no such directory")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -206,7 +206,7 @@ def test_audit_cli(tiny_model_dir, tmp_path, train_file):
 
 @pytest.mark.slow
 def test_merge_cli(tiny_model_dir, tmp_path):
-    check_one_line(run_cli("-m", "hf_lora_ds.merge", "--base", str(tiny_model_dir), "--adapter", str(tmp_path),
+    check_one_line(run_cli("-m", "hf_lora_ds.merge", "--model_name_or_path", str(tiny_model_dir), "--adapter", str(tmp_path),
                            "--out", str(tmp_path / "merged")),
                    f"--adapter {tmp_path}: the directory has no adapter_config.json")  # fmt: skip
 

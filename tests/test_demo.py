@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_sft
-from hf_lora_ds.eval.__main__ import main as eval_main
+from hf_lora_ds.cli.eval import main as eval_main
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
@@ -23,7 +23,7 @@ TARGET = 0.9
 
 
 def _build_script():
-    spec = importlib.util.spec_from_file_location("build_tiny_model", DATA_DIR / "build_tiny_model.py")
+    spec = importlib.util.spec_from_file_location("build_tiny_model", REPO / "scripts" / "build_tiny_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,7 +42,7 @@ def test_bundled_base_does_the_arithmetic_wherever_the_answer_starts():
 
 def test_compare_on_bundled_base_and_adapter(tmp_path, capsys):
     """The eval CLI's before/after table on the shipped model and adapter: the format is new to the base."""
-    argv = ["--model", str(BASE_DIR), "--adapter", str(ADAPTER_DIR), "--data", str(EVAL_FILE)]
+    argv = ["--model_name_or_path", str(BASE_DIR), "--adapter", str(ADAPTER_DIR), "--data", str(EVAL_FILE)]
     assert eval_main([*argv, "--task", "sum_to_x", "--compare", "--output_dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "eval_report.json").read_text())
     assert report["before"]["accuracy"] <= 0.05

@@ -1,6 +1,7 @@
 """The folders show the architecture, and the code keeps to it: imports only go down the layers below, every
 TrainerCallback lives in callbacks/, the top level stays small, and every module has its test module at the same
-path under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py).
+path under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py; a command's ``python -m``
+shim, which defines nothing, needs none).
 """
 
 from __future__ import annotations
@@ -17,31 +18,25 @@ from tests.test_imports import MODULES, PACKAGE, imported_modules
 
 TESTS = Path(__file__).resolve().parent
 
-# Bottom to top: a module imports only from its own group or from groups of a lower rank; two groups of one rank
-# import nothing of each other. A module belongs to the group of its longest matching name.
+# Bottom to top, one rank per folder: a module imports only from its own folder or from folders of a lower rank; two
+# folders of one rank import nothing of each other. A package's ``__main__`` is an entry point wherever it stands
+# (``python -m hf_lora_ds.eval`` runs the command line, which sits above every folder).
 LAYERS: list[dict[str, list[str]]] = [
     {"core": ["hf_lora_ds.errors", "hf_lora_ds.distributed", "hf_lora_ds.devices", "hf_lora_ds.resources",
               "hf_lora_ds.quiet", "hf_lora_ds.sizes"]},
+    {"config": ["hf_lora_ds.config"]},
     {"data": ["hf_lora_ds.data"], "model": ["hf_lora_ds.model"]},
     {"training runtime": ["hf_lora_ds.training"]},
-    {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"]},
-    {"arguments": ["hf_lora_ds.launch"]},
-    {"planner": ["hf_lora_ds.plan"]},
+    {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"], "planner": ["hf_lora_ds.plan"]},
     {"callbacks": ["hf_lora_ds.callbacks"]},
-    {"trainer": ["hf_lora_ds.training.trainer"]},
-    {"command line": ["hf_lora_ds.launch.cli"]},
-    {
-        "entry points": [
-            "hf_lora_ds",
-            "hf_lora_ds.run_sft",
-            "hf_lora_ds.audit",
-            "hf_lora_ds.merge",
-            "hf_lora_ds.eval.__main__",
-            "hf_lora_ds.plan.__main__",
-            "hf_lora_ds.testing",
-        ]
-    },
+    {"trainer": ["hf_lora_ds.trainer"]},
+    {"launch": ["hf_lora_ds.launch"]},
+    {"command lines": ["hf_lora_ds.cli"]},
+    # The public facade, the ``python -m`` shims of the commands, and the test models (imported by nothing here).
+    {"entry points": ["hf_lora_ds", "hf_lora_ds.run_sft", "hf_lora_ds.audit", "hf_lora_ds.merge", "hf_lora_ds.doctor",
+                      "hf_lora_ds._testing"]},
 ]
+ENTRY_POINTS = len(LAYERS) - 1
 
 
 def place(module: str) -> tuple[int, str]:
@@ -54,7 +49,7 @@ def place(module: str) -> tuple[int, str]:
         if module == prefix or module.startswith(prefix + ".")
     ]
     _, rank, group = max(matches)
-    return rank, group
+    return (ENTRY_POINTS, "entry points") if module.endswith(".__main__") else (rank, group)
 
 
 def against_the_layers(module: str, imported: set[str]) -> list[str]:
@@ -69,7 +64,7 @@ def against_the_layers(module: str, imported: set[str]) -> list[str]:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_go_down_the_layers(module):
-    assert against_the_layers(module, imported_modules(module)) == []
+    assert against_the_layers(module, imported_modules(module, type_checking=True)) == []
 
 
 def test_the_layer_check_sees_an_import_against_the_layers():
@@ -77,17 +72,25 @@ def test_the_layer_check_sees_an_import_against_the_layers():
         "hf_lora_ds.training.checkpoints"
     ]
     assert against_the_layers("hf_lora_ds.model.lora", {"hf_lora_ds.data.formats"}) == ["hf_lora_ds.data.formats"]
-    assert against_the_layers("hf_lora_ds.launch.arguments", {"hf_lora_ds.launch.cli", "hf_lora_ds.data.formats"}) == [
-        "hf_lora_ds.launch.cli"
+    assert against_the_layers("hf_lora_ds.config.data", {"hf_lora_ds.launch.resolve", "hf_lora_ds.errors"}) == [
+        "hf_lora_ds.launch.resolve"
     ]
-    assert against_the_layers("hf_lora_ds.training.trainer", {"hf_lora_ds.callbacks.memory"}) == []
+    assert against_the_layers("hf_lora_ds.plan.run_plan", {"hf_lora_ds.eval.tasks"}) == ["hf_lora_ds.eval.tasks"]
+    assert against_the_layers("hf_lora_ds.trainer.lora_sft_trainer", {"hf_lora_ds.callbacks.memory"}) == []
     assert against_the_layers("hf_lora_ds.training.checkpoints", {"hf_lora_ds.callbacks.memory"}) == [
         "hf_lora_ds.callbacks.memory"
     ]
 
 
+def test_the_layer_check_reads_type_checking_imports():
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hf_lora_ds.launch.resolve import resolve_run\n"
+    imported = imported_modules("hf_lora_ds.model.quantization", source, type_checking=True)
+    assert against_the_layers("hf_lora_ds.model.quantization", imported) == ["hf_lora_ds.launch", "hf_lora_ds.launch.resolve"]
+
+
 def test_nothing_in_the_package_imports_its_testing_module():
-    assert [name for name in MODULES if "hf_lora_ds.testing" in imported_modules(name)] == []
+    assert [name for name in MODULES if not name.startswith("hf_lora_ds._testing")
+            and {"hf_lora_ds._testing", "hf_lora_ds._testing.tiny_models"} & imported_modules(name)] == []
 
 
 def test_the_top_level_holds_at_most_twelve_modules():

@@ -11,8 +11,8 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.quiet import QUIETED_DEEPSPEED_LOG, quiet_third_party_noise
-from hf_lora_ds.testing import build_tiny_qwen2
 from tests.e2e.launching import REPO, free_port
 
 

@@ -22,8 +22,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import TikTokenConverter
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
+from hf_lora_ds._testing.tiny_models import CHATML_DEFAULT_SYSTEM_TEMPLATE, SPECIAL_TOKENS
 from hf_lora_ds.resources import MODEL_CONFIGS
-from hf_lora_ds.testing import CHATML_DEFAULT_SYSTEM_TEMPLATE, SPECIAL_TOKENS
 
 __all__ = ["qwen_ranks_file", "qwen_tokenizer", "build_model_dir", "write_chats", "TINY_SHAPE"]
 
@@ -60,7 +60,7 @@ class _RanksFileConverter(TikTokenConverter):
 
 
 def qwen_tokenizer() -> PreTrainedTokenizerFast:
-    """Qwen2.5's tokenizer: its BPE, Qwen2's pre-tokenization (as hf_lora_ds.testing builds it), ChatML specials
+    """Qwen2.5's tokenizer: its BPE, Qwen2's pre-tokenization (as hf_lora_ds._testing builds it), ChatML specials
     at 151643-151645 and a Qwen2.5-style chat template."""
     tokenizer: Tokenizer = _RanksFileConverter(vocab_file=str(qwen_ranks_file()), pattern=PRETOKENIZE_REGEX).tokenizer()
     tokenizer.normalizer = normalizers.NFC()

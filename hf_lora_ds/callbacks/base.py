@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainerState, TrainingArguments
 
-from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
+from hf_lora_ds.config.deepspeed import run_deepspeed_config
 
 __all__ = ["LoggingCallback", "jsonable", "resolved_deepspeed_config"]
 

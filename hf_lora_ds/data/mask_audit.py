@@ -1,9 +1,8 @@
 """Dataset-wide mask audit: what the model will actually be trained on, before a GPU-hour is spent.
 
-``python -m hf_lora_ds.audit --data SOURCE --tokenizer DIR`` prints the full report (and one per source of a
-mixture); every training run logs its one-line summary first. The numbers catch the silent failures: samples with
-no supervised token, answers cut by truncation, spans that do not end in the end-of-turn token (a model that never
-learns to stop), trained turns whose inference prompt is not the start of their training text (``hf_lora_ds.data.inference_prompts``).
+``python -m hf_lora_ds.audit`` (run_sft's flags) prints the full report, one per source of a mixture; every run logs
+its one-line summary first. It catches the silent failures: samples with no supervised token, answers cut by
+truncation, spans that do not end in the end-of-turn token, inference prompts that do not start the training text.
 """
 
 from __future__ import annotations

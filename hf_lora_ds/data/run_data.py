@@ -1,16 +1,15 @@
 """A run's data from its flags: the records ``--train_file``/``--eval_file`` name, and the dataset they tokenize to.
 
 run_sft, ``python -m hf_lora_ds.audit`` and ``python -m hf_lora_ds.plan`` all build their data here, from the same
-parsed flags (``SFTTrainingArguments`` or the values hf_lora_ds.launch.cli reads for it), so the three count the
+parsed flags (``SFTTrainingArguments`` or the values hf_lora_ds.launch.resolve reads for it), so the three count the
 same samples.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from transformers import PreTrainedTokenizerBase
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.sources import LoadedData, load_data
@@ -19,14 +18,14 @@ from hf_lora_ds.data.thinking import ThinkingOptions
 __all__ = ["load_run_data", "sft_dataset"]
 
 
-def load_run_data(spec: str, args: Any, dataset: str | None = None) -> LoadedData:
+def load_run_data(spec: str, args: SFTTrainingArguments, dataset: str | None = None) -> LoadedData:
     """``--train_file``/``--eval_file`` records, mixed with the run's seed and cached where the run caches data;
     ``dataset``: the entries of a ``dataset_info.json`` (``--dataset``, for ``--train_file``)."""
     return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,
                      cache_dir=args.dataset_cache_dir, dataset=dataset)  # fmt: skip
 
 
-def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: Any) -> ChatSFTDataset:
+def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: SFTTrainingArguments) -> ChatSFTDataset:
     """The records tokenized with exact label masks, as the run's data flags ask."""
     return ChatSFTDataset(
         data,

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.distributed import print0, rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate
 from hf_lora_ds.sizes import format_bytes
@@ -58,7 +59,7 @@ def print_comparison(results: Mapping[str, EvalResult]) -> None:
     print0(format_comparison(results))
 
 
-def evaluate_phase(model, tokenizer, records: list, task, args: Any, phase: str) -> EvalResult:
+def evaluate_phase(model, tokenizer, records: list, task, args: SFTTrainingArguments, phase: str) -> EvalResult:
     """One labelled eval of a run (``before``/``after``) at its eval batch size and system prompt, its predictions
     written to ``<output_dir>/predictions_<phase>.jsonl``."""
     result = evaluate(model, tokenizer, records, task, batch_size=args.per_device_eval_batch_size,

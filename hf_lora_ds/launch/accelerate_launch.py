@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import json
 import os
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from hf_lora_ds.config.deepspeed import describe_zero, load_deepspeed_config, zero_summary
+from hf_lora_ds.config.fsdp import fsdp_settings, fsdp_version_2
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.deepspeed_config import load_deepspeed_config
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
 __all__ = [
     "AccelerateLaunch",
     "accelerate_launch",
     "adopt_accelerate_launch",
-    "zero_summary",
-    "describe_zero",
-    "fsdp_settings",
 ]
 
 _TRUE = ("1", "true", "yes")
@@ -147,26 +145,7 @@ def _config_source() -> str:
     return "Accelerate config (accelerate launch's default config file)"
 
 
-def zero_summary(config: dict) -> tuple[int, str, str]:
-    """ZeRO stage and the optimizer and parameter offload devices of a DeepSpeed config: what must agree."""
-    zero = config.get("zero_optimization", {}) or {}
-
-    def device(section: str) -> str:
-        value = zero.get(section)
-        return str(value.get("device", "none")) if isinstance(value, dict) else "none"
-
-    return int(zero.get("stage", 0)), device("offload_optimizer"), device("offload_param")
-
-
-def describe_zero(config: dict) -> str:
-    """``ZeRO-3, offload optimizer cpu, parameters cpu`` for a DeepSpeed config."""
-    stage, optimizer, parameters = zero_summary(config)
-    offloaded = [f"{name} {where}" for name, where in (("optimizer", optimizer), ("parameters", parameters))
-                 if where != "none"]  # fmt: skip
-    return f"ZeRO-{stage}" + (f", offload {', '.join(offloaded)}" if offloaded else "")
-
-
-def adopt_accelerate_launch(args: Any) -> None:
+def adopt_accelerate_launch(args: Namespace) -> None:
     """Make an ``accelerate launch`` config this run's own arguments (see the module docstring), on the parsed
     values, before ``SFTTrainingArguments`` is built from them."""
     launch = accelerate_launch()
@@ -187,7 +166,7 @@ def adopt_accelerate_launch(args: Any) -> None:
         # Consumed: accelerate refuses a config file (ours, now) while its own DeepSpeed fields are still announced.
         os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS", None)
     if launch.fsdp is not None:
-        if args.fsdp and not _fsdp_version_2(args.fsdp_config):
+        if args.fsdp and not fsdp_version_2(args.fsdp_config):
             raise UserError(f"{launch.source} asks for FSDP2 and --fsdp_config does not: drop one of them")
         args.fsdp = args.fsdp or "full_shard"
         args.fsdp_config = {**launch.fsdp, **fsdp_settings(args.fsdp_config)}
@@ -197,23 +176,10 @@ def adopt_accelerate_launch(args: Any) -> None:
         setattr(args, launch.mixed_precision, True)
 
 
-def _adopt_number(args: Any, name: str, launched: float | None, default: float, source: str) -> None:
+def _adopt_number(args: Namespace, name: str, launched: float | None, default: float, source: str) -> None:
     """The launcher's value where the flag was left at its default; a flag set to another value is a contradiction."""
     if launched is None or getattr(args, name) == launched:
         return
     if getattr(args, name) != default:
         raise UserError(f"--{name} {getattr(args, name)} and the {source}'s {launched} disagree; drop one of them")
     setattr(args, name, type(default)(launched))
-
-
-def fsdp_settings(config: Any) -> dict:
-    """transformers' ``fsdp_config`` (a dict or a JSON file) as a dict without the optional ``fsdp_`` prefixes."""
-    if not config:
-        return {}
-    if isinstance(config, dict):
-        return {key.removeprefix("fsdp_"): value for key, value in config.items()}
-    return {key.removeprefix("fsdp_"): value for key, value in json.loads(Path(config).read_text()).items()}
-
-
-def _fsdp_version_2(config: Any) -> bool:
-    return str(fsdp_settings(config).get("version", 2)) == "2"

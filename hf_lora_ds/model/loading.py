@@ -5,8 +5,6 @@ the planner read the same model the same way."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -15,6 +13,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.model.source import hub_load_errors, load_model_config
@@ -22,7 +21,7 @@ from hf_lora_ds.model.source import hub_load_errors, load_model_config
 __all__ = ["base_model_config", "load_base_model", "load_tokenizer"]
 
 
-def load_tokenizer(args: Any, need_weights: bool = True) -> PreTrainedTokenizerBase:
+def load_tokenizer(args: SFTTrainingArguments, need_weights: bool = True) -> PreTrainedTokenizerBase:
     """The base model's tokenizer and chat template (from a GGUF file's metadata when the base is one). A base
     without weights is refused here, before any data is tokenized, unless ``need_weights`` is False (the audit and
     the planner read none)."""
@@ -31,7 +30,7 @@ def load_tokenizer(args: Any, need_weights: bool = True) -> PreTrainedTokenizerB
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
 
 
-def load_base_model(args: Any) -> tuple[PreTrainedModel, str | None]:
+def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | None]:
     """The base in the run's dtype and attention kernel, quantized and prepared for k-bit training when asked, and
     the line saying which layers are quantized (None for a full-precision base). Under ZeRO-3 the arguments were
     built first, so ``from_pretrained`` partitions the weights as it loads them."""
@@ -51,7 +50,7 @@ def load_base_model(args: Any) -> tuple[PreTrainedModel, str | None]:
 
 
 
-def base_model_config(args: Any) -> PretrainedConfig:
+def base_model_config(args: SFTTrainingArguments) -> PretrainedConfig:
     """The base's config without reading a weight: a GGUF file's metadata, a directory's (or a ``config.json``'s),
     a hub id's, or the shipped config of a hub id whose architecture numbers ship with the package."""
     return gguf_config(args.model_name_or_path, args.gguf_file) or load_model_config(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from peft import EvaConfig, LoraConfig, PeftModel, TaskType, get_peft_model
 from peft.tuners.lora.config import CordaConfig
 from transformers.pytorch_utils import Conv1D
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora_variants import peft_init_lora_weights
 
@@ -27,7 +27,7 @@ __all__ = [
 LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
 
 
-def lora_config_from_args(args: Any) -> LoraConfig:
+def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
     """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
     ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
     init = getattr(args, "lora_init", "default")

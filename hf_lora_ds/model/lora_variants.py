@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 from peft import LoraConfig
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 
 __all__ = [
@@ -85,7 +85,7 @@ def needs_data_pass(init: str) -> bool:
     return init in _NEED_DATA
 
 
-def check_lora_variant(args: Any) -> None:
+def check_lora_variant(args: SFTTrainingArguments) -> None:
     """Combinations that cannot work, refused from the flags alone (before anything loads) with one line."""
     init = args.lora_init
     if init.startswith("pissa_niter_") and not _PISSA_NITER.fullmatch(init):
@@ -118,7 +118,7 @@ def check_lora_variant(args: Any) -> None:
     _check_lora_optimizer(args)
 
 
-def _no_full_precision_weights(args: Any) -> bool:
+def _no_full_precision_weights(args: SFTTrainingArguments) -> bool:
     """A GGUF base, or a local directory without safetensors (a Hub id is looked up in the Hub cache later)."""
     source = Path(str(args.model_name_or_path))
     if getattr(args, "gguf_file", None) or source.suffix == ".gguf":
@@ -126,7 +126,7 @@ def _no_full_precision_weights(args: Any) -> bool:
     return source.is_dir() and not any(source.glob("*.safetensors"))
 
 
-def _check_lora_optimizer(args: Any) -> None:
+def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
     if args.lora_optimizer not in LORA_OPTIMIZERS:
         raise UserError(f"--lora_optimizer {args.lora_optimizer}: unknown; use one of {', '.join(LORA_OPTIMIZERS)}")
     ratio = args.loraplus_lr_ratio
@@ -141,7 +141,7 @@ def _check_lora_optimizer(args: Any) -> None:
                         "and has no update for DoRA's magnitude vectors; drop one")  # fmt: skip
 
 
-def check_lora_optimizer_engine(args: Any, zero_stage: int | None, has_optimizer_section: bool, source: str) -> None:
+def check_lora_optimizer_engine(args: SFTTrainingArguments, zero_stage: int | None, has_optimizer_section: bool, source: str) -> None:
     """The LoRA optimizers against the engine: DeepSpeed must take our optimizer as its client optimizer (a config
     with its own ``optimizer`` section replaces it, and with it LoRA+'s parameter groups), and LoRA-FA updates each
     B from the whole of its A, which ZeRO's partitioned optimizer (stages 1-3) and FSDP's shards never hold."""
@@ -158,7 +158,7 @@ def check_lora_optimizer_engine(args: Any, zero_stage: int | None, has_optimizer
                         "--lora_optimizer loraplus")  # fmt: skip
 
 
-def variant_line(config: LoraConfig, args: Any = None) -> str | None:
+def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -> str | None:
     """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA. ``args``:
     the run's flags (``lora_init``, ``lora_init_samples``, ``lora_optimizer``, ``loraplus_lr_ratio``); without them,
     what ``config`` says (an adapter built elsewhere)."""

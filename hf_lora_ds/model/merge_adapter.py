@@ -1,7 +1,7 @@
 """Merge a LoRA adapter into its base and export a standalone HF model (safetensors + tokenizer), verified.
 
-    python -m hf_lora_ds.merge --base BASE_DIR --adapter ADAPTER_DIR --out OUT_DIR
-    python -m hf_lora_ds.merge --base DIR --gguf_file BASE.gguf --adapter ADAPTER_DIR --out OUT_DIR --gguf OUT.gguf
+    python -m hf_lora_ds.merge --model_name_or_path BASE_DIR --adapter ADAPTER_DIR --out OUT_DIR
+    python -m hf_lora_ds.merge --model_name_or_path DIR --gguf_file BASE.gguf --adapter ADAPTER_DIR --out OUT_DIR --gguf OUT.gguf
 
 The export is only useful if it computes what base + adapter computed, so the command checks that itself: it
 records base + adapter logits on a few prompts, merges, saves, reloads the saved model from disk and compares. The
@@ -59,7 +59,7 @@ def merge_adapter(
     ``gguf_file``: the base is that GGUF file in directory ``base`` (the export is still a Hugging Face directory).
     Only one model is held in memory at a time.
     """
-    source, kwargs = model_source(str(base), gguf_file, "--base", need_tokenizer=False)
+    source, kwargs = model_source(str(base), gguf_file, "--model_name_or_path", need_tokenizer=False)
     verify_adapter(adapter, base_model=AutoConfig.from_pretrained(source, **kwargs))
     tokenizer = _tokenizer(Path(adapter), source, kwargs)
     torch_dtype = "auto" if dtype == "auto" else MERGE_DTYPES[dtype]

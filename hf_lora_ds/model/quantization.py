@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.quiet import give_peft_bitsandbytes
 
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import BitsAndBytesConfig
 
-    from hf_lora_ds.launch.arguments import SFTTrainingArguments
 
 __all__ = [
     "fit_loftq",

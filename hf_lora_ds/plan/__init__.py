@@ -1,10 +1,9 @@
 """The memory planner: will a LoRA run fit, under which ZeRO stage, with what batch — before anything loads.
 
-``python -m hf_lora_ds.plan`` prints the table; run_sft prints its configuration's line (``check_run_fits``) and
-resolves ``--deepspeed auto`` (``recommended_deepspeed_config``). How the figures are made: ``model_shape`` (a
-meta-device model with PEFT: exact counts and saved activations), ``estimate`` (the terms per configuration),
-``planner`` (rows, batch search, recommendation), ``table`` (the table and the one line); ``run`` is the entry: a
-run's arguments to its rows.
+``python -m hf_lora_ds.plan`` (hf_lora_ds.cli.plan) prints the table; a run prints its line (``check_run_fits``) and
+``--deepspeed auto`` takes ``recommended_deepspeed_config``. ``model_shape``: exact counts from a meta-device model;
+``estimate``: the terms per configuration; ``planner``: rows and the pick; ``table``; ``run_plan``: a run's
+arguments to its rows.
 """
 
 from hf_lora_ds.plan.planner import PlanRow, SequenceProfile, recommend

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hf_lora_ds.launch.deepspeed_config import offloads
+from hf_lora_ds.config.deepspeed import offloads
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.training.fused_head_loss import chunk_rows
 

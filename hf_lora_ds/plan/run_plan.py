@@ -16,18 +16,20 @@ from pathlib import Path
 import psutil
 import torch
 
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.deepspeed import (
+    check_deepspeed_config,
+    deepspeed_config_file,
+    describe_zero,
+    load_deepspeed_config,
+    run_deepspeed_config,
+)
+from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.data.collator import padding_free_by_default
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size, print0
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.accelerate_launch import describe_zero, fsdp_settings
-from hf_lora_ds.launch.deepspeed_config import (
-    check_deepspeed_config,
-    deepspeed_config_file,
-    load_deepspeed_config,
-    run_deepspeed_config,
-)
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.plan.planner import (
@@ -114,7 +116,7 @@ def profile_from_dataset(dataset) -> SequenceProfile:
     return SequenceProfile.from_samples(table["length"], table["num_supervised"])
 
 
-def sequence_profile(args) -> SequenceProfile:
+def sequence_profile(args: SFTTrainingArguments) -> SequenceProfile:
     """The training data's real lengths, tokenized as training tokenizes them (hf_lora_ds.data.run_data), when the
     model's tokenizer is at hand; else every sample taken as ``max_length`` tokens, all supervised (the bound)."""
     if not args.train_file:
@@ -126,7 +128,7 @@ def sequence_profile(args) -> SequenceProfile:
     return profile_from_dataset(sft_dataset(load_run_data(args.train_file, args, args.dataset), tokenizer, args))
 
 
-def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
+def plan_run(args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
     """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
     settings = _plan_settings(args, plan_args, profile)
     configs = configs if configs is not None else shipped_configs()
@@ -142,14 +144,14 @@ def plan_run(args, plan_args: PlanArguments, profile: SequenceProfile, configs: 
     return make_plan(settings, configs, runtime_bytes(settings.on_accelerator))
 
 
-def plan_with_more_devices(args, plan_args: PlanArguments, profile: SequenceProfile, configs: dict) -> PlanRow | None:
+def plan_with_more_devices(args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict) -> PlanRow | None:
     """For a run nothing fits even split over its world: the smallest sequence-parallel group of devices like the
     planned ones (machines, on a CPU) that would hold it, as that row (hf_lora_ds.plan.planner.fits_with_more_devices)."""
     settings = _plan_settings(args, plan_args, profile)
     return fits_with_more_devices(settings, configs, runtime_bytes(settings.on_accelerator))
 
 
-def _plan_settings(args, plan_args: PlanArguments, profile: SequenceProfile) -> PlanSettings:
+def _plan_settings(args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile) -> PlanSettings:
     on_accelerator = plans_accelerator(plan_args.device, args)
     world_size, per_node = _world(plan_args, on_accelerator)
     if world_size % args.sequence_parallel_size:
@@ -195,7 +197,7 @@ def _world(plan_args: PlanArguments, on_accelerator: bool) -> tuple[int, int]:
     return world_size, per_node
 
 
-def planning_line(args, plan_args: PlanArguments) -> str:
+def planning_line(args: SFTTrainingArguments, plan_args: PlanArguments) -> str:
     """What the plan is for, as its first line: ``planning for 2 x GPU with 32 GiB`` or ``planning for this CPU:
     23 GiB host memory, 2 ranks``."""
     on_accelerator = plans_accelerator(plan_args.device, args)
@@ -221,7 +223,7 @@ def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
     return psutil.virtual_memory().total
 
 
-def plans_accelerator(device: str, args) -> bool:
+def plans_accelerator(device: str, args: SFTTrainingArguments) -> bool:
     if device != "auto":
         return device == "gpu"
     return torch.accelerator.is_available() and not getattr(args, "use_cpu", False)
@@ -253,7 +255,7 @@ def config_name(deepspeed: str | dict | None) -> str:
     return file.name if file is not None else f"DeepSpeed {describe_zero(load_deepspeed_config(deepspeed)[0])}"
 
 
-def fsdp_config_name(args) -> str:
+def fsdp_config_name(args: SFTTrainingArguments) -> str:
     """The shipped FSDP2 row an ``--fsdp`` run is planned as: the estimate tells FSDP2 apart only by offload."""
     return "fsdp2_offload.json" if fsdp_settings(args.fsdp_config).get("cpu_offload") else "fsdp2.json"
 
@@ -268,7 +270,7 @@ def configs_with(deepspeed: str | dict | None, config: dict | None = None) -> di
     return configs
 
 
-def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
+def plan_this_run(args: SFTTrainingArguments, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
     """The row of the configuration ``args`` runs (its own DeepSpeed config added when not a shipped one), and
     every row: the alternatives to name when it does not fit."""
     name = fsdp_config_name(args) if args.fsdp else config_name(args.deepspeed)
@@ -278,7 +280,7 @@ def plan_this_run(args, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow
     return chosen, rows
 
 
-def recommended_deepspeed_config(args) -> Path:
+def recommended_deepspeed_config(args: SFTTrainingArguments) -> Path:
     """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
     sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
     rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))
@@ -298,7 +300,7 @@ def recommended_deepspeed_config(args) -> Path:
     return SHIPPED_CONFIGS_DIR / chosen.config
 
 
-def check_run_fits(args, profile: SequenceProfile) -> PlanRow:
+def check_run_fits(args: SFTTrainingArguments, profile: SequenceProfile) -> PlanRow:
     """run_sft's plan line (rank 0), and on an accelerator a stop before loading when the run will not fit, naming
     the configurations that would (``--check_memory_plan false`` tries anyway). A CPU run only prints: host memory
     swaps rather than failing at a clean boundary, and the planner's CPU figures are what CI checks."""

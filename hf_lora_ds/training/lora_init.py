@@ -26,6 +26,7 @@ from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
 from peft.utils.integrations import gather_params_ctx
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.model.quantization import fit_loftq
 
@@ -34,7 +35,7 @@ __all__ = ["gathered_module_by_module", "init_batches", "wrap_as_initialised"]
 Batch = dict[str, torch.Tensor]
 
 
-def wrap_as_initialised(model: torch.nn.Module, config: LoraConfig, args: Any, dataset: Any,
+def wrap_as_initialised(model: torch.nn.Module, config: LoraConfig, args: SFTTrainingArguments, dataset: Any,
                         collator: Callable[[list], Batch] | None) -> PeftModel:  # fmt: skip
     """``model`` wrapped with ``config``'s adapter, started as ``args.lora_init`` says (a PeftModel is kept as it
     is). ``dataset`` and ``collator`` are the run's; EVA and CorDA read ``args.lora_init_samples`` of its samples."""

@@ -2,7 +2,7 @@
 transformers, accelerate and DeepSpeed already wire together.
 
 ``--sequence_parallel_size N`` becomes accelerate's ``ParallelismConfig(sp_size=N, sp_backend="deepspeed")`` on
-``TrainingArguments.parallelism_config`` (``parallelism_config``). From there the libraries do the work: accelerate
+``TrainingArguments.parallelism_config`` (hf_lora_ds.config.engine). From there the libraries do the work: accelerate
 registers DeepSpeed's ``UlyssesSPAttentionHF`` in place of the model's attention kernel (an all-to-all before and
 after attention: every rank attends over the whole sequence with 1/N of the heads) and hands DeepSpeed the
 sequence-parallel groups (``N`` consecutive ranks each); transformers' Trainer wraps the training dataloader in
@@ -24,25 +24,10 @@ from hf_lora_ds.errors import UserError
 __all__ = [
     "data_parallel_size",
     "deepspeed_gradient_divisor",
-    "parallelism_config",
     "sequence_parallel_group",
     "sequence_parallel_loss",
     "supervised_tokens_in_shards",
 ]
-
-
-def parallelism_config(size: int, attn_implementation: str):
-    """accelerate's parallelism config for Ulysses over ``size`` ranks, or None for ``size`` 1.
-
-    The sequence length may change from batch to batch (dynamic padding), and Ulysses must wrap the very kernel the
-    model was loaded with (``attn_implementation``): DeepSpeed refuses a mismatch."""
-    if size == 1:
-        return None
-    from accelerate import ParallelismConfig
-    from accelerate.utils import DeepSpeedSequenceParallelConfig
-
-    handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation)
-    return ParallelismConfig(sp_size=size, sp_backend="deepspeed", sp_handler=handler)
 
 
 def data_parallel_size(world_size: int, sequence_parallel_size: int) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 
-from hf_lora_ds.testing import build_tiny_qwen2
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 
 MIB = 2**20
 

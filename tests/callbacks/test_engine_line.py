@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_lora_ds.callbacks.engine_line import EngineMismatchError, check_engine_honoured, engine_line, engine_record
-from tests.training.test_trainer import make_trainer
+from tests.trainer.test_lora_sft_trainer import make_trainer
 
 
 def test_single_process_run_prints_and_records_its_engine(tiny_model, qwen_style_tokenizer, tmp_path, capsys):

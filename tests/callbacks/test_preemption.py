@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 import run_sft
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.training.checkpoints import is_complete_checkpoint
-from tests.training.test_trainer import RECORDS, StepRecorder
+from tests.trainer.test_lora_sft_trainer import RECORDS, StepRecorder
 
 
 class SignalAtStep(TrainerCallback):

@@ -15,7 +15,7 @@ from hf_lora_ds.callbacks import (
     SourceCountsLog,
     ThroughputCallback,
 )
-from tests.training.test_trainer import RECORDS, make_trainer
+from tests.trainer.test_lora_sft_trainer import RECORDS, make_trainer
 
 ORDER = [LearningRateWatch, PreemptionCallback, EngineCallback, DivergenceCallback, SourceCountsLog,
          AnswerAccuracyCallback, MemoryTraceCallback, ThroughputCallback, CheckpointCompletionCallback,

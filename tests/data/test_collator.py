@@ -84,7 +84,7 @@ def test_auto_batching_is_padded_without_flash_attention(tiny_model):
 
 def test_default_batching_and_sampling_resolve_as_documented(tiny_model, tmp_path, monkeypatch):
     """On the CPU (sdpa): padded batches in length-grouped order; padding-free once the attention is flash."""
-    from hf_lora_ds.launch.arguments import SFTTrainingArguments
+    from hf_lora_ds.config import SFTTrainingArguments
 
     (tmp_path / "train.json").write_text("[]")
     args = SFTTrainingArguments(output_dir=str(tmp_path), model_name_or_path="m", train_file=str(tmp_path / "train.json"))

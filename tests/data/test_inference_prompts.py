@@ -7,10 +7,10 @@ import pytest
 from transformers import AutoTokenizer, Qwen2Config
 
 from hf_lora_ds import audit
+from hf_lora_ds._testing.tiny_models import QWEN3_TEMPLATE
 from hf_lora_ds.data import inference_prompts
 from hf_lora_ds.data.dataset import ChatSFTDataset, TemplateError
 from hf_lora_ds.data.inference_prompts import check_round_trip, round_trip, turn_difference
-from hf_lora_ds.testing import QWEN3_TEMPLATE
 from tests import REPO
 from tests.data.test_thinking import TOOL_CONVERSATION, TWO_TURNS, USER
 

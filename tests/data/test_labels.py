@@ -82,8 +82,8 @@ def test_random_spans_and_offsets_give_what_the_rule_gives(chatml_tokenizer, see
 def test_a_token_merged_across_a_replys_start_is_resolved_as_inference_tokenizes_the_prompt():
     # Qwen3.5's thinking prompt ends "<think>\n" and an empty reasoning's reply starts "\n</think>": whole, the text
     # tokenizes "\n\n" as one token across the boundary; inference tokenizes the prompt alone, then the reply.
+    from hf_lora_ds._testing.tiny_models import train_chat_tokenizer
     from hf_lora_ds.data.labels import sample_tokens, tokenized_labels
-    from hf_lora_ds.testing import train_chat_tokenizer
 
     tokenizer = train_chat_tokenizer(["a\n\nb\n\nc\n\n"] * 20 + ["think"] * 5, vocab_size=300)
     prompt, reply = "<|im_start|>assistant\nthink\n", "\nb<|im_end|>"

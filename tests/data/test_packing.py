@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.packing import PackedCollator, PackedDataset, best_fit_decreasing, padding_segments
 from hf_lora_ds.resources import DEMO_DATA, DEMO_MODEL
-from hf_lora_ds.testing import build_tiny_qwen2
 
 RECORDS = [
     {"instruction": f"{x}=", "output": "王大丫丫的回答是--->" + " + ".join(str(d) for d in range(x % 7 + 1))}

@@ -10,8 +10,8 @@ import pytest
 
 import run_sft
 from hf_lora_ds import audit
-from hf_lora_ds.plan import __main__ as plan
-from hf_lora_ds.testing import build_tiny_qwen2
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
+from hf_lora_ds.cli import plan
 
 REASONING = "First add the tens, then the ones, and check the carry once more before writing it down. " * 3
 

@@ -2,7 +2,7 @@
 
 Proven on every record of the test data: the bundled sum_to_x files and every conversation the test modules build,
 on every template they use (the shipped ChatML ones, the tool-call and Qwen3 thinking templates of
-``hf_lora_ds.testing``, the broken and history-rewriting ones the tests write, the demo model's, and the real SmolLM2
+``hf_lora_ds._testing``, the broken and history-rewriting ones the tests write, the demo model's, and the real SmolLM2
 template where its cache exists), for all and for last turns: each conversation's samples (texts, spans, turns)
 equal ``spans.prefix_samples``'s, or it falls back; the dataset built from them has the reference's ids and labels,
 and a record the prefix rule refuses raises the same error. The fast path must also be taken wherever it can be.
@@ -17,20 +17,20 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from hf_lora_ds._testing.tiny_models import CHATML_TEMPLATE
 from hf_lora_ds.data.dataset import ChatSFTDataset, TemplateError, _Encoder
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.labels import labels_from_spans
 from hf_lora_ds.data.record_table import from_list
 from hf_lora_ds.data.template_rule import prefix_samples
 from hf_lora_ds.data.thinking import ThinkingOptions
-from hf_lora_ds.testing import CHATML_TEMPLATE
 from tests import REPO
 from tests.data.test_dataset import ANSWER, MULTI_TURN
 from tests.data.test_formats import SHAREGPT_TOOLS, TOOL, TOOL_MESSAGES
 from tests.data.test_inference_prompts import ALPACA, NO_EMPTY_THINK, without_reasoning
 from tests.data.test_record_table import MIXED, alpaca_lines
 from tests.data.test_thinking import TOOL_CONVERSATION, TWO_TURNS
-from tests.test_audit import RECORDS as AUDIT_RECORDS
+from tests.cli.test_audit import RECORDS as AUDIT_RECORDS
 
 DATA = REPO / "data"
 SMOLLM2 = Path(os.environ.get("HF_LORA_DS_TEST_CACHE", Path.home() / ".cache" / "hf_lora_ds_tests"))

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from hf_lora_ds._testing.tiny_models import (
+    CHATML_DEFAULT_SYSTEM_TEMPLATE,
+    CHATML_TEMPLATE,
+    QWEN3_TEMPLATE,
+    QWEN_TOOLS_TEMPLATE,
+)
 from hf_lora_ds.data.template_blindness import content_blind
-from hf_lora_ds.testing import CHATML_DEFAULT_SYSTEM_TEMPLATE, CHATML_TEMPLATE, QWEN3_TEMPLATE, QWEN_TOOLS_TEMPLATE
 
 LOOP = "{%- for message in messages %}{}{%- endfor %}"
 WRITE = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"

@@ -29,7 +29,7 @@ from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.mask_audit import audit_dataset
 from hf_lora_ds.data.template_rule import TemplateError
 from hf_lora_ds.data.thinking import ThinkingOptions
-from hf_lora_ds.testing import template_tokenizer, train_chat_tokenizer
+from hf_lora_ds._testing.tiny_models import template_tokenizer, train_chat_tokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 SOURCES = {

@@ -23,12 +23,12 @@ from types import SimpleNamespace
 import datasets
 import pytest
 
+from hf_lora_ds._testing.tiny_models import template_tokenizer, train_chat_tokenizer
 from hf_lora_ds.data.dataset import IGNORE_INDEX, _Encoder
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.template_rule import TemplateError, prefix_samples
 from hf_lora_ds.data.thinking import ThinkingOptions
-from hf_lora_ds.testing import template_tokenizer, train_chat_tokenizer
 
 trl = pytest.importorskip("trl", reason="the templates come with TRL: pip install 'hf_lora_ds[test]'")
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"

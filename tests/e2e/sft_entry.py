@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-import run_sft  # noqa: E402  (needs the repository root on sys.path)
+from hf_lora_ds.cli import run as run_sft  # noqa: E402
 from hf_lora_ds.errors import run_cli  # noqa: E402
 from tests.e2e.launching import VARIANT_MARKER  # noqa: E402
 

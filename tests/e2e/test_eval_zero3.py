@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from hf_lora_ds.eval.__main__ import main as eval_main
+from hf_lora_ds.cli.eval import main as eval_main
 from hf_lora_ds.model.merge_adapter import merge_adapter
 from tests.e2e.launching import REPO, RUN_SFT, check_ok, eval_report, launcher, run, sft_args, trainer_state
 
@@ -58,7 +58,7 @@ def test_zero3_two_ranks_eval_accuracy_matches_one_process(answering_model, tmp_
 
     def one_process(name: str, adapter: list[str]) -> tuple[dict, list[dict]]:
         single = tmp_path / f"single-{name}"
-        command = ["--model", str(model_dir), *adapter, "--task", "sum_to_x", "--data", str(data["eval"]),
+        command = ["--model_name_or_path", str(model_dir), *adapter, "--task", "sum_to_x", "--data", str(data["eval"]),
                    "--batch_size", "8", "--output_dir", str(single)]  # fmt: skip
         assert eval_main(command) == 0
         summary = json.loads((single / "eval_report.json").read_text())["eval"]

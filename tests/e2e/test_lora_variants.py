@@ -6,7 +6,7 @@ torchrun's DDP wraps after the init, as one process does.
 
 Each run's saved adapter, loaded on the base as a user loads it (the ORIGINAL weights: PiSSA, OLoRA and CorDA trained
 on a residual PEFT had rewritten; the 4-bit base for LoftQ), gives the logits the trained model gave at the end of
-its own run (``--record_logits``), to fp32 rounding. One-process runs of every init: tests/training/test_trainer.py.
+its own run (``--record_logits``), to fp32 rounding. One-process runs of every init: tests/trainer/test_lora_sft_trainer.py.
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from hf_lora_ds.eval.__main__ import main
+from hf_lora_ds.cli.eval import main
 
 
 @pytest.mark.slow
 def test_two_ranks_match_one_process(tmp_path, varied_model_dir, sum_records_file):
-    args = ["--model", str(varied_model_dir), "--data", str(sum_records_file), "--batch_size", "4"]
+    args = ["--model_name_or_path", str(varied_model_dir), "--data", str(sum_records_file), "--batch_size", "4"]
     assert main([*args, "--output_dir", str(tmp_path / "one")]) == 0
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

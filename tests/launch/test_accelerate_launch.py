@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from hf_lora_ds.config.deepspeed import zero_summary
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.accelerate_launch import accelerate_launch, adopt_accelerate_launch, zero_summary
+from hf_lora_ds.launch.accelerate_launch import accelerate_launch, adopt_accelerate_launch
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
 # accelerate launch --config_file ds_zero3_cpu.yaml (the PEFT guide's), as the script's environment.

@@ -1,4 +1,4 @@
-"""The field checks on their own: each bad value names its flag and what it must be, before anything is loaded."""
+"""The checks of a run's values on their own (hf_lora_ds.config's and those that read files): each bad value names its flag and what it must be, before anything is loaded."""
 
 from __future__ import annotations
 
@@ -6,16 +6,24 @@ from types import SimpleNamespace
 
 import pytest
 
+from hf_lora_ds.config.arguments import check_field_values
+from hf_lora_ds.config.engine import check_engine_fields
+from hf_lora_ds.config.lora import check_lora_fields as check_lora
+from hf_lora_ds.config.ranges import RANGES, check_ranges
 from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.launch.checks import (
-    RANGES,
-    check_fields,
-    check_lora,
-    check_paths,
-    check_ranges,
-    check_sequence_parallel,
-    check_training_flags,
-)
+from hf_lora_ds.launch.checks import check_paths, check_run_values, check_sequence_parallel, check_training_flags
+
+
+def check_fields(values) -> None:
+    """What a run checks before it builds its arguments: the values alone, then what reads files."""
+    check_field_values(values)
+    check_run_values(values)
+
+
+def check_ulysses(values, world_size: int) -> None:
+    """--sequence_parallel_size against the flags (hf_lora_ds.config.engine), then the launch and the model."""
+    check_engine_fields(values)
+    check_sequence_parallel(values, world_size)
 
 
 def fields(tmp_path, **changes) -> SimpleNamespace:
@@ -27,7 +35,8 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
                   use_cache=False, lora_rank=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
                   output_dir=str(tmp_path / "run"), dataset_cache_dir=None, fsdp="", fsdp_config=None,
                   lora_init="default", lora_init_samples=256, lora_optimizer="adamw", loraplus_lr_ratio=None,
-                  load_in_4bit=False, load_in_8bit=False, use_dora=False, gguf_file=None,
+                  load_in_4bit=False, load_in_8bit=False, use_dora=False, gguf_file=None, dtype="auto", bf16=False,
+                  fp16=False, deepspeed=None, sequence_parallel_size=1, attn_implementation=None,
                   **{name: None for name in RANGES})  # fmt: skip
     return SimpleNamespace(**{**values, **changes})
 
@@ -75,7 +84,7 @@ def test_a_file_where_a_directory_is_needed(tmp_path):
             check_fields(fields(tmp_path, **{flag: str(tmp_path / "taken")}))  # the run's own checks include it
     with pytest.raises(MissingPathError, match="--fsdp_config .*: no such file"):
         check_paths(fields(tmp_path, fsdp="full_shard", fsdp_config=str(tmp_path)))  # a directory
-    values = SimpleNamespace(_VALID_DICT_FIELDS=[], report_to="none", torch_compile_backend=None,
+    values = SimpleNamespace(report_to="none", torch_compile_backend=None,
                              torch_compile_mode=None, attn_implementation="flash_attention_9", eval_task="sum_to_x")
     with pytest.raises(UserError, match="--attn_implementation flash_attention_9: unknown; use one of"):
         check_training_flags(values)
@@ -85,14 +94,14 @@ def sequence_parallel(model_dir, **changes) -> SimpleNamespace:
     """The flags --sequence_parallel_size is checked against: 2 ranks of ZeRO-2 on the tiny model (4 heads, 2 key/value
     heads) with sdpa, padded batches, valid unless ``changes`` says otherwise."""
     values = dict(sequence_parallel_size=2, deepspeed="ds_configs/stage2.json", attn_implementation=None,
-                  batching="auto", model_name_or_path=str(model_dir), gguf_file=None, trust_remote_code=False)  # fmt: skip
+                  batching="auto", model_name_or_path=str(model_dir), gguf_file=None, trust_remote_code=False, fsdp="")  # fmt: skip
     return SimpleNamespace(**{**values, **changes})
 
 
 def test_sequence_parallelism_passes_what_ulysses_can_run(tiny_model_dir):
-    check_sequence_parallel(sequence_parallel(tiny_model_dir), world_size=2)
-    check_sequence_parallel(sequence_parallel(tiny_model_dir, sequence_parallel_size=4), world_size=8)  # kv 2 | 4
-    check_sequence_parallel(sequence_parallel(tiny_model_dir, deepspeed=None, sequence_parallel_size=1), world_size=1)
+    check_ulysses(sequence_parallel(tiny_model_dir), world_size=2)
+    check_ulysses(sequence_parallel(tiny_model_dir, sequence_parallel_size=4), world_size=8)  # kv 2 | 4
+    check_ulysses(sequence_parallel(tiny_model_dir, deepspeed=None, sequence_parallel_size=1), world_size=1)
 
 
 @pytest.mark.parametrize(
@@ -112,11 +121,11 @@ def test_sequence_parallelism_passes_what_ulysses_can_run(tiny_model_dir):
 )  # fmt: skip
 def test_sequence_parallelism_refused_with_one_line(tiny_model_dir, changes, world_size, message):
     with pytest.raises(UserError, match=message) as refused:
-        check_sequence_parallel(sequence_parallel(tiny_model_dir, **changes), world_size=world_size)
+        check_ulysses(sequence_parallel(tiny_model_dir, **changes), world_size=world_size)
     assert "\n" not in str(refused.value)
 
 
 def test_packing_under_sequence_parallelism_is_left_to_flash_attention(tiny_model_dir):
     """flash's varlen path reads the sample boundaries from the gathered position_ids itself (a GPU-only kernel)."""
-    check_sequence_parallel(sequence_parallel(tiny_model_dir, batching="packed",
+    check_ulysses(sequence_parallel(tiny_model_dir, batching="packed",
                                               attn_implementation="flash_attention_2"), world_size=2)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_lora_ds.testing import build_tiny_causal_lm
+from hf_lora_ds._testing.tiny_models import build_tiny_causal_lm
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -10,8 +10,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.model.adapter_check import AdapterIntegrityError, verify_adapter
-from hf_lora_ds.testing import build_tiny_qwen2
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -10,11 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import run_sft
+from hf_lora_ds._testing.tiny_models import build_tiny_causal_lm
+from hf_lora_ds.cli.merge import main as merge_main
 from hf_lora_ds.errors import MissingPathError
-from hf_lora_ds.merge import main as merge_main
 from hf_lora_ds.model.gguf_export import export_gguf
 from hf_lora_ds.model.gguf_import import model_source, plain_model
-from hf_lora_ds.testing import build_tiny_causal_lm
 
 gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package: pip install 'hf_lora_ds[gguf]'")
 
@@ -73,7 +73,7 @@ def test_gguf_base_to_tuned_gguf_with_run_sft_and_merge(qwen_style_tokenizer, tm
     run_sft.main(["--model_name_or_path", str(tmp_path), "--gguf_file", base.name, *flags])
     # The README's second command: merge onto the GGUF base, write the tuned model as GGUF too.
     merged = tmp_path / "tuned" / "model.gguf"
-    assert merge_main(["--base", str(base), "--adapter", str(tmp_path / "out"), "--out", str(tmp_path / "merged"),
+    assert merge_main(["--model_name_or_path", str(base), "--adapter", str(tmp_path / "out"), "--out", str(tmp_path / "merged"),
                        "--gguf", str(merged), "--gguf_type", "f32"]) == 0
     (expected, tokenizer), (got, _) = _load(tmp_path / "merged"), _load(merged)
     ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
+from hf_lora_ds._testing.tiny_models import build_tiny_causal_lm
+from hf_lora_ds.cli.eval import main as eval_main
 from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.eval.__main__ import main as eval_main
 from hf_lora_ds.model.gguf_export import export_gguf
 from hf_lora_ds.model.gguf_import import model_source
-from hf_lora_ds.testing import build_tiny_causal_lm
 
 gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package: pip install 'hf_lora_ds[gguf]'")
 
@@ -23,7 +23,7 @@ def test_eval_cli_reads_a_gguf_model(qwen_style_tokenizer, tmp_path, capsys):
     model = export_gguf(tmp_path / "hf", tmp_path / "gguf" / "model.gguf", "f16")
     data = tmp_path / "eval.json"
     data.write_text(json.dumps([{"instruction": "7=", "input": "", "output": "5 + 2"}]))
-    argv = ["--model", str(model.parent), "--gguf_file", model.name, "--data", str(data), "--max_new_tokens", "4"]
+    argv = ["--model_name_or_path", str(model.parent), "--gguf_file", model.name, "--data", str(data), "--max_new_tokens", "4"]
     assert eval_main([*argv, "--output_dir", str(tmp_path / "report")]) == 0
     assert json.loads((tmp_path / "report" / "eval_report.json").read_text())["eval"]["num_samples"] == 1
     assert "accuracy" in capsys.readouterr().out

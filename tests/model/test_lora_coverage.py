@@ -12,7 +12,7 @@ from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, LoraCoverage, Site, lora_coverage
 from hf_lora_ds.report import write_report
-from tests.training.test_trainer import make_trainer
+from tests.trainer.test_lora_sft_trainer import make_trainer
 
 DENSE_ALL = """\
 LoRA coverage (adapted/linear modules per decoder layer):

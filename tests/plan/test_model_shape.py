@@ -8,11 +8,11 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.model.source import load_model_config
 from hf_lora_ds.plan.model_shape import measure_model_shape
 from hf_lora_ds.resources import MODEL_CONFIGS
-from hf_lora_ds.testing import build_tiny_qwen2
 
 
 def lora(rank: int = 4) -> LoraConfig:

@@ -10,8 +10,8 @@ import psutil
 import pytest
 import torch
 
+from hf_lora_ds.cli.plan import parse
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.plan.__main__ import parse
 from hf_lora_ds.plan.planner import SHIPPED_CONFIGS_DIR, SequenceProfile
 from hf_lora_ds.plan.run_plan import check_run_fits, recommended_deepspeed_config
 from hf_lora_ds.resources import MODEL_CONFIGS

@@ -17,8 +17,8 @@ import pytest
 import torch
 from peft import LoraConfig, TaskType
 
+from hf_lora_ds.cli.plan import parse
 from hf_lora_ds.model.source import load_model_config
-from hf_lora_ds.plan.__main__ import parse
 from hf_lora_ds.plan.planner import CUDA_CONTEXT_BYTES, PlanSettings, SequenceProfile, make_plan
 from hf_lora_ds.plan.run_plan import plan_this_run
 from hf_lora_ds.resources import MODEL_CONFIGS

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq
 
 import run_sft
 from hf_lora_ds import ChatSFTDataset
-from hf_lora_ds.eval.__main__ import main as eval_main
+from hf_lora_ds.cli.eval import main as eval_main
 from hf_lora_ds.model.merge_adapter import merge_adapter
 
 # The template injects this system turn when a conversation has none (read from the model's own template).
@@ -101,7 +101,7 @@ def test_merged_model_generates_what_base_plus_adapter_generates(smollm2_dir, tr
 def test_eval_cli_runs_on_it(smollm2_dir, tmp_path, capsys):
     data = tmp_path / "eval.json"
     data.write_text(json.dumps(_sum_records([40, 61]), ensure_ascii=False))
-    code = eval_main(["--model", str(smollm2_dir), "--data", str(data),
+    code = eval_main(["--model_name_or_path", str(smollm2_dir), "--data", str(data),
                       "--task", "sum_to_x", "--max_new_tokens", "8", "--output_dir", str(tmp_path / "report")])
     assert code == 0
     report = json.loads((tmp_path / "report" / "eval_report.json").read_text())

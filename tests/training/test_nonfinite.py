@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 import run_sft
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.training.nonfinite import NonFiniteGradientError, NonFiniteLossError, batch_sequences
-from tests.training.test_trainer import RECORDS, make_trainer
+from tests.trainer.test_lora_sft_trainer import RECORDS, make_trainer
 
 
 class NaNEmbeddingsAtStep(TrainerCallback):

@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hf_lora_ds.config.engine import parallelism_config
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.training.sequence_parallel import (
     deepspeed_gradient_divisor,
-    parallelism_config,
     sequence_parallel_loss,
     supervised_tokens_in_shards,
 )

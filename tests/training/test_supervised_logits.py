@@ -12,13 +12,13 @@ from peft import LoraConfig
 from transformers import Qwen2ForCausalLM
 from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401 (accepts_position_mask looks it up here)
 
+from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
-from hf_lora_ds.launch.arguments import SFTTrainingArguments
-from hf_lora_ds.testing import build_tiny_qwen2
+from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.training import fused_head_loss
 from hf_lora_ds.training.supervised_logits import accepts_position_mask, supervised_cross_entropy
-from hf_lora_ds.training.trainer import LoraSFTTrainer
 
 TURNS = ["Hello", "Tell me a joke about cats.", "What is the capital of France?", "Bonjour!", "Paris is.",
          "The quick brown fox jumps over the lazy dog.", "good morning", "how can I help you today?"]  # fmt: skip

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from deepspeed.checkpoint import ds_to_universal
 
+from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.deepspeed_config import run_deepspeed_config
 from hf_lora_ds.training import universal_checkpoint as universal
 
 

@@ -1,0 +1,128 @@
+"""LoRA supervised fine-tuning of a chat model, then answer accuracy before and after.
+
+    python run_sft.py                                   # the bundled demo: tiny model, sum-to-x data
+    python run_sft.py config.yaml                       # every argument from one YAML/JSON file
+    python run_sft.py --model_name_or_path DIR --train_file FILE --eval_file FILE --eval_task exact_match
+    torchrun --nproc_per_node 2 run_sft.py ...
+    deepspeed run_sft.py --deepspeed ds_configs/stage3.json ...
+    accelerate launch --config_file accelerate_configs/zero3_offload.yaml run_sft.py ...
+    python run_sft.py --save_strategy steps --save_steps 50 --resume_from_checkpoint auto   # resumes after a crash
+
+The repository's ``run_sft.py``, the installed command ``hf-lora-sft`` and the module ``hf_lora_ds.run_sft``
+(``torchrun -m hf_lora_ds.run_sft``, ``deepspeed --module hf_lora_ds.run_sft``) all run this.
+
+SIGTERM or SIGUSR1 (preemption) saves a complete checkpoint after the current step and exits with code 75; rerun
+with ``--resume_from_checkpoint auto`` to continue. A user error exits with code 2 and one ``error:`` line.
+
+Every argument defaults to the bundled demo, so any flag changes only its own part of the job.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import transformers  # the module only: its trainer names import PEFT, which hf_lora_ds must import first
+
+from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
+from hf_lora_ds.callbacks import (
+    AnswerAccuracyCallback,
+    MemoryTraceCallback,
+    log_accuracy_end_points,
+    write_run_report,
+)
+from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
+from hf_lora_ds.data.inference_prompts import check_round_trip
+from hf_lora_ds.data.packing import PackedDataset
+from hf_lora_ds.data.run_data import load_run_data, sft_dataset
+from hf_lora_ds.distributed import print0, release_process_group
+from hf_lora_ds.errors import run_cli
+from hf_lora_ds.eval import evaluate_phase, get_task, load_samples, print_comparison, write_eval_report
+from hf_lora_ds.launch.resolve import parse_run_arguments
+from hf_lora_ds.launch.world import describe_world
+from hf_lora_ds.model.loading import load_base_model, load_tokenizer
+from hf_lora_ds.plan import check_run_fits, profile_from_dataset
+from hf_lora_ds.resources import DEMO_ARGUMENTS
+
+
+def parse_args(argv: list[str]) -> SFTTrainingArguments:
+    """Flags, or a YAML/JSON file then flags that override it (a recipe with the ZeRO stage chosen at launch:
+    ``run_sft.py examples/x.yaml --deepspeed stage3``); what is set nowhere is the demo's (``DEMO_ARGUMENTS``)."""
+    return parse_run_arguments(argv, DEMO_ARGUMENTS)
+
+
+def main(argv: list[str] | None = None, callbacks: Sequence[transformers.TrainerCallback] = ()) -> dict:
+    """The whole job; ``callbacks`` are extra TrainerCallbacks for programmatic use (a notebook, a test)."""
+    # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    transformers.set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after; the adapter's A init must repeat
+    print0(describe_world(args))
+
+    # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
+    tokenizer = load_tokenizer(args)
+    train_data = load_run_data(args.train_file, args, args.dataset)
+    train_dataset = sft_dataset(train_data, tokenizer, args)
+    print0(train_data.summary() + train_dataset.unused_note())
+    print0(check_round_trip(train_dataset).line())  # inference prompts start the training texts, on a sample
+    check_run_fits(args, profile_from_dataset(train_dataset))
+    task = get_task(args.eval_task)
+    eval_data = load_run_data(args.eval_file, args) if args.eval_file else None
+    eval_records = list(eval_data.records) if eval_data else None  # generated from, so held whole: keep it small
+    if eval_records:
+        load_samples(eval_records, task, args.system_prompt)
+    # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.
+    evaluating_during_training = eval_records is not None and args.eval_strategy != "no"
+
+    memory = MemoryTraceCallback()  # measures the load now; the trainer attaches it with the run's other callbacks
+    with memory.phase("load"):
+        model, quantized = load_base_model(args)
+    if quantized:
+        print0(quantized)
+    accuracy = [AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
+                                       system_prompt=args.system_prompt, predictions_dir=args.output_dir)
+                ] if evaluating_during_training else []  # fmt: skip
+    batching = resolve_batching(args.batching, model)
+    eval_dataset = sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None
+    if batching == "packed":  # rows of max_length; the collator's batches are rows (hf_lora_ds.data.packing)
+        train_dataset = PackedDataset(train_dataset, args.max_length)
+        eval_dataset = PackedDataset(eval_dataset, args.max_length) if eval_dataset is not None else None
+        print0(f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
+               f"tokens, {train_dataset.fill():.3f} of the rows filled")  # fmt: skip
+    one_row = "flash" in (model.config._attn_implementation or "")
+    trainer = LoraSFTTrainer(
+        model,
+        args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=build_collator(batching, tokenizer, args.pad_to_multiple_of, args.sequence_parallel_size, one_row),
+        processing_class=tokenizer,
+        callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
+    )
+
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)  # resolved with the arguments
+    if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
+        release_process_group()
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+    trainer.save_state()  # trainer_state.json in output_dir: the step count and the whole log history
+
+    results = {}
+    if eval_records:
+        # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.
+        # "before" is the same model as the base it started from (the adapter off, or back at its start where PiSSA-like
+        # inits rewrote the base): the base, even for a resumed run.
+        with trainer.base_model_view():
+            results["before"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "before")
+        results["after"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "after")
+        report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))
+        log_accuracy_end_points(trainer, results["before"].accuracy, results["after"].accuracy)
+        write_run_report(trainer, report_path)
+        print_comparison(results)
+    release_process_group()
+    return {phase: result.summary() for phase, result in results.items()}
+
+
+def cli() -> None:
+    """The installed command ``hf-lora-sft``."""
+    run_cli(main)  # a UserError is one line on stderr and exit code 2 (hf_lora_ds.errors)
+

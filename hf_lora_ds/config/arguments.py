@@ -1,0 +1,83 @@
+"""``SFTTrainingArguments``: TrainingArguments plus the model, quantization, data, LoRA, engine, memory plan,
+reliability and reporting fields of a LoRA SFT run, one flat dataclass composed from the parts beside it.
+
+``__post_init__`` checks the values alone (no file, environment variable or process group is read: resolving the run
+around them is hf_lora_ds.launch.resolve's work), then resolves what TrainingArguments needs first: ``--dtype auto``
+and the mixed precision that goes with it.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from dataclasses import dataclass
+
+import torch
+from transformers import TrainingArguments
+
+from hf_lora_ds.config.data import DataArguments, check_data_fields, join_sources
+from hf_lora_ds.config.engine import EngineArguments, check_engine_fields, parallelism_config
+from hf_lora_ds.config.lora import LoraArguments, check_lora_fields
+from hf_lora_ds.config.memory_plan import MemoryPlanArguments
+from hf_lora_ds.config.model import ModelArguments, check_model_fields
+from hf_lora_ds.config.quantization import QuantizationArguments, check_quantization_fields
+from hf_lora_ds.config.ranges import check_ranges
+from hf_lora_ds.config.reliability import ReliabilityArguments
+from hf_lora_ds.config.reporting import ReportingArguments
+from hf_lora_ds.devices import auto_dtype
+
+__all__ = ["SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
+
+
+@dataclass
+class SFTTrainingArguments(
+    ModelArguments,
+    QuantizationArguments,
+    DataArguments,
+    LoraArguments,
+    EngineArguments,
+    MemoryPlanArguments,
+    ReliabilityArguments,
+    ReportingArguments,
+    TrainingArguments,
+):
+    def __post_init__(self) -> None:
+        """The checks of the fields, alone and together, before TrainingArguments builds anything from them; then the
+        values TrainingArguments needs resolved first."""
+        check_field_values(self)
+        self._resolve_precision()
+        if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
+            self.parallelism_config = parallelism_config(self.sequence_parallel_size, self.attn_implementation or "sdpa")
+        if not pinned_memory_helps(self.use_cpu):
+            self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
+        super().__post_init__()
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def _resolve_precision(self) -> None:
+        """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
+        if self.dtype == "auto":
+            self.dtype = auto_dtype(on_accelerator=torch.cuda.is_available() and not self.use_cpu, fp16=self.fp16)
+        check_model_fields(self)
+        if self.dtype == "bfloat16":
+            self.bf16 = True
+        elif self.dtype == "float16":
+            self.fp16 = True
+
+
+def check_field_values(args: SFTTrainingArguments | Namespace) -> None:
+    """Every check that needs the field values only, part by part; ``args`` is an ``SFTTrainingArguments`` or the
+    parsed values it would be built from (the audit and the planner build none)."""
+    join_sources(args)
+    check_ranges(args)
+    check_model_fields(args)
+    check_quantization_fields(args)
+    check_data_fields(args)
+    check_lora_fields(args)
+    check_engine_fields(args)
+
+
+def pinned_memory_helps(use_cpu: bool) -> bool:
+    """Pinned host memory only speeds copies to an accelerator: with none (or ``--use_cpu``) it does nothing."""
+    return not use_cpu and torch.accelerator.current_accelerator() is not None

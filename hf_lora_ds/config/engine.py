@@ -1,0 +1,79 @@
+"""The engine fields: DeepSpeed and sequence parallelism, with the checks that need their values only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hf_lora_ds.errors import UserError
+
+__all__ = ['EngineArguments', 'check_engine_fields', 'parallelism_config']
+
+
+@dataclass
+class EngineArguments:
+    """DeepSpeed (or FSDP, a TrainingArguments field) and Ulysses sequence parallelism."""
+
+    # Redeclared for its help text: "auto" is resolved from the command line by the memory plan (hf_lora_ds.launch.resolve).
+    deepspeed: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "A DeepSpeed JSON config (e.g. ds_configs/stage3.json), a shipped config by its short name "
+            "(stage0, stage1, stage2, stage2_offload, stage3, stage3_offload), or 'auto': the first shipped config "
+            "the memory plan says fits (python -m hf_lora_ds.plan shows the whole table). Under accelerate launch "
+            "with a DeepSpeed config, that config is used (and must agree with this one when both are given)."
+        },
+    )
+
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Split each sequence over this many ranks (DeepSpeed Ulysses sequence parallelism, through "
+            "accelerate's ParallelismConfig): each rank keeps 1/N of the activations, for sequences one device cannot "
+            "hold. Needs --deepspeed (ZeRO 1-3), a world size divisible by N, attention heads divisible by N and sdpa "
+            "or flash attention. The ranks of a group train the same batch: the global batch is per device x "
+            "accumulation x world size / N. Gradients equal one process's on that global batch."
+        },
+    )
+
+
+def check_engine_fields(args: EngineArguments) -> None:
+    """One engine, ``auto`` already resolved, and what Ulysses needs from the flags alone (the world size and the
+    model's heads are checked when the run is resolved: hf_lora_ds.launch.resolve)."""
+    if args.deepspeed == "auto":
+        raise UserError("--deepspeed auto is resolved from the command line (hf_lora_ds.launch.resolve); pass a "
+                        "DeepSpeed config (e.g. ds_configs/stage3.json) when building the arguments in code")
+    if args.deepspeed and args.fsdp:
+        raise UserError(f"--fsdp and --deepspeed {args.deepspeed}: choose one of FSDP and DeepSpeed")
+    size = args.sequence_parallel_size
+    if size < 1:
+        raise UserError(f"--sequence_parallel_size must be a positive integer, got {size}")
+    if size == 1:
+        return
+    flag = f"--sequence_parallel_size {size}"
+    if not args.deepspeed:
+        raise UserError(f"{flag} needs DeepSpeed (Ulysses is DeepSpeed's sequence parallelism): add --deepspeed "
+                        "stage2 (or stage1, stage3), or launch with an accelerate DeepSpeed config")
+    attention = args.attn_implementation or "sdpa"
+    if attention in ("eager", "flex_attention") or attention.startswith("paged"):
+        raise UserError(f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this "
+                        "kernel needs; use sdpa (the default) or flash_attention_2")
+    if args.batching in ("packed", "padding_free") and "flash" not in attention:
+        # UlyssesSPAttentionHF drops the block-diagonal mask transformers builds from restarting position_ids and runs
+        # sdpa as plain causal over the gathered sequence; only flash's varlen path reads the boundaries itself.
+        raise UserError(f"--batching {args.batching} with {flag} and {attention} attention: Ulysses drops the mask "
+                        "that keeps packed samples apart, so they would attend to each other; use --batching padded, "
+                        "or --attn_implementation flash_attention_2 on a GPU")
+
+
+def parallelism_config(size: int, attn_implementation: str):
+    """accelerate's parallelism config for Ulysses over ``size`` ranks, or None for ``size`` 1.
+
+    The sequence length may change from batch to batch (dynamic padding), and Ulysses must wrap the very kernel the
+    model was loaded with (``attn_implementation``): DeepSpeed refuses a mismatch."""
+    if size == 1:
+        return None
+    from accelerate import ParallelismConfig
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation)
+    return ParallelismConfig(sp_size=size, sp_backend="deepspeed", sp_handler=handler)

@@ -1,0 +1,51 @@
+"""The base model's fields: which model, its dtype, its attention kernel, a GGUF file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hf_lora_ds.errors import UserError
+
+__all__ = ['ModelArguments', 'check_model_fields']
+
+
+@dataclass
+class ModelArguments:
+    """The base model to adapt and how its weights are loaded."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Base model: a local directory or a hub id (any causal LM with a chat template)."}
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto",
+        metadata={
+            "help": "Dtype to load the base weights in. 'auto': bfloat16 on a GPU that supports it (and bf16 training), "
+            "float32 elsewhere (bf16 matmuls are slow on CPUs)."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow the model's own Python code from its repository to run. Off by default."}
+    )
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."}
+    )
+    gguf_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A GGUF base (llama.cpp, Ollama): the file's name inside --model_name_or_path DIR (or pass the "
+            ".gguf path as --model_name_or_path). Loaded dequantized to --dtype, with its tokenizer and chat "
+            "template; needs the gguf package (pip install 'hf_lora_ds[gguf]')."
+        },
+    )
+
+
+def check_model_fields(args: ModelArguments) -> None:
+    """A model named, and a weights dtype that agrees with the mixed precision flags (``args`` also carries
+    TrainingArguments' ``bf16``/``fp16``)."""
+    if not args.model_name_or_path:
+        raise UserError("--model_name_or_path is required: a local model directory or a hub id")
+    if args.dtype == "bfloat16" and args.fp16:
+        raise UserError("--dtype bfloat16 with --fp16: use --bf16 (or --dtype float16 with --fp16)")
+    if args.dtype == "float16" and args.bf16:
+        raise UserError("--dtype float16 with --bf16: use --fp16 (or --dtype bfloat16 with --bf16)")

@@ -1,0 +1,191 @@
+"""From a command line to a run's arguments, each step once and in this order: defaults, a YAML/JSON file given
+first, flags over it; an ``accelerate launch`` config adopted and ``--deepspeed auto`` planned; the checks that read
+files, the DeepSpeed config, the launch and the model's config; the process environment prepared for the launcher;
+``SFTTrainingArguments`` built; the world size made to agree with DeepSpeed's; ``--resume_from_checkpoint`` resolved.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import HfArgumentParser
+
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.arguments import check_field_values
+from hf_lora_ds.config.deepspeed import (
+    check_deepspeed_config,
+    deepspeed_config_path,
+    describe_zero,
+    load_deepspeed_config,
+    offloads,
+    run_deepspeed_config,
+)
+from hf_lora_ds.config.fsdp import fsdp_settings
+from hf_lora_ds.config.quantization import quantization_flag
+from hf_lora_ds.distributed import launcher_world_size, print0
+from hf_lora_ds.errors import MissingPathError, UserError, one_line
+from hf_lora_ds.launch.accelerate_launch import adopt_accelerate_launch
+from hf_lora_ds.launch.checks import check_run_values, check_sequence_parallel, check_training_flags
+from hf_lora_ds.launch.world import ensure_world_agreement, prepare_distributed
+from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
+from hf_lora_ds.plan.run_plan import recommended_deepspeed_config
+from hf_lora_ds.resources import DEMO_ARGUMENTS
+from hf_lora_ds.training.checkpoints import resolve_resume_checkpoint
+from hf_lora_ds.training.sequence_parallel import data_parallel_size, deepspeed_gradient_divisor
+
+__all__ = [
+    "ARGUMENT_FILE_SUFFIXES",
+    "build_run_arguments",
+    "parse_run_arguments",
+    "read_arguments_file",
+    "read_checked_values",
+    "read_run_values",
+    "resolve_launch",
+    "resolve_run",
+]
+
+ARGUMENT_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def read_arguments_file(path: Path) -> dict:
+    """The file's keys, refused by name when one is not an argument (a typo would otherwise be ignored)."""
+    if not path.is_file():
+        raise MissingPathError(f"{path}: no such config file; pass a YAML/JSON file of arguments, or flags")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not a readable YAML/JSON file ({one_line(str(err))})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: expected a mapping of argument names to values, got {type(config).__name__}")
+    unknown = sorted(set(config) - {known.name for known in fields(SFTTrainingArguments)})
+    if unknown:
+        raise UserError(f"{path}: unknown argument(s) {unknown}; see python run_sft.py --help")
+    return config
+
+
+def read_run_values(argv: Sequence[str], defaults: dict | None = None, extra: Sequence[type] = ()) -> Namespace:
+    """Every field of ``SFTTrainingArguments`` (and of the ``extra`` dataclasses) as parsed values: ``defaults``, a
+    YAML/JSON file of arguments when it comes first, then the flags. Builds no dataclass."""
+    argv = list(argv)
+    values = dict(defaults or {})
+    if argv and argv[0].endswith(ARGUMENT_FILE_SUFFIXES):
+        values.update(read_arguments_file(Path(argv[0])))
+        argv = argv[1:]
+    parser = HfArgumentParser([SFTTrainingArguments, *extra])
+    parser.set_defaults(**values)
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise UserError(f"unknown argument(s) {unknown}; see --help")
+    return namespace
+
+
+def read_checked_values(argv: Sequence[str], extra: Sequence[type] = ()) -> Namespace:
+    """run_sft's fields (demo defaults, a YAML/JSON file, flags), and the ``extra`` dataclasses' fields, checked as a
+    run checks them before launching: for the commands that describe a run without launching it (the audit, the
+    planner), which build no arguments object (that would prepare a launch)."""
+    values = read_run_values(argv, DEMO_ARGUMENTS, extra)
+    check_field_values(values)
+    check_run_values(values)
+    return values
+
+
+def resolve_launch(values: Namespace) -> None:
+    """The engine the run asked for, decided from its values: an ``accelerate launch`` DeepSpeed or FSDP config
+    becomes ``--deepspeed`` or ``--fsdp`` (or stops on a contradiction), and ``--deepspeed auto`` the memory plan's
+    first shipped config that fits."""
+    adopt_accelerate_launch(values)
+    if values.deepspeed == "auto":
+        values.deepspeed = str(recommended_deepspeed_config(values))
+        print0(f"--deepspeed auto: {values.deepspeed} (the memory plan's pick)")
+
+
+def check_engine(values: Namespace) -> None:
+    """The DeepSpeed or FSDP config, read once and checked before transformers parses it (its errors come later and
+    name neither the key nor the flag to change), against the batch, the LoRA optimizer and a quantized base; a
+    shipped config's short name (``stage3``) becomes its path."""
+    config, source = {}, ""
+    if values.deepspeed:
+        if isinstance(values.deepspeed, str):
+            values.deepspeed = deepspeed_config_path(values.deepspeed)
+        config, source = load_deepspeed_config(values.deepspeed)
+        world_size = launcher_world_size()
+        check_deepspeed_config(config, source, micro_batch=values.per_device_train_batch_size,
+                               accumulation=values.gradient_accumulation_steps,
+                               world_size=data_parallel_size(world_size, values.sequence_parallel_size))
+        if values.sequence_parallel_size > 1:
+            deepspeed_gradient_divisor(config, world_size, values.sequence_parallel_size)  # refuses what it cannot scale
+    stage = config.get("zero_optimization", {}).get("stage")
+    check_lora_optimizer_engine(values, stage if isinstance(stage, int) else None, "optimizer" in config, source)
+    if values.fsdp:
+        _check_fsdp(values)
+    if (values.load_in_4bit or values.load_in_8bit) and offloads(config.get("zero_optimization", {}), "offload_param"):
+        # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
+        # base quantized to fit the GPU gains nothing from being moved to CPU memory.
+        named = "" if source == "--deepspeed" else f" in {source}"  # a dict: adopted from accelerate launch
+        raise UserError(f"{quantization_flag(values)} with a DeepSpeed config that offloads parameters (DeepSpeed "
+                        f"{describe_zero(config)}){named}: use ds_configs/stage3.json (or stage2_offload.json to "
+                        "offload the optimizer state only)")
+
+
+def _check_fsdp(values: Namespace) -> None:
+    """FSDP2 only (transformers' own default); parameter offload only where there is an accelerator to offload
+    from (on a CPU-only machine torch's CPUOffloadPolicy fails after loading: no accelerator device)."""
+    settings = fsdp_settings(values.fsdp_config)
+    if str(settings.get("version", 2)) != "2":
+        raise UserError(f"--fsdp_config version {settings['version']}: hf_lora_ds runs FSDP2 (version 2) only")
+    if settings.get("cpu_offload") and torch.accelerator.current_accelerator() is None:
+        raise UserError("FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
+                        "has none: drop cpu_offload (fsdp_configs/fsdp2.json)")
+
+
+def resolve_run(values: Namespace) -> SFTTrainingArguments:
+    """The run's arguments from its parsed values, resolved and checked, with the process ready for its launcher
+    (see the module docstring). A ``ValueError`` raised while they are built is a bad flag or combination (ours or
+    TrainingArguments'), so it becomes a ``UserError``: one line, exit code 2."""
+    try:
+        resolve_launch(values)
+        check_field_values(values)
+        check_run_values(values)
+        check_training_flags(values)
+        check_engine(values)
+        check_sequence_parallel(values, launcher_world_size())
+        prepare_distributed(values)  # the run's one change to the process environment
+        args = SFTTrainingArguments(**{f.name: getattr(values, f.name) for f in fields(SFTTrainingArguments) if f.init})
+    except UserError:
+        raise
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    ensure_world_agreement(args)
+    # "auto" becomes the latest checkpoint every rank finished; a ZeRO one from another rank count that this run
+    # cannot convert to a universal checkpoint fails here, not after the model is loaded.
+    args.resume_from_checkpoint, note = resolve_resume_checkpoint(
+        args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
+    )
+    if note:
+        print0(note)
+    return args
+
+
+def parse_run_arguments(argv: Sequence[str], defaults: dict | None = None) -> SFTTrainingArguments:
+    """The run's arguments from a command line (``defaults`` under a YAML/JSON file and the flags), resolved."""
+    try:
+        values = read_run_values(argv, defaults)
+    except ValueError as err:
+        raise UserError(str(err)) from err
+    return resolve_run(values)
+
+
+def build_run_arguments(**values: object) -> SFTTrainingArguments:
+    """The run's arguments from keyword values (the fields' defaults for the rest), resolved as a command line is:
+    for scripts and notebooks that build a run in code."""
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+                for f in fields(SFTTrainingArguments) if f.init}
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise UserError(f"unknown argument(s) {unknown}")
+    return resolve_run(Namespace(**{**defaults, **values}))

@@ -1,0 +1,376 @@
+"""``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, the loss from logits at the
+supervised positions only (hf_lora_ds.training.supervised_logits), every saved adapter checked (the final one is always saved,
+and must have trained), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
+
+Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel
+from transformers import Trainer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.deepspeed import run_deepspeed_config
+from hf_lora_ds.data.collator import LengthGroupedEpochSampler
+from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
+from hf_lora_ds.data.packing import training_samples
+from hf_lora_ds.distributed import gather_from_ranks, print0
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
+from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
+from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
+from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
+from hf_lora_ds.model.lora_variants import converted_at_save, variant_line
+from hf_lora_ds.training.checkpoints import (
+    check_resume_world_size,
+    lost_ranks,
+    resolve_resume_checkpoint,
+    save_failures,
+)
+from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
+from hf_lora_ds.training.lora_init import wrap_as_initialised
+from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
+from hf_lora_ds.training.nonfinite import NonFiniteGuard
+from hf_lora_ds.training.sequence_parallel import (
+    data_parallel_size,
+    deepspeed_gradient_divisor,
+    sequence_parallel_group,
+    sequence_parallel_loss,
+    supervised_tokens_in_shards,
+)
+from hf_lora_ds.training.supervised_logits import (
+    accepts_position_mask,
+    fused_head,
+    head_computes_loss,
+    normalised_loss,
+    shifted_labels,
+    supervised_cross_entropy,
+    supervised_rows,
+)
+from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
+
+__all__ = ["LoraSFTTrainer"]
+
+
+class LoraSFTTrainer(Trainer):
+    """A Trainer for LoRA SFT. Pass the base model; it is wrapped with PEFT from ``args`` (or ``lora_config``)
+    unless it already is a PeftModel."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: SFTTrainingArguments,
+        *trainer_args: Any,
+        lora_config: LoraConfig | None = None,
+        **trainer_kwargs: Any,
+    ):
+        config = lora_config or lora_config_from_args(args)
+        if args.parallelism_config is not None and args.parallelism_config.sp_enabled:
+            # Ulysses must wrap the kernel the model was loaded with; DeepSpeed refuses any other.
+            args.parallelism_config.sp_handler.sp_attn_implementation = model.config._attn_implementation
+        wrapping = not isinstance(model, PeftModel)
+        # PiSSA/OLoRA/CorDA/EVA/LoftQ start from the base weights or from data (hf_lora_ds.training.lora_init).
+        model = wrap_as_initialised(model, config, args, trainer_kwargs.get("train_dataset"),
+                                    trainer_kwargs.get("data_collator"))  # fmt: skip
+        # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
+        # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
+        # (hf_lora_ds.model.adapter_conversion).
+        self.adapter_start = adapter_snapshot(model) if wrapping and converted_at_save(args.lora_init) else None
+        # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
+        self.lora_coverage = lora_coverage(model)
+        self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
+        print0(self.lora_coverage.table(), *([self.variant_line] if self.variant_line else []))
+        coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config))
+        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        if coverage_note:
+            print0(coverage_note)
+        # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
+        self.run_callbacks = attach_run_callbacks(self)
+        self.preemption = self.run_callbacks.preemption
+        print0(trainable_parameters_line(self.model))
+        # Without the mask (transformers releases before boolean logits_to_keep) the fused head selects the rows.
+        self._position_mask = accepts_position_mask(self.model)
+        full_logits_reason = self._full_logits_reason()
+        self.supervised_logits_only = full_logits_reason is None
+        self._fused_head_loss = True  # off for good once a model is seen to change its head's output
+        if self.args.supervised_logits_only and full_logits_reason:
+            print0(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
+        self._logits_for_metrics = False
+        self.sequence_parallel_size = self.get_sp_size()
+        if self.sequence_parallel_size > 1:
+            if full_logits_reason:  # the libraries' SP loss would scale gradients by the SP size (DeepSpeed #5248)
+                raise UserError(f"--sequence_parallel_size {self.sequence_parallel_size} needs hf_lora_ds's "
+                                f"supervised-position loss, and {full_logits_reason}")  # fmt: skip
+            self.loss_is_scaled_for_ga = True  # normalised over the accumulated batch's trained tokens
+            self._deepspeed_divisor = deepspeed_gradient_divisor(
+                run_deepspeed_config(self.args) or {}, self.accelerator.num_processes, self.sequence_parallel_size
+            )
+        samples = training_samples(self.train_dataset)
+        dataset = samples if isinstance(samples, ChatSFTDataset) else None
+        # NaN/inf losses and gradient norms stop the run or drop the step (hf_lora_ds.training.nonfinite).
+        self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """Trainer's accelerator, then FSDP2 kept on a CPU-only multi-process launch, where accelerate drops the
+        plugin and would train plain DDP without a word (hf_lora_ds.training.fsdp2.shard_on_cpu)."""
+        super().create_accelerator_and_postprocess()
+        if shard_on_cpu(self):
+            self.is_fsdp_enabled = True
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """Print the mask audit before training (the one look at the labels most runs never get), then save the
+        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``, and raise
+        ``UntrainedAdapterError`` (on every rank) if that adapter never moved from its initial state.
+
+        ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
+        finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
+        complete or not. A path is used as given. A ZeRO checkpoint written by another number of ranks is converted
+        to a DeepSpeed universal checkpoint first (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
+        deepspeed_config = run_deepspeed_config(self.args)  # the live dict the engine will be built from
+        if resume_from_checkpoint is True or resume_from_checkpoint == "auto":
+            resume_from_checkpoint, note = resolve_resume_checkpoint(
+                "auto", self.args.output_dir, self.args.world_size, deepspeed_config
+            )
+            print0(note)
+        if resume_from_checkpoint and check_resume_world_size(
+            resume_from_checkpoint, self.args.world_size, deepspeed_config
+        ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.training.universal_checkpoint)
+            universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
+            print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
+        if self.is_world_process_zero():  # for the run report
+            Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
+            lines = [self.lora_coverage.table(), *([self.variant_line] if self.variant_line else [])]
+            (Path(self.args.output_dir) / COVERAGE_FILE).write_text("\n".join(lines) + "\n")
+        samples = training_samples(self.train_dataset)  # packed rows: the samples in them
+        if isinstance(samples, ChatSFTDataset):
+            print0(audit_dataset(samples).line())
+            if len(samples.source_counts) > 1:
+                for name, audit in audit_by_source(samples).items():
+                    print0(f"  {name}: {audit.line()}")
+        try:
+            with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
+                result = super().train(resume_from_checkpoint, *args, **kwargs)
+        except BaseException:
+            self.run_callbacks.memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
+            raise
+        finally:
+            self.preemption.restore_handlers()
+        if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
+            print0(
+                f"preempted (signal {self.preemption.signal_received or 'on another rank'}): saved "
+                f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
+            )
+            return result
+        # Trainer's events end with training, so the memory tracer sees this save only if it is wrapped for it.
+        with self.run_callbacks.memory.phase("save"):
+            self.save_model()
+        self._finish_final_adapter()
+        return result
+
+    def base_model_view(self) -> AbstractContextManager:
+        """The base the run started from, for the "before" eval: the adapter switched off or, where PEFT rewrote
+        the base to its residual (PiSSA, OLoRA, CorDA), the adapter set back to its start, which is the original
+        base again. Under ZeRO-3 every rank must enter it (each tensor is gathered)."""
+        if self.adapter_start is not None:
+            return adapter_set_to(self.model, self.adapter_start)
+        return self.model.disable_adapter()
+
+    def _finish_final_adapter(self) -> None:
+        """Rank 0 makes the saved adapter plain LoRA for the original base (converted from its start where that was
+        not zero: hf_lora_ds.model.adapter_conversion) and checks that it trained; every rank raises the same error,
+        so no rank is left in a collective."""
+        problem = None
+        if self.args.should_save:
+            steps, top_rate = self.state.global_step, self.run_callbacks.learning_rates.max_learning_rate
+            try:
+                if self.adapter_start is not None or self.variant_line:
+                    moved = write_plain_adapter(self.args.output_dir, self.adapter_start)
+                    verify_adapter(self.args.output_dir, base_model=self.model.get_base_model().config)
+                    if not moved and steps and top_rate > 0:
+                        raise UntrainedAdapterError(f"The adapter saved in {self.args.output_dir} never trained: "
+                                                    f"every tensor still holds its start after {steps} steps")  # fmt: skip
+                check_adapter_trained(self.args.output_dir, steps, top_rate)
+            except UntrainedAdapterError as error:
+                problem = str(error)
+        problem = gather_from_ranks(problem)[0]
+        if problem:
+            raise UntrainedAdapterError(problem)
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """Trainer's optimizer, or LoRA+ / LoRA-FA (``--lora_optimizer``: hf_lora_ds.training.lora_optimizers),
+        built here so that DeepSpeed receives it as its client optimizer."""
+        if self.optimizer is None and self.args.lora_optimizer != "adamw":
+            self.optimizer = create_lora_optimizer(self.model if model is None else model, self.args)
+        return super().create_optimizer(model)
+
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked
+        before its backward pass: a NaN or infinite training loss stops the run with the step, the samples and the
+        last complete checkpoint, before any NaN gradient lands, or with ``--on_nonfinite skip`` has its step
+        dropped (hf_lora_ds.training.nonfinite)."""
+        labelled = inputs.get("labels") is not None or inputs.get("shift_labels") is not None  # SP shards: shifted
+        if self.supervised_logits_only and not self._logits_for_metrics and labelled:
+            result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
+        else:
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training:
+            loss = result[0] if return_outputs else result
+            loss = self.nonfinite.check_loss(loss, inputs, self.state.global_step + 1)
+            result = (loss, *result[1:]) if return_outputs else loss
+        return result
+
+    def _get_grad_norm(self, model: torch.nn.Module, grad_norm: torch.Tensor | float | None = None):
+        """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.training.nonfinite).
+
+        Overridden (a private Trainer method) because it is the one point of ``_inner_training_loop`` that holds the
+        step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
+        DeepSpeed and a single process alike; no callback event receives the norm before the update."""
+        grad_norm = full_grad_norm(super()._get_grad_norm(model, grad_norm=grad_norm))
+        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled)
+        return grad_norm
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """With ``--on_nonfinite skip``, each training log (and the final train metrics) also carries
+        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far."""
+        if self.args.on_nonfinite == "skip" and ("loss" in logs or "train_loss" in logs):
+            logs = {**logs, "nonfinite_skipped": self.nonfinite.skipped}
+        super().log(logs, start_time)
+
+    def _supervised_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool,
+        num_items_in_batch: torch.Tensor | int | None,
+    ):
+        """The causal-LM loss with the LM head applied only where the shifted label is not -100.
+
+        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.training.supervised_logits). With the
+        fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
+        ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
+        """
+        targets = shifted_labels(inputs)
+        keep = targets != IGNORE_INDEX
+        forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
+        if self._position_mask:  # else the model computes every position and the loss reads the supervised ones
+            forward_inputs["logits_to_keep"] = keep
+        outputs = self._fused_loss_forward(model, forward_inputs, keep, targets[keep])
+        if outputs is None:
+            outputs = model(**forward_inputs)
+            outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, keep), targets[keep])
+        loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
+        if self.sequence_parallel_size > 1 and model.training:  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
+            data_parallel = data_parallel_size(self.accelerator.num_processes, self.sequence_parallel_size)
+            loss = sequence_parallel_loss(loss, sequence_parallel_group(), self._deepspeed_divisor, data_parallel)
+        elif self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # Trainer's own scaling: num_items_in_batch counts every rank's tokens, and DDP/DeepSpeed average gradients.
+            replicas = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
+            loss = loss * replicas
+        outputs.loss = loss
+        return (loss, outputs) if return_outputs else loss
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | int | None:
+        """Under sequence parallelism the batches are shards without ``labels`` (Trainer would count nothing): the
+        trained tokens of the global batch, from every rank's ``shift_labels``."""
+        if self.sequence_parallel_size > 1 and batch_samples and "shift_labels" in batch_samples[0]:
+            return supervised_tokens_in_shards(batch_samples, device)
+        return super()._get_num_items_in_batch(batch_samples, device)
+
+    def _fused_loss_forward(self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor,
+                            targets: torch.Tensor) -> CausalLMOutputWithPast | None:  # fmt: skip
+        """The model's forward with its head computing the summed loss chunk by chunk (no logits at all), or None
+        where the head cannot (then and for the rest of the run, with one line if the model changed its head's
+        output: this batch's forward is thrown away and redone on the logits path)."""
+        head = fused_head(self.model) if self._fused_head_loss else None
+        if head is None:
+            return None
+        with head_computes_loss(head, targets, keep) as produced:
+            outputs = model(**forward_inputs)
+        loss = produced.get("loss")
+        # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
+        if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
+            return CausalLMOutputWithPast(loss=outputs.logits)
+        self._fused_head_loss = False
+        print0(f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
+                         "head's output; the loss uses supervised-position logits")  # fmt: skip
+        return None
+
+    def prediction_step(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ):
+        """Metrics read the logits of every position, so only loss-only evaluations take the supervised path."""
+        self._logits_for_metrics = not prediction_loss_only
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        finally:
+            self._logits_for_metrics = False
+
+    def _get_train_sampler(self, train_dataset: torch.utils.data.Dataset | None = None):
+        """``group_by_length`` (the default here) with the lengths the dataset already has (of its packed rows, for
+        packed batching) and an order every rank and every resume draws alike (see LengthGroupedEpochSampler)."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(training_samples(dataset), ChatSFTDataset):
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return LengthGroupedEpochSampler(batch_size, dataset.lengths, seed)
+
+    def _full_logits_reason(self) -> str | None:
+        """Why the loss must come from full logits here, or None when the supervised-position loss applies."""
+        if not self.args.supervised_logits_only:
+            return "--supervised_logits_only False"
+        liger = self.args.liger_kernel_config or {}
+        if self.args.use_liger_kernel and liger.get("fused_linear_cross_entropy", True):
+            # Liger replaces the forward with one that fuses head and loss in chunks: no full logits either way.
+            return "--use_liger_kernel's fused linear cross-entropy computes the loss without full logits"
+        if self.label_smoother is not None or self.compute_loss_func is not None:
+            return "label smoothing or compute_loss_func computes its own loss from the logits"
+        if not self._position_mask and fused_head(self.model) is None:
+            return (f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask and "
+                    "its LM head is not a plain bias-free nn.Linear")  # fmt: skip
+        return None
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves
+        zero-size tensors without any error, and the run only fails later, at merge or load time.
+
+        Under FSDP2 the adapter is gathered whole onto rank 0 (a collective: every rank), whatever the state dict
+        type: Trainer writes none for SHARDED_STATE_DICT (Accelerate's default, for resuming), and for
+        FULL_STATE_DICT it would gather every frozen base weight onto rank 0 too, only for PEFT to keep the LoRA
+        ones. The checkpoint's resume state stays Trainer's (accelerate's ``save_fsdp_model``, either type)."""
+        with save_failures(output_dir or self.args.output_dir, self.args.output_dir):
+            if self.is_fsdp_enabled:
+                self._save(output_dir, state_dict=full_adapter_state_dict(self.model))
+                if self.args.push_to_hub and not _internal_call:  # as Trainer.save_model does after its own save
+                    self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+            else:
+                super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            verify_adapter(output_dir or self.args.output_dir, base_model=self.model.get_base_model().config)
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """A checkpoint that cannot be written (full disk, no permission) ends the run with one line naming it, the
+        cause and the last complete checkpoint, which stays intact (hf_lora_ds.training.checkpoints)."""
+        checkpoint = Path(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        with save_failures(checkpoint, self.args.output_dir):
+            super()._save_checkpoint(model, trial)

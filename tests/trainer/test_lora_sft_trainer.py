@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import TrainerCallback
+
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.data.collator import build_collator
+from hf_lora_ds.data.dataset import ChatSFTDataset
+from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
+
+RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x - 3} + 3"} for x in range(10, 42)]
+
+
+def make_trainer(model, tokenizer, tmp_path, callbacks=(), **overrides):
+    train_file = tmp_path / "train.json"
+    train_file.write_text("[]")  # arguments only check that the file exists; the dataset below is built from records
+    options = dict(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", train_file=str(train_file),
+                   max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2, report_to="none",
+                   save_strategy="no", logging_steps=1, lora_dropout=0.0)
+    options.update(overrides)
+    args = SFTTrainingArguments(**options)
+    dataset = ChatSFTDataset(RECORDS, tokenizer, cache_dir=tmp_path)
+    return LoraSFTTrainer(model, args, train_dataset=dataset, data_collator=build_collator("padded", tokenizer),
+                          processing_class=tokenizer, callbacks=list(callbacks))
+
+
+def test_lora_weights_change_and_base_weights_do_not(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+    base_before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
+    assert isinstance(trainer.model, PeftModel)
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert lora_before and all("lora_" in n for n in lora_before)
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert all(not torch.equal(after[n], p) for n, p in lora_before.items() if "lora_B" in n)
+    base_after = {
+        n.removeprefix("base_model.model.").replace(".base_layer", ""): p
+        for n, p in trainer.model.named_parameters()
+        if "lora_" not in n
+    }
+    assert base_after.keys() == base_before.keys()
+    for name, tensor in base_after.items():
+        torch.testing.assert_close(tensor, base_before[name], rtol=0, atol=0)
+    out = capsys.readouterr().out
+    assert "trainable params:" in out and "mask audit: 32 samples" in out
+
+
+def test_adapter_and_tokenizer_saved_at_end(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)
+    trainer.train()
+    saved = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= saved
+
+
+def test_gradient_checkpointing_trains_lora(tiny_model, qwen_style_tokenizer, tmp_path):
+    for kwargs in ({"use_reentrant": False}, {"use_reentrant": True}):
+        trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, activation_checkpointing=True,
+                               activation_checkpointing_kwargs=kwargs)
+        b = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+        trainer.train()
+        assert all(not torch.equal(dict(trainer.model.named_parameters())[n], p) for n, p in b.items()), kwargs
+        tiny_model = trainer.model.unload()
+
+
+def test_existing_peft_model_is_not_wrapped_twice(tiny_model, qwen_style_tokenizer, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(tiny_model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    trainer = make_trainer(peft_model, qwen_style_tokenizer, tmp_path)
+    assert trainer.model is peft_model
+    assert trainer.model.peft_config["default"].r == 2
+
+
+def test_save_refuses_an_empty_adapter(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
+    """What ZeRO-3 without gathering writes: the right keys with zero-size tensors. The save itself must fail."""
+    import pytest
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from transformers import Trainer
+
+    from hf_lora_ds.model.adapter_check import AdapterIntegrityError
+
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
+
+    def zero3_without_gather(self, output_dir=None, _internal_call=False):
+        self.model.save_pretrained(output_dir)
+        state = {k: torch.empty(0) for k in get_peft_model_state_dict(self.model)}
+        save_file(state, f"{output_dir}/adapter_model.safetensors")
+
+    monkeypatch.setattr(Trainer, "save_model", zero3_without_gather)
+    with pytest.raises(AdapterIntegrityError, match="empty"):
+        trainer.save_model(str(tmp_path / "broken"))
+
+
+def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, tmp_path, capsys):
+    from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
+    from hf_lora_ds.training.checkpoints import COMPLETE_MARKER
+
+    def trainer(max_steps):
+        model = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=2)
+        return make_trainer(model, qwen_style_tokenizer, tmp_path, max_steps=max_steps, save_strategy="steps",
+                            save_steps=2)  # fmt: skip
+
+    out = tmp_path / "out"
+    trainer(4).train(resume_from_checkpoint="auto")  # nothing to resume from: a fresh start, said so
+    assert "resume: no complete checkpoint" in capsys.readouterr().out
+    assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file() and (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
+
+    (out / "checkpoint-4" / COMPLETE_MARKER).unlink()  # as if a kill had landed inside the step-4 save
+    resumed, recorder = trainer(6), StepRecorder()
+    resumed.add_callback(recorder)
+    resumed.train(resume_from_checkpoint=True)  # Trainer's own True would take checkpoint-4
+    printed = capsys.readouterr().out
+    assert f"resume: from {out / 'checkpoint-2'}" in printed and "skipped incomplete checkpoint-4" in printed
+    assert recorder.steps == [3, 4, 5, 6] and resumed.state.global_step == 6
+
+
+class StepRecorder(TrainerCallback):
+    """The global step after each optimizer step this run actually took."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.steps.append(state.global_step)
+
+
+def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)  # save_strategy "no"
+    tracer = trainer.run_callbacks.memory
+    trainer.train()
+    assert [record["phase"] for record in tracer.records] == ["train", "save"]
+    assert json.loads((tmp_path / "out" / "memory_trace.json").read_text())[-1]["phase"] == "save"
+
+
+class _FailAtStep(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        raise RuntimeError("failed mid-run")
+
+
+def test_a_failed_run_leaves_no_rss_sampler_running(tiny_model, qwen_style_tokenizer, tmp_path):
+    """Trainer never calls on_train_end when training raises; the trainer stops the sampler of the open phases."""
+    before = set(threading.enumerate())
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, callbacks=[_FailAtStep()], max_steps=1)
+    with pytest.raises(RuntimeError, match="failed mid-run"):
+        trainer.train()
+    started = [t for t in threading.enumerate() if t not in before and t.name == "hf_lora_ds-rss-sampler"]
+    assert started == []
+
+
+def _freeze_lora_b(trainer) -> None:
+    """A frozen adapter: B stays at its initial zero, and A gets zero gradients through it."""
+    for name, param in trainer.model.named_parameters():
+        if "lora_B" in name:
+            param.requires_grad_(False)
+
+
+def test_an_adapter_that_never_trained_fails_the_run(tiny_model, qwen_style_tokenizer, tmp_path):
+    import pytest
+
+    from hf_lora_ds.model.adapter_check import UntrainedAdapterError
+
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2)
+    _freeze_lora_b(trainer)
+    with pytest.raises(UntrainedAdapterError, match=r"never trained: all 14 lora_B tensors .* after 2 optimizer steps "
+                                                    r"at a learning rate up to 0\.01"):  # fmt: skip
+        trainer.train()
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()  # saved all the same, for a look
+
+
+def test_steps_at_learning_rate_zero_prove_nothing(tiny_model, qwen_style_tokenizer, tmp_path):
+    """The only step of a one-step warmup runs at a learning rate of 0: B cannot move, and that is no error."""
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, warmup_steps=1)
+    _freeze_lora_b(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def _logits(model, ids) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("init", ["pissa", "olora", "corda", "eva", "orthogonal"])
+def test_each_init_saves_an_adapter_that_gives_the_trained_model_on_the_original_base(
+    init, tiny_model, qwen_style_tokenizer, tmp_path
+):
+    """Two steps, then the saved adapter on a copy of the base as it was loaded: the trained model's logits to fp32
+    rounding (PiSSA, OLoRA and CorDA rewrote the base the run trained on; the saved adapter is converted)."""
+    original = copy.deepcopy(tiny_model)
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, lora_init=init, lora_rank=4,
+                           lora_init_samples=16)  # fmt: skip
+    trainer.train()
+    ids = torch.tensor([qwen_style_tokenizer("12=王大丫丫的回答是--->3 + 9")["input_ids"]])
+    trained, base = _logits(trainer.model, ids), _logits(original, ids)
+    saved = PeftModel.from_pretrained(original, str(tmp_path / "out"))
+    assert (_logits(saved, ids) - trained).abs().max() <= 1e-5 * trained.abs().max()
+    with trainer.base_model_view():  # the "before" eval's model: the base as loaded
+        assert (_logits(trainer.model, ids) - base).abs().max() <= 1e-5 * base.abs().max()
+
+
+def test_loraplus_trains_b_at_the_ratio_of_a(tiny_model, qwen_style_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, lora_optimizer="loraplus",
+                           loraplus_lr_ratio=8.0)  # fmt: skip
+    trainer.train()
+    names = {id(param): name for name, param in trainer.model.named_parameters()}
+    rates = {".lora_A.": set(), ".lora_B.": set()}
+    for group in trainer.optimizer.param_groups:
+        for param in group["params"]:
+            rates[next(part for part in rates if part in names[id(param)])].add(group["initial_lr"])
+    assert rates == {".lora_A.": {1e-2}, ".lora_B.": {8e-2}}
