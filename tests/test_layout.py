@@ -22,6 +22,7 @@ TESTS = Path(__file__).resolve().parent
 LAYERS: list[dict[str, list[str]]] = [
     {"core": ["hf_lora_ds.errors", "hf_lora_ds.distributed", "hf_lora_ds.devices", "hf_lora_ds.resources",
               "hf_lora_ds.quiet", "hf_lora_ds.sizes"]},
+    {"config": ["hf_lora_ds.config"]},
     {"data": ["hf_lora_ds.data"], "model": ["hf_lora_ds.model"]},
     {"training runtime": ["hf_lora_ds.training"]},
     {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"]},

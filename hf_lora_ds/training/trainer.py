@@ -18,6 +18,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
+from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
@@ -30,7 +31,7 @@ from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_
 from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
-from hf_lora_ds.model.lora_variants import converted_at_save, variant_line
+from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.training.checkpoints import (
     check_resume_world_size,
     lost_ranks,
@@ -85,7 +86,8 @@ class LoraSFTTrainer(Trainer):
         # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
         # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
         # (hf_lora_ds.model.adapter_conversion).
-        self.adapter_start = adapter_snapshot(model) if wrapping and converted_at_save(args.lora_init) else None
+        rewrites_base = wrapping and parse_lora_init(args.lora_init).rewrites_base
+        self.adapter_start = adapter_snapshot(model) if rewrites_base else None
         # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
         self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
