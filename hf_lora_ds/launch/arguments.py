@@ -15,6 +15,7 @@ import torch
 import yaml
 from transformers import TrainingArguments
 
+from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.thinking import ThinkingOptions
 from hf_lora_ds.devices import auto_dtype
@@ -340,6 +341,7 @@ class SFTTrainingArguments(TrainingArguments):
         self._check_fsdp()
         self._check_quantization(deepspeed)
         self._resolve_precision()
+        self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
             self.parallelism_config = parallelism_config(self.sequence_parallel_size, self.attn_implementation or "sdpa")
         if not pinned_memory_helps(self.use_cpu):

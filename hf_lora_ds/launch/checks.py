@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hf_lora_ds.config.batching import is_flash_attention
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.sources import DATA_SUFFIXES, parse_sources
 from hf_lora_ds.errors import MissingPathError, UserError
@@ -177,7 +178,7 @@ def check_sequence_parallel(args: Any, world_size: int) -> None:
     if attention in ("eager", "flex_attention") or attention.startswith("paged"):
         raise UserError(f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this kernel "
                         "needs; use sdpa (the default) or flash_attention_2")  # fmt: skip
-    if args.batching in ("packed", "padding_free") and "flash" not in attention:
+    if args.batching in ("packed", "padding_free") and not is_flash_attention(attention):
         # UlyssesSPAttentionHF drops the block-diagonal mask transformers builds from restarting position_ids and runs
         # sdpa as plain causal over the gathered sequence; only flash's varlen path reads the boundaries itself.
         raise UserError(f"--batching {args.batching} with {flag} and {attention} attention: Ulysses drops the mask that "

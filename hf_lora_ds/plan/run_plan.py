@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from hf_lora_ds.data.collator import padding_free_by_default
+from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size, print0
@@ -155,6 +155,7 @@ def _plan_settings(args, plan_args: PlanArguments, profile: SequenceProfile) -> 
     if world_size % args.sequence_parallel_size:
         raise UserError(f"--sequence_parallel_size {args.sequence_parallel_size} with a world of {world_size}: the "
                         "world size must be a multiple of it (--world_size)")  # fmt: skip
+    batching = resolve_batching(args.batching, args.attn_implementation)  # a run's arguments hold it resolved
     settings = PlanSettings(
         model_config=base_model_config(args),
         lora=lora_config_from_args(args),
@@ -169,11 +170,10 @@ def _plan_settings(args, plan_args: PlanArguments, profile: SequenceProfile) -> 
         headroom=plan_args.headroom,
         attn_implementation=args.attn_implementation,
         quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
-        padding_free=args.batching == "padding_free"
-        or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
+        padding_free=batching == "padding_free",
         supervised_logits_only=args.supervised_logits_only,
         lora_optimizer=args.lora_optimizer,
-        packed_length=args.max_length if args.batching == "packed" else None,
+        packed_length=args.max_length if batching == "packed" else None,
         sequence_parallel_size=args.sequence_parallel_size,
     )
     if not 0 <= settings.headroom < 1:
