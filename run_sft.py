@@ -26,7 +26,7 @@ from pathlib import Path
 
 import transformers  # the module only: its trainer names import PEFT, which hf_lora_ds must import first
 
-from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments, build_collator
+from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments
 from hf_lora_ds.callbacks import (
     AnswerAccuracyCallback,
     MemoryTraceCallback,
@@ -34,10 +34,7 @@ from hf_lora_ds.callbacks import (
     write_run_report,
 )
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
-from hf_lora_ds.config.batching import is_flash_attention
-from hf_lora_ds.data.collator import check_model_batching
 from hf_lora_ds.data.inference_prompts import check_round_trip
-from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
@@ -92,21 +89,12 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     accuracy = [AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
                                        system_prompt=args.system_prompt, predictions_dir=args.output_dir)
                 ] if evaluating_during_training else []  # fmt: skip
-    batching = args.batching
-    check_model_batching(batching, model)
     eval_dataset = sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None
-    if batching == "packed":  # rows of max_length; the collator's batches are rows (hf_lora_ds.data.packing)
-        train_dataset = PackedDataset(train_dataset, args.max_length)
-        eval_dataset = PackedDataset(eval_dataset, args.max_length) if eval_dataset is not None else None
-        print0(f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
-               f"tokens, {train_dataset.fill():.3f} of the rows filled")  # fmt: skip
-    one_row = is_flash_attention(model.config._attn_implementation)
     trainer = LoraSFTTrainer(
         model,
         args,
         train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        data_collator=build_collator(batching, tokenizer, args.pad_to_multiple_of, args.sequence_parallel_size, one_row),
+        eval_dataset=eval_dataset,  # packed, and batched, as --batching says (hf_lora_ds.training.batches)
         processing_class=tokenizer,
         callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
     )

@@ -29,7 +29,7 @@ LAYERS: list[dict[str, list[str]]] = [
     {"arguments": ["hf_lora_ds.launch"]},
     {"planner": ["hf_lora_ds.plan"]},
     {"callbacks": ["hf_lora_ds.callbacks"]},
-    {"trainer": ["hf_lora_ds.training.trainer"]},
+    {"trainer": ["hf_lora_ds.training.trainer", "hf_lora_ds.training.batches"]},
     {"command line": ["hf_lora_ds.launch.cli"]},
     {
         "entry points": [

@@ -32,6 +32,7 @@ from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
 from hf_lora_ds.model.lora_variants import variant_line
+from hf_lora_ds.training.batches import prepare_batches
 from hf_lora_ds.training.checkpoints import (
     check_resume_world_size,
     lost_ranks,
@@ -62,10 +63,13 @@ from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
 
 __all__ = ["LoraSFTTrainer"]
 
+_BATCHING_KWARGS = ("train_dataset", "eval_dataset", "data_collator", "processing_class")
+
 
 class LoraSFTTrainer(Trainer):
     """A Trainer for LoRA SFT. Pass the base model; it is wrapped with PEFT from ``args`` (or ``lora_config``)
-    unless it already is a PeftModel."""
+    unless it already is a PeftModel. The datasets are packed and the collator chosen as ``args.batching`` says,
+    unless given (hf_lora_ds.training.batches)."""
 
     def __init__(
         self,
@@ -80,9 +84,12 @@ class LoraSFTTrainer(Trainer):
             # Ulysses must wrap the kernel the model was loaded with; DeepSpeed refuses any other.
             args.parallelism_config.sp_handler.sp_attn_implementation = model.config._attn_implementation
         wrapping = not isinstance(model, PeftModel)
+        # --batching packed and the collator, before the data pass of EVA and CorDA reads the batches.
+        batches = prepare_batches(args, model, *(trainer_kwargs.get(name) for name in _BATCHING_KWARGS))
+        trainer_kwargs.update({name: value for name, value in zip(_BATCHING_KWARGS, batches) if value is not None})
         # PiSSA/OLoRA/CorDA/EVA/LoftQ start from the base weights or from data (hf_lora_ds.training.lora_init).
-        model = wrap_as_initialised(model, config, args, trainer_kwargs.get("train_dataset"),
-                                    trainer_kwargs.get("data_collator"))  # fmt: skip
+        train_dataset, _eval_dataset, data_collator = batches
+        model = wrap_as_initialised(model, config, args, train_dataset, data_collator)
         # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
         # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
         # (hf_lora_ds.model.adapter_conversion).
