@@ -49,6 +49,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from hf_lora_ds.callbacks.base import LoggingCallback
 from hf_lora_ds.data.packing import padding_segments
+from hf_lora_ds.data.template_rule import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
 
 __all__ = [
@@ -62,7 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 _COUNTS = ("supervised", "real", "padded", "sequences")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA datasheets, TFLOP/s. First substring match wins.

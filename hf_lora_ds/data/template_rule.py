@@ -40,7 +40,7 @@ __all__ = [
     "token_difference",
 ]
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # the label of a token not trained (transformers' loss ignores it); its one definition
 AssistantTurns = Literal["all", "last"]
 
 

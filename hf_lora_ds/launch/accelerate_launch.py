@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.launch.deepspeed_config import load_deepspeed_config
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
@@ -31,8 +32,6 @@ __all__ = [
     "AccelerateLaunch",
     "accelerate_launch",
     "adopt_accelerate_launch",
-    "zero_summary",
-    "describe_zero",
     "fsdp_settings",
 ]
 
@@ -125,7 +124,7 @@ def _deepspeed_from_environment(source: str) -> dict:
     # Mixed precision through Trainer's flags (set from ACCELERATE_MIXED_PRECISION), as in the shipped configs.
     for precision in ("bf16", "fp16"):
         config.setdefault(precision, {"enabled": "auto"})
-    if zero_summary(config)[1] != "none" and "optimizer" not in config:
+    if ZeroSettings.of(config).offloads_optimizer and "optimizer" not in config:
         # DeepSpeed refuses Trainer's torch AdamW under optimizer offload (zero_force_ds_cpu_optimizer); its own
         # CPU Adam, which the offload is built for, is what ds_configs/stage*_offload.json name too.
         config["optimizer"] = json.loads((DEEPSPEED_CONFIGS / "stage3_offload.json").read_text())["optimizer"]
@@ -147,25 +146,6 @@ def _config_source() -> str:
     return "Accelerate config (accelerate launch's default config file)"
 
 
-def zero_summary(config: dict) -> tuple[int, str, str]:
-    """ZeRO stage and the optimizer and parameter offload devices of a DeepSpeed config: what must agree."""
-    zero = config.get("zero_optimization", {}) or {}
-
-    def device(section: str) -> str:
-        value = zero.get(section)
-        return str(value.get("device", "none")) if isinstance(value, dict) else "none"
-
-    return int(zero.get("stage", 0)), device("offload_optimizer"), device("offload_param")
-
-
-def describe_zero(config: dict) -> str:
-    """``ZeRO-3, offload optimizer cpu, parameters cpu`` for a DeepSpeed config."""
-    stage, optimizer, parameters = zero_summary(config)
-    offloaded = [f"{name} {where}" for name, where in (("optimizer", optimizer), ("parameters", parameters))
-                 if where != "none"]  # fmt: skip
-    return f"ZeRO-{stage}" + (f", offload {', '.join(offloaded)}" if offloaded else "")
-
-
 def adopt_accelerate_launch(args: Any) -> None:
     """Make an ``accelerate launch`` config this run's own arguments (see the module docstring), on the parsed
     values, before ``SFTTrainingArguments`` is built from them."""
@@ -177,10 +157,11 @@ def adopt_accelerate_launch(args: Any) -> None:
     if launch.deepspeed is not None:
         given = args.deepspeed and args.deepspeed != "auto"  # auto: the launch's own config is the pick
         deepspeed_file = load_deepspeed_config(args.deepspeed)[0] if given else None
-        if deepspeed_file is not None and zero_summary(deepspeed_file) != zero_summary(launch.deepspeed):
+        if deepspeed_file is not None and ZeroSettings.of(deepspeed_file) != ZeroSettings.of(launch.deepspeed):
             raise UserError(
-                f"--deepspeed {args.deepspeed} ({describe_zero(deepspeed_file)}) and the {launch.source} "
-                f"({describe_zero(launch.deepspeed)}) disagree; drop one, or make them name the same ZeRO setup"
+                f"--deepspeed {args.deepspeed} ({ZeroSettings.of(deepspeed_file).describe()}) and the {launch.source} "
+                f"({ZeroSettings.of(launch.deepspeed).describe()}) disagree; drop one, or make them name the same ZeRO "
+                "setup"
             )
         if deepspeed_file is None:
             args.deepspeed = launch.deepspeed

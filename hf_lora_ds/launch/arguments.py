@@ -16,18 +16,18 @@ import yaml
 from transformers import TrainingArguments
 
 from hf_lora_ds.config.batching import resolve_batching
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.thinking import ThinkingOptions
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
-from hf_lora_ds.launch.accelerate_launch import describe_zero, fsdp_settings
+from hf_lora_ds.launch.accelerate_launch import fsdp_settings
 from hf_lora_ds.launch.checks import check_fields, check_sequence_parallel, check_training_flags
 from hf_lora_ds.launch.deepspeed_config import (
     check_deepspeed_config,
     deepspeed_config_path,
     load_deepspeed_config,
-    offloads,
 )
 from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
 from hf_lora_ds.training.sequence_parallel import data_parallel_size, deepspeed_gradient_divisor, parallelism_config
@@ -336,8 +336,8 @@ class SFTTrainingArguments(TrainingArguments):
         check_sequence_parallel(self, launcher_world_size())
         deepspeed = self._check_deepspeed_config()
         config, source = deepspeed or ({}, "")
-        stage = config.get("zero_optimization", {}).get("stage")
-        check_lora_optimizer_engine(self, stage if isinstance(stage, int) else None, "optimizer" in config, source)
+        stage = ZeroSettings.of(config).stage if deepspeed else None
+        check_lora_optimizer_engine(self, stage, "optimizer" in config, source)
         self._check_fsdp()
         self._check_quantization(deepspeed)
         self._resolve_precision()
@@ -411,11 +411,11 @@ class SFTTrainingArguments(TrainingArguments):
             raise ValueError(f"{flag} with FSDP: bitsandbytes' quantized weights cannot be sharded by FSDP2's "
                              "fully_shard; use DeepSpeed ZeRO-3 (--deepspeed stage3) for a sharded QLoRA run")
         config, source = deepspeed or ({}, "")
-        if offloads(config.get("zero_optimization", {}), "offload_param"):
+        if ZeroSettings.of(config).offloads_params:
             # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
             # base quantized to fit the GPU gains nothing from being moved to CPU memory.
             named = "" if source == "--deepspeed" else f" in {source}"  # a dict: adopted from accelerate launch
-            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters (DeepSpeed {describe_zero(config)})"
+            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters (DeepSpeed {ZeroSettings.of(config).describe()})"
                              f"{named}: use ds_configs/stage3.json (or stage2_offload.json to offload the optimizer "
                              "state only)")
 

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
@@ -32,7 +33,6 @@ __all__ = [
     "deepspeed_config_path",
     "known_top_level_keys",
     "load_deepspeed_config",
-    "offloads",
     "run_deepspeed_config",
     "shipped_deepspeed_names",
 ]
@@ -229,22 +229,17 @@ def _check_zero(zero: dict, source: str) -> None:
             )
 
 
-def offloads(zero: dict, name: str) -> bool:
-    """Whether a ``zero_optimization`` section moves ``name`` (``offload_param``/``offload_optimizer``) off the device."""
-    offload = zero.get(name)
-    return isinstance(offload, dict) and offload.get("device", "none") != "none"
-
-
 def _check_offload(config: dict, zero: dict, source: str) -> None:
     """Offload needs the ZeRO stage that partitions what it moves, and optimizer offload needs DeepSpeed's own
     (CPU) optimizer: DeepSpeed refuses the torch optimizer Trainer would otherwise create."""
-    stage = zero.get("stage", 0)
-    if offloads(zero, "offload_param") and stage != 3:
+    zero_settings = ZeroSettings.of(config)
+    stage = zero_settings.stage
+    if zero_settings.offloads_params and stage != 3:
         raise UserError(
             f"{source}: zero_optimization.offload_param needs ZeRO stage 3 (stage is {stage}); set "
             "zero_optimization.stage to 3 or remove offload_param"
         )
-    if not offloads(zero, "offload_optimizer"):
+    if not zero_settings.offloads_optimizer:
         return
     if stage == 0:
         raise UserError(

@@ -17,11 +17,12 @@ import psutil
 import torch
 
 from hf_lora_ds.config.batching import resolve_batching
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size, print0
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.accelerate_launch import describe_zero, fsdp_settings
+from hf_lora_ds.launch.accelerate_launch import fsdp_settings
 from hf_lora_ds.launch.deepspeed_config import (
     check_deepspeed_config,
     deepspeed_config_file,
@@ -250,7 +251,7 @@ def config_name(deepspeed: str | dict | None) -> str:
     if not deepspeed or deepspeed == "auto":  # auto is no configuration of its own: the plan picks one
         return "none"
     file = deepspeed_config_file(deepspeed)
-    return file.name if file is not None else f"DeepSpeed {describe_zero(load_deepspeed_config(deepspeed)[0])}"
+    return file.name if file is not None else f"DeepSpeed {ZeroSettings.of(load_deepspeed_config(deepspeed)[0]).describe()}"
 
 
 def fsdp_config_name(args) -> str:

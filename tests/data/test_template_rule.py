@@ -117,3 +117,16 @@ def test_a_content_that_also_stands_in_a_header_is_found_where_the_answer_is(cha
     assert trained(sample.text, sample.spans) == [
         "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>assistant<|return|>"
     ]
+
+
+def test_ignore_index_has_one_definition():
+    """The label of an untrained token is defined here and imported everywhere else (a second -100 drifts)."""
+    import re
+    from pathlib import Path
+
+    import hf_lora_ds
+
+    package = Path(hf_lora_ds.__file__).parent
+    defining = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                      if re.search(r"^IGNORE_INDEX\s*=", path.read_text(encoding="utf-8"), re.M))  # fmt: skip
+    assert defining == ["data/template_rule.py"]
