@@ -18,7 +18,7 @@ class ZeroSettings:
 
     @classmethod
     def of(cls, deepspeed_config: dict[str, Any] | None) -> ZeroSettings:
-        """The ``zero_optimization`` section of a loaded DeepSpeed config; stage 0 without one (or without DeepSpeed)."""
+        """The ``zero_optimization`` section of a loaded DeepSpeed config; stage 0 without one or without DeepSpeed."""
         zero = (deepspeed_config or {}).get("zero_optimization") or {}
 
         def device(section: str) -> str:

@@ -415,7 +415,8 @@ class SFTTrainingArguments(TrainingArguments):
             # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
             # base quantized to fit the GPU gains nothing from being moved to CPU memory.
             named = "" if source == "--deepspeed" else f" in {source}"  # a dict: adopted from accelerate launch
-            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters (DeepSpeed {ZeroSettings.of(config).describe()})"
+            zero = ZeroSettings.of(config).describe()
+            raise ValueError(f"{flag} with a DeepSpeed config that offloads parameters (DeepSpeed {zero})"
                              f"{named}: use ds_configs/stage3.json (or stage2_offload.json to offload the optimizer "
                              "state only)")
 

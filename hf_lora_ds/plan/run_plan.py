@@ -251,7 +251,9 @@ def config_name(deepspeed: str | dict | None) -> str:
     if not deepspeed or deepspeed == "auto":  # auto is no configuration of its own: the plan picks one
         return "none"
     file = deepspeed_config_file(deepspeed)
-    return file.name if file is not None else f"DeepSpeed {ZeroSettings.of(load_deepspeed_config(deepspeed)[0]).describe()}"
+    if file is not None:
+        return file.name
+    return f"DeepSpeed {ZeroSettings.of(load_deepspeed_config(deepspeed)[0]).describe()}"
 
 
 def fsdp_config_name(args) -> str:
