@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     transformers.set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after; the adapter's A init must repeat
     # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
     # convert to a universal checkpoint fails here, not after the model is loaded.
-    checkpoint, resume_note = resolve_resume_checkpoint(
+    resume = resolve_resume_checkpoint(
         args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
     )
-    print0(describe_world(args), *([resume_note] if resume_note else []))
+    print0(describe_world(args), *([resume.note] if resume.note else []))
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = load_tokenizer(args)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
         callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
     )
 
-    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.train(resume_from_checkpoint=resume)  # resolved once, above
     if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
         release_process_group()
         raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -160,7 +160,7 @@ def _plan_settings(args, plan_args: PlanArguments, profile: SequenceProfile) -> 
     settings = PlanSettings(
         model_config=base_model_config(args),
         lora=lora_config_from_args(args),
-        dtype=_compute_dtype(args.dtype, on_accelerator),
+        dtype=_weights_dtype(args.dtype, on_accelerator),
         batch_size=args.per_device_train_batch_size,
         profile=profile,
         world_size=world_size,
@@ -207,7 +207,7 @@ def planning_line(args, plan_args: PlanArguments) -> str:
     return f"planning for this CPU: {memory:.0f} GiB host memory, {world_size} rank{'s' if world_size > 1 else ''}"
 
 
-def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
+def _weights_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
     """The run's ``--dtype``, ``auto`` resolved as SFTTrainingArguments resolves it on the planned device."""
     return getattr(torch, auto_dtype(on_accelerator) if dtype == "auto" else dtype)
 

@@ -34,8 +34,8 @@ from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
 from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.training.batches import prepare_batches
 from hf_lora_ds.training.checkpoints import (
-    check_resume_world_size,
     lost_ranks,
+    ResumePoint,
     resolve_resume_checkpoint,
     save_failures,
 )
@@ -136,25 +136,25 @@ class LoraSFTTrainer(Trainer):
         if shard_on_cpu(self):
             self.is_fsdp_enabled = True
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | ResumePoint | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
         adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``, and raise
         ``UntrainedAdapterError`` (on every rank) if that adapter never moved from its initial state.
 
         ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
         finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
-        complete or not. A path is used as given. A ZeRO checkpoint written by another number of ranks is converted
-        to a DeepSpeed universal checkpoint first (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
+        complete or not. A path is used as given; a ``ResumePoint`` (run_sft's, resolved before the model loads) as it
+        is. A ZeRO checkpoint written by another number of ranks is converted to a DeepSpeed universal checkpoint
+        first (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
         deepspeed_config = run_deepspeed_config(self.args)  # the live dict the engine will be built from
-        if resume_from_checkpoint is True or resume_from_checkpoint == "auto":
-            resume_from_checkpoint, note = resolve_resume_checkpoint(
-                "auto", self.args.output_dir, self.args.world_size, deepspeed_config
-            )
-            print0(note)
-        if resume_from_checkpoint and check_resume_world_size(
-            resume_from_checkpoint, self.args.world_size, deepspeed_config
-        ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.training.universal_checkpoint)
-            universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
+        resume = resume_from_checkpoint
+        if not isinstance(resume, ResumePoint):  # run_sft resolves it before loading the model, and prints the note
+            value = "auto" if resume is True else resume or None
+            resume = resolve_resume_checkpoint(value, self.args.output_dir, self.args.world_size, deepspeed_config)
+            if resume.note:
+                print0(resume.note)
+        if resume.repartitioned:  # ZeRO partitions of another rank count (hf_lora_ds.training.universal_checkpoint)
+            universal = enable_universal_loading(resume.checkpoint, deepspeed_config, self.is_world_process_zero())
             print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if self.is_world_process_zero():  # for the run report
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ class LoraSFTTrainer(Trainer):
                     print0(f"  {name}: {audit.line()}")
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
-                result = super().train(resume_from_checkpoint, *args, **kwargs)
+                result = super().train(resume.checkpoint, *args, **kwargs)
         except BaseException:
             self.run_callbacks.memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
             raise

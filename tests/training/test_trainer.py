@@ -247,3 +247,15 @@ def _empty_file(tmp_path):
     path = tmp_path / "train.json"
     path.write_text("[]")  # arguments only check that the file exists
     return path
+
+
+def test_a_resolved_resume_point_is_not_resolved_again(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
+    """run_sft resolves --resume_from_checkpoint before loading the model; the trainer takes that answer as it is."""
+    from hf_lora_ds.training import trainer as trainer_module
+    from hf_lora_ds.training.checkpoints import ResumePoint
+
+    def resolved_again(*_args, **_kwargs):
+        raise AssertionError("resume resolved a second time")
+
+    monkeypatch.setattr(trainer_module, "resolve_resume_checkpoint", resolved_again)
+    make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1).train(ResumePoint(None, None))
