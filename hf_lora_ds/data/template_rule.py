@@ -21,8 +21,7 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.data.template_probes import TemplateTraits, closing_tag, probe_template
-from hf_lora_ds.data.template_probes import apply_template
+from hf_lora_ds.data.template_probes import TemplateTraits, apply_template, closing_tag, probe_template
 from hf_lora_ds.data.thinking import ThinkingOptions
 from hf_lora_ds.errors import UserError
 

@@ -34,8 +34,8 @@ from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
 from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.training.batches import prepare_batches
 from hf_lora_ds.training.checkpoints import (
-    lost_ranks,
     ResumePoint,
+    lost_ranks,
     resolve_resume_checkpoint,
     save_failures,
 )

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_lora_ds.errors import UserError
 from hf_lora_ds.config.zero_settings import ZeroSettings
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.launch.accelerate_launch import accelerate_launch, adopt_accelerate_launch
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
