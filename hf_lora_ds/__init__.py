@@ -21,7 +21,7 @@ _EXPORTS = {
     "MaskAudit": "hf_lora_ds.data.mask_audit",
     "audit_dataset": "hf_lora_ds.data.mask_audit",
     "build_collator": "hf_lora_ds.data.collator",
-    "resolve_batching": "hf_lora_ds.data.collator",
+    "resolve_batching": "hf_lora_ds.config.batching",
     "supports_padding_free": "hf_lora_ds.data.collator",
     "lora_config_from_args": "hf_lora_ds.model.lora",
     "load_records": "hf_lora_ds.data.records",

@@ -49,6 +49,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from hf_lora_ds.callbacks.base import LoggingCallback
 from hf_lora_ds.data.packing import padding_segments
+from hf_lora_ds.data.template_rule import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
 
 __all__ = [
@@ -62,7 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 _COUNTS = ("supervised", "real", "padded", "sequences")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA datasheets, TFLOP/s. First substring match wins.
@@ -197,7 +197,7 @@ def _cpu_model() -> str:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "cpu")
 
 
-def _compute_dtype(args: TrainingArguments, model: nn.Module) -> torch.dtype:
+def _matmul_dtype(args: TrainingArguments, model: nn.Module) -> torch.dtype:
     if args.bf16:
         return torch.bfloat16
     if args.fp16:
@@ -322,7 +322,7 @@ class ThroughputCallback(LoggingCallback):
         model = kwargs["model"]
         self._shape = flops_shape(model)
         if self.peak_flops is None:
-            self.peak_flops, self.peak_flops_source = peak_flops_per_device(args.device, _compute_dtype(args, model))
+            self.peak_flops, self.peak_flops_source = peak_flops_per_device(args.device, _matmul_dtype(args, model))
         if state.is_world_process_zero:
             logger.info("Peak %.3g FLOP/s per device for MFU: %s", self.peak_flops, self.peak_flops_source)
         self._counter.pad_token_id = getattr(kwargs.get("processing_class"), "pad_token_id", None)

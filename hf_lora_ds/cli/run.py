@@ -25,7 +25,7 @@ from pathlib import Path
 
 import transformers  # the module only: its trainer names import PEFT, which hf_lora_ds must import first
 
-from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments, build_collator, resolve_batching
+from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments
 from hf_lora_ds.callbacks import (
     AnswerAccuracyCallback,
     MemoryTraceCallback,
@@ -33,8 +33,8 @@ from hf_lora_ds.callbacks import (
     write_run_report,
 )
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
+from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.data.inference_prompts import check_round_trip
-from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
@@ -44,6 +44,7 @@ from hf_lora_ds.launch.world import describe_world
 from hf_lora_ds.model.loading import load_base_model, load_tokenizer
 from hf_lora_ds.plan import check_run_fits, profile_from_dataset
 from hf_lora_ds.resources import DEMO_ARGUMENTS
+from hf_lora_ds.training.checkpoints import resolve_resume_checkpoint
 
 
 def parse_args(argv: list[str]) -> SFTTrainingArguments:
@@ -57,7 +58,12 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
     transformers.set_seed(args.seed)  # before LoRA wrapping: Trainer seeds only after; the adapter's A init must repeat
-    print0(describe_world(args))
+    # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
+    # convert to a universal checkpoint fails here, not after the model is loaded.
+    resume = resolve_resume_checkpoint(
+        args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
+    )
+    print0(describe_world(args), *([resume.note] if resume.note else []))
 
     # Data first: every record is validated (file, line, field) before a model is loaded or a step is taken.
     tokenizer = load_tokenizer(args)
@@ -82,25 +88,17 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     accuracy = [AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
                                        system_prompt=args.system_prompt, predictions_dir=args.output_dir)
                 ] if evaluating_during_training else []  # fmt: skip
-    batching = resolve_batching(args.batching, model)
     eval_dataset = sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None
-    if batching == "packed":  # rows of max_length; the collator's batches are rows (hf_lora_ds.data.packing)
-        train_dataset = PackedDataset(train_dataset, args.max_length)
-        eval_dataset = PackedDataset(eval_dataset, args.max_length) if eval_dataset is not None else None
-        print0(f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
-               f"tokens, {train_dataset.fill():.3f} of the rows filled")  # fmt: skip
-    one_row = "flash" in (model.config._attn_implementation or "")
     trainer = LoraSFTTrainer(
         model,
         args,
         train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        data_collator=build_collator(batching, tokenizer, args.pad_to_multiple_of, args.sequence_parallel_size, one_row),
+        eval_dataset=eval_dataset,  # packed, and batched, as --batching says (hf_lora_ds.training.batches)
         processing_class=tokenizer,
         callbacks=[*callbacks, memory, *accuracy],  # placed in the run's order (hf_lora_ds.callbacks.run_callbacks)
     )
 
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)  # resolved with the arguments
+    trainer.train(resume_from_checkpoint=resume)  # resolved once, above
     if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
         release_process_group()
         raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainingArguments
 
+from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.config.data import DataArguments, check_data_fields, join_sources
 from hf_lora_ds.config.engine import EngineArguments, check_engine_fields, parallelism_config
 from hf_lora_ds.config.lora import LoraArguments, check_lora_fields
@@ -45,6 +46,7 @@ class SFTTrainingArguments(
         values TrainingArguments needs resolved first."""
         check_field_values(self)
         self._resolve_precision()
+        self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
             self.parallelism_config = parallelism_config(self.sequence_parallel_size, self.attn_implementation or "sdpa")
         if not pinned_memory_helps(self.use_cpu):

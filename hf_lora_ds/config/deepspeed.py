@@ -25,6 +25,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
@@ -32,13 +33,10 @@ __all__ = [
     "check_deepspeed_config",
     "deepspeed_config_file",
     "deepspeed_config_path",
-    "describe_zero",
     "known_top_level_keys",
     "load_deepspeed_config",
-    "offloads",
     "run_deepspeed_config",
     "shipped_deepspeed_names",
-    "zero_summary",
 ]
 
 _ZERO_STAGES = (0, 1, 2, 3)
@@ -233,22 +231,17 @@ def _check_zero(zero: dict, source: str) -> None:
             )
 
 
-def offloads(zero: dict, name: str) -> bool:
-    """Whether a ``zero_optimization`` section moves ``name`` (``offload_param``/``offload_optimizer``) off the device."""
-    offload = zero.get(name)
-    return isinstance(offload, dict) and offload.get("device", "none") != "none"
-
-
 def _check_offload(config: dict, zero: dict, source: str) -> None:
     """Offload needs the ZeRO stage that partitions what it moves, and optimizer offload needs DeepSpeed's own
     (CPU) optimizer: DeepSpeed refuses the torch optimizer Trainer would otherwise create."""
-    stage = zero.get("stage", 0)
-    if offloads(zero, "offload_param") and stage != 3:
+    zero_settings = ZeroSettings.of(config)
+    stage = zero_settings.stage
+    if zero_settings.offloads_params and stage != 3:
         raise UserError(
             f"{source}: zero_optimization.offload_param needs ZeRO stage 3 (stage is {stage}); set "
             "zero_optimization.stage to 3 or remove offload_param"
         )
-    if not offloads(zero, "offload_optimizer"):
+    if not zero_settings.offloads_optimizer:
         return
     if stage == 0:
         raise UserError(
@@ -285,22 +278,3 @@ def _check_batch(config: dict, source: str, micro_batch: int, accumulation: int,
             f"--gradient_accumulation_steps {accumulation} x {world_size} ranks = {expected}; set train_batch_size "
             f'to "auto" (Trainer computes it){fix}'
         )
-
-
-def zero_summary(config: dict) -> tuple[int, str, str]:
-    """ZeRO stage and the optimizer and parameter offload devices of a DeepSpeed config: what must agree."""
-    zero = config.get("zero_optimization", {}) or {}
-
-    def device(section: str) -> str:
-        value = zero.get(section)
-        return str(value.get("device", "none")) if isinstance(value, dict) else "none"
-
-    return int(zero.get("stage", 0)), device("offload_optimizer"), device("offload_param")
-
-
-def describe_zero(config: dict) -> str:
-    """``ZeRO-3, offload optimizer cpu, parameters cpu`` for a DeepSpeed config."""
-    stage, optimizer, parameters = zero_summary(config)
-    offloaded = [f"{name} {where}" for name, where in (("optimizer", optimizer), ("parameters", parameters))
-                 if where != "none"]  # fmt: skip
-    return f"ZeRO-{stage}" + (f", offload {', '.join(offloaded)}" if offloaded else "")

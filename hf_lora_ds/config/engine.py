@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hf_lora_ds.config.batching import is_flash_attention
 from hf_lora_ds.errors import UserError
 
 __all__ = ['EngineArguments', 'check_engine_fields', 'parallelism_config']
@@ -57,7 +58,7 @@ def check_engine_fields(args: EngineArguments) -> None:
     if attention in ("eager", "flex_attention") or attention.startswith("paged"):
         raise UserError(f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this "
                         "kernel needs; use sdpa (the default) or flash_attention_2")
-    if args.batching in ("packed", "padding_free") and "flash" not in attention:
+    if args.batching in ("packed", "padding_free") and not is_flash_attention(attention):
         # UlyssesSPAttentionHF drops the block-diagonal mask transformers builds from restarting position_ids and runs
         # sdpa as plain causal over the gathered sequence; only flash's varlen path reads the boundaries itself.
         raise UserError(f"--batching {args.batching} with {flag} and {attention} attention: Ulysses drops the mask "

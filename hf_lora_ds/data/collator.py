@@ -33,28 +33,24 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention
 from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.data.packing import PackedCollator
 from hf_lora_ds.errors import UserError
 
 __all__ = [
-    "Batching",
     "LengthGroupedEpochSampler",
     "build_collator",
-    "padding_free_by_default",
+    "check_model_batching",
     "padded_collator",
-    "resolve_batching",
     "supports_padding_free",
 ]
-
-Batching = Literal["auto", "padded", "padding_free", "packed"]
-Resolved = Literal["padded", "padding_free", "packed"]
 
 
 def padded_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> DataCollatorForSeq2Seq:
@@ -73,34 +69,23 @@ def supports_padding_free(model: torch.nn.Module) -> bool:
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     implementation = getattr(base.config, "_attn_implementation", None) or ""
-    if "flash" in implementation:
+    if is_flash_attention(implementation):
         return True
     return hasattr(sys.modules.get(type(base).__module__), "create_causal_mask")
 
 
-def padding_free_by_default(attn_implementation: str | None) -> bool:
-    """What ``--batching auto`` picks for an attention kernel: padding-free with flash attention, where no token is
-    padding and it is fastest; padded (length-grouped) elsewhere, where it is faster (see resolve_batching)."""
-    return "flash" in (attn_implementation or "")
-
-
-def resolve_batching(batching: Batching, model: torch.nn.Module) -> Resolved:
-    """``auto`` picks padding-free only with flash attention, where it is fastest; padded (and, by default,
-    length-grouped) batches are faster under sdpa and eager: 1.78x the supervised tokens/s of pad-to-max_length on
-    the CPU, against 0.60x for padding-free (bench/padding.py). Packed rows need what padding-free batches need."""
-    if batching == "auto":
-        by_default = padding_free_by_default(getattr(model.config, "_attn_implementation", None))
-        return "padding_free" if by_default and supports_padding_free(model) else "padded"
+def check_model_batching(batching: ResolvedBatching, model: torch.nn.Module) -> None:
+    """Padding-free batches and packed rows only for a model whose attention keeps their samples apart."""
     if batching in ("padding_free", "packed") and not supports_padding_free(model):
         raise UserError(
-            f"{type(model).__name__} with attn_implementation={model.config._attn_implementation!r} cannot keep packed "
-            "sequences apart; use --batching padded, or --attn_implementation flash_attention_2 on a GPU"
+            f"--batching {batching}: {type(model).__name__} with attn_implementation="
+            f"{model.config._attn_implementation!r} cannot keep packed sequences apart; use --batching padded, or "
+            "--attn_implementation flash_attention_2 on a GPU"
         )
-    return batching
 
 
 def build_collator(
-    batching: Resolved,
+    batching: ResolvedBatching,
     tokenizer: PreTrainedTokenizerBase,
     pad_to_multiple_of: int | None = None,
     sequence_parallel_size: int = 1,

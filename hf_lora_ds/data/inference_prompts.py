@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.dataset import ChatSFTDataset, TemplateError
 from hf_lora_ds.data.labels import sample_tokens
-from hf_lora_ds.data.template_probes import render
+from hf_lora_ds.data.template_probes import apply_template
 from hf_lora_ds.data.template_rule import token_difference
 
 __all__ = ["RoundTrip", "round_trip", "check_round_trip", "turn_difference"]
@@ -53,7 +53,7 @@ def turn_difference(
 ) -> str | None:
     """None when the inference prompt of assistant turn ``turn`` (``enable_thinking=thinking``) is a token prefix of
     ``train_ids``; else where and how they first differ."""
-    prompt = render(tokenizer, messages[:turn], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    prompt = apply_template(tokenizer, messages[:turn], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if train_ids[: len(prompt_ids)] == prompt_ids:
         return None

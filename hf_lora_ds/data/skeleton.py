@@ -31,7 +31,7 @@ from hf_lora_ds.data.template_rule import (
     TemplateError,
     TrainingText,
     TurnRules,
-    render,
+    render_record,
     reply_spans,
     trained_turns,
 )
@@ -126,16 +126,18 @@ class Locator:
         stand_ins = [{"role": role, "content": _STAND_IN.format(j)} for j, role in enumerate(shape)]
         turns = trained_turns(stand_ins, self.assistant_turns if chosen is None else chosen)
         try:
-            text = render(tokenizer, stand_ins, enable_thinking=self.thinking)
+            text = render_record(tokenizer, stand_ins, enable_thinking=self.thinking)
             parts = _STAND_INS.split(text)
             pieces, order = tuple(parts[0::2]), tuple(int(j) for j in parts[1::2])
             replies = []
             for i in turns:
-                prompt = render(tokenizer, stand_ins[:i], add_generation_prompt=True, enable_thinking=self.thinking)
+                prompt = render_record(
+                    tokenizer, stand_ins[:i], add_generation_prompt=True, enable_thinking=self.thinking
+                )
                 if i + 1 == len(shape):
                     through = text
                 else:
-                    through = render(tokenizer, stand_ins[: i + 1], enable_thinking=self.thinking)
+                    through = render_record(tokenizer, stand_ins[: i + 1], enable_thinking=self.thinking)
                 if not (through.startswith(prompt) and text.startswith(through)):
                     return None
                 replies.append((_place(pieces, order, len(prompt)), _place(pieces, order, len(through))))

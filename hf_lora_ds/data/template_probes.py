@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.content_parts import PARTS_KEY
 
-__all__ = ["TemplateTraits", "probe_template", "closing_tag", "render"]
+__all__ = ["TemplateTraits", "probe_template", "closing_tag", "apply_template"]
 
 _QUERY, _ANSWER, _REASONING = "query-probe-7f3a", "answer-probe-7f3a", "reasoning-probe-7f3a"
 # A tag that ends a generation prompt, with the whitespace after it: <think>, <seed:think>, [THINK].
@@ -50,7 +50,7 @@ class TemplateTraits:
         return self.close is not None
 
 
-def render(
+def apply_template(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict],
     add_generation_prompt: bool = False,
@@ -91,7 +91,7 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, special_tokens: tuple[str
 
 def _think_open(tokenizer: PreTrainedTokenizerBase, user: dict) -> str | None:
     try:
-        prompt = render(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
+        prompt = apply_template(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
     except Exception:
         return None
     found = _ENDING_TAG.search(prompt)
@@ -106,7 +106,7 @@ def _close(tokenizer: PreTrainedTokenizerBase, user: dict, think_open: str | Non
     the open tag, the closing tag, a blank line."""
     turn = {"role": "assistant", "content": _ANSWER, "reasoning_content": _REASONING}
     try:
-        text = render(tokenizer, [user, turn], enable_thinking=True)
+        text = apply_template(tokenizer, [user, turn], enable_thinking=True)
     except Exception:
         text = ""
     at, answer = text.find(_REASONING), text.rfind(_ANSWER)
@@ -114,7 +114,7 @@ def _close(tokenizer: PreTrainedTokenizerBase, user: dict, think_open: str | Non
         return text[at + len(_REASONING) : answer]
     if think_open is None:
         return None
-    prompt = render(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
+    prompt = apply_template(tokenizer, [user], add_generation_prompt=True, enable_thinking=True)
     return prompt[prompt.rindex(think_open) + len(think_open) :] + closing_tag(think_open) + "\n\n"
 
 
@@ -123,7 +123,7 @@ def _iterates_parts(tokenizer: PreTrainedTokenizerBase) -> bool:
     (what a template that writes the content as a string makes of a list)."""
     parts = [{"type": "text", "text": _QUERY}, {"type": "text", "text": _ANSWER}]
     try:
-        text = render(tokenizer, [{"role": "user", "content": parts}], add_generation_prompt=True)
+        text = apply_template(tokenizer, [{"role": "user", "content": parts}], add_generation_prompt=True)
     except Exception:
         return False
     return _QUERY in text and _ANSWER in text and "'type'" not in text and '"type"' not in text
@@ -134,7 +134,7 @@ def _turn_closers(
 ) -> dict[str, str] | None:
     turn = {"role": "assistant", "content": _ANSWER}
     try:
-        last = render(tokenizer, [user, turn])
+        last = apply_template(tokenizer, [user, turn])
     except Exception:
         return None
     if not last.endswith(_ANSWER):
@@ -142,7 +142,7 @@ def _turn_closers(
     closers = {}
     for role in ("user", "tool"):
         try:
-            longer = render(tokenizer, [user, turn, {"role": role, "content": _QUERY}])
+            longer = apply_template(tokenizer, [user, turn, {"role": role, "content": _QUERY}])
         except Exception:
             continue
         if longer.startswith(last) and (token := next_special_token(longer[len(last) :], special_tokens)):

@@ -21,8 +21,7 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.data.template_probes import TemplateTraits, closing_tag, probe_template
-from hf_lora_ds.data.template_probes import render as _render
+from hf_lora_ds.data.template_probes import TemplateTraits, apply_template, closing_tag, probe_template
 from hf_lora_ds.data.thinking import ThinkingOptions
 from hf_lora_ds.errors import UserError
 
@@ -34,13 +33,13 @@ __all__ = [
     "TurnRules",
     "render_samples",
     "prefix_samples",
-    "render",
+    "render_record",
     "trained_turns",
     "reply_spans",
     "token_difference",
 ]
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # the label of a token not trained (transformers' loss ignores it); its one definition
 _SPACE = re.compile(r"\s*")
 AssistantTurns = Literal["all", "last"]
 
@@ -140,7 +139,7 @@ def prefix_samples(
             spans = reply_spans(rules, messages[anchor], anchor, text, reply)
         if spans is None:
             _refuse_unrendered_calls(rules, messages, anchor, tools, thinking)
-            prompt = _ids(rules.tokenizer, render(rules.tokenizer, messages[:anchor], True, tools, thinking))
+            prompt = _ids(rules.tokenizer, render_record(rules.tokenizer, messages[:anchor], True, tools, thinking))
             difference = token_difference(rules.tokenizer, prompt, _ids(rules.tokenizer, text), "rendered turn")
             raise TemplateError(
                 f"the chat template's generation prompt is not a prefix of assistant turn {anchor} as it renders it "
@@ -168,7 +167,7 @@ def render_through(
 ) -> str:
     """``messages[:end]`` rendered; for a template that writes no token after a final assistant turn (GLM), with
     the special token it writes there when the conversation goes on (its stop token), so the model learns to stop."""
-    text = render(rules.tokenizer, messages[:end], tools=tools, enable_thinking=thinking)
+    text = render_record(rules.tokenizer, messages[:end], tools=tools, enable_thinking=thinking)
     closers = rules.traits.turn_closers
     if closers is None or messages[end - 1]["role"] != "assistant":
         return text
@@ -184,7 +183,9 @@ def _generated_text(
     empty one as ``<think></think>``): the prompt, then what the model generates after it, the reasoning, the
     block's close, and the turn as the template writes it after its block. Otherwise the rendered turn itself."""
     through = render_through(rules, messages, i + 1, tools, thinking)
-    prompt = render(rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    prompt = render_record(
+        rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking
+    )
     tag, close = rules.traits.think_open, rules.traits.close
     opened = re.search(re.escape(tag) + r"\s*$", prompt) if tag and close else None
     if opened is None or through.startswith(prompt) or not through.startswith(prompt[: opened.start()]):
@@ -209,10 +210,10 @@ def _moved_system_text(
         return None
     tokenizer, bare = rules.tokenizer, messages[1:]
     through = render_through(rules, messages, i + 1, tools, thinking)
-    bare_prompt = render(tokenizer, bare[: i - 1], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    bare_prompt = render_record(tokenizer, bare[: i - 1], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
     if through != render_through(rules, bare, i, tools, thinking) or not through.startswith(bare_prompt):
         return None
-    prompt = render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    prompt = render_record(tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
     reply = through[len(bare_prompt) :]
     return prompt + reply, (len(prompt), len(prompt) + len(reply))
 
@@ -222,8 +223,8 @@ def _refuse_unrendered_calls(
 ) -> None:
     """Name a tool call the template does not write (GLM-4 skips a turn with no content whole), rather than the
     prompt mismatch that follows from it."""
-    history = render(rules.tokenizer, messages[:i], tools=tools, enable_thinking=thinking)
-    through = render(rules.tokenizer, messages[: i + 1], tools=tools, enable_thinking=thinking)
+    history = render_record(rules.tokenizer, messages[:i], tools=tools, enable_thinking=thinking)
+    through = render_record(rules.tokenizer, messages[: i + 1], tools=tools, enable_thinking=thinking)
     for call in messages[i].get("tool_calls") or []:
         name = call["function"]["name"]
         if through.count(name) <= history.count(name):
@@ -258,7 +259,9 @@ def _turn_spans(
     that train assistant turn ``i``; None when ``text`` does not hold the turn after its inference prompt as the
     template renders the turn last (history that drops its reasoning, or ends it otherwise)."""
     text, end, thinking = rendered
-    prompt = render(rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    prompt = render_record(
+        rules.tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking
+    )
     # The conversation through the text's last message is the text itself, already rendered.
     through = text if i + 1 == end else render_through(rules, messages, i + 1, tools, thinking)
     if not (through.startswith(prompt) and text.startswith(through)):
@@ -380,17 +383,17 @@ def _tool_call_reply(rules: TurnRules, reply: str, after: int, message: dict, tu
     return at, len(body)
 
 
-def render(
+def render_record(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict],
     add_generation_prompt: bool = False,
     tools: list[dict] | None = None,
     enable_thinking: bool | None = None,
 ) -> str:
-    """The template's text for ``messages`` (``hf_lora_ds.data.template_probes.render``); an error the template
+    """The template's text for ``messages`` (``hf_lora_ds.data.template_probes.apply_template``); an error the template
     raises (``raise_exception``, or any inside Jinja) is the record's, in one line."""
     try:
-        return _render(tokenizer, messages, add_generation_prompt, tools, enable_thinking)
+        return apply_template(tokenizer, messages, add_generation_prompt, tools, enable_thinking)
     except Exception as err:
         raised = "an exception" if type(err).__name__ == "TemplateError" else type(err).__name__
         raise TemplateError(

@@ -23,8 +23,9 @@ from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_lora_ds.config.deepspeed import describe_zero, load_deepspeed_config, zero_summary
+from hf_lora_ds.config.deepspeed import load_deepspeed_config
 from hf_lora_ds.config.fsdp import fsdp_settings, fsdp_version_2
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
@@ -123,7 +124,7 @@ def _deepspeed_from_environment(source: str) -> dict:
     # Mixed precision through Trainer's flags (set from ACCELERATE_MIXED_PRECISION), as in the shipped configs.
     for precision in ("bf16", "fp16"):
         config.setdefault(precision, {"enabled": "auto"})
-    if zero_summary(config)[1] != "none" and "optimizer" not in config:
+    if ZeroSettings.of(config).offloads_optimizer and "optimizer" not in config:
         # DeepSpeed refuses Trainer's torch AdamW under optimizer offload (zero_force_ds_cpu_optimizer); its own
         # CPU Adam, which the offload is built for, is what ds_configs/stage*_offload.json name too.
         config["optimizer"] = json.loads((DEEPSPEED_CONFIGS / "stage3_offload.json").read_text())["optimizer"]
@@ -156,10 +157,11 @@ def adopt_accelerate_launch(args: Namespace) -> None:
     if launch.deepspeed is not None:
         given = args.deepspeed and args.deepspeed != "auto"  # auto: the launch's own config is the pick
         deepspeed_file = load_deepspeed_config(args.deepspeed)[0] if given else None
-        if deepspeed_file is not None and zero_summary(deepspeed_file) != zero_summary(launch.deepspeed):
+        if deepspeed_file is not None and ZeroSettings.of(deepspeed_file) != ZeroSettings.of(launch.deepspeed):
             raise UserError(
-                f"--deepspeed {args.deepspeed} ({describe_zero(deepspeed_file)}) and the {launch.source} "
-                f"({describe_zero(launch.deepspeed)}) disagree; drop one, or make them name the same ZeRO setup"
+                f"--deepspeed {args.deepspeed} ({ZeroSettings.of(deepspeed_file).describe()}) and the {launch.source} "
+                f"({ZeroSettings.of(launch.deepspeed).describe()}) disagree; drop one, or make them name the same ZeRO "
+                "setup"
             )
         if deepspeed_file is None:
             args.deepspeed = launch.deepspeed

@@ -1,7 +1,8 @@
 """From a command line to a run's arguments, each step once and in this order: defaults, a YAML/JSON file given
 first, flags over it; an ``accelerate launch`` config adopted and ``--deepspeed auto`` planned; the checks that read
 files, the DeepSpeed config, the launch and the model's config; the process environment prepared for the launcher;
-``SFTTrainingArguments`` built; the world size made to agree with DeepSpeed's; ``--resume_from_checkpoint`` resolved.
+``SFTTrainingArguments`` built; the world size made to agree with DeepSpeed's. ``--resume_from_checkpoint`` is
+resolved by the job (hf_lora_ds.cli.run), before it loads the data and the model.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from hf_lora_ds.config.arguments import check_field_values
 from hf_lora_ds.config.deepspeed import (
     check_deepspeed_config,
     deepspeed_config_path,
-    describe_zero,
     load_deepspeed_config,
-    offloads,
-    run_deepspeed_config,
 )
 from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.config.quantization import quantization_flag
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.distributed import launcher_world_size, print0
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.launch.accelerate_launch import adopt_accelerate_launch
@@ -35,7 +34,6 @@ from hf_lora_ds.launch.world import ensure_world_agreement, prepare_distributed
 from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
 from hf_lora_ds.plan.run_plan import recommended_deepspeed_config
 from hf_lora_ds.resources import DEMO_ARGUMENTS
-from hf_lora_ds.training.checkpoints import resolve_resume_checkpoint
 from hf_lora_ds.training.sequence_parallel import data_parallel_size, deepspeed_gradient_divisor
 
 __all__ = [
@@ -119,16 +117,16 @@ def check_engine(values: Namespace) -> None:
                                world_size=data_parallel_size(world_size, values.sequence_parallel_size))
         if values.sequence_parallel_size > 1:
             deepspeed_gradient_divisor(config, world_size, values.sequence_parallel_size)  # refuses what it cannot scale
-    stage = config.get("zero_optimization", {}).get("stage")
-    check_lora_optimizer_engine(values, stage if isinstance(stage, int) else None, "optimizer" in config, source)
+    zero = ZeroSettings.of(config)
+    check_lora_optimizer_engine(values, zero.stage if values.deepspeed else None, "optimizer" in config, source)
     if values.fsdp:
         _check_fsdp(values)
-    if (values.load_in_4bit or values.load_in_8bit) and offloads(config.get("zero_optimization", {}), "offload_param"):
+    if (values.load_in_4bit or values.load_in_8bit) and zero.offloads_params:
         # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
         # base quantized to fit the GPU gains nothing from being moved to CPU memory.
         named = "" if source == "--deepspeed" else f" in {source}"  # a dict: adopted from accelerate launch
         raise UserError(f"{quantization_flag(values)} with a DeepSpeed config that offloads parameters (DeepSpeed "
-                        f"{describe_zero(config)}){named}: use ds_configs/stage3.json (or stage2_offload.json to "
+                        f"{zero.describe()}){named}: use ds_configs/stage3.json (or stage2_offload.json to "
                         "offload the optimizer state only)")
 
 
@@ -161,13 +159,6 @@ def resolve_run(values: Namespace) -> SFTTrainingArguments:
     except ValueError as err:
         raise UserError(str(err)) from err
     ensure_world_agreement(args)
-    # "auto" becomes the latest checkpoint every rank finished; a ZeRO one from another rank count that this run
-    # cannot convert to a universal checkpoint fails here, not after the model is loaded.
-    args.resume_from_checkpoint, note = resolve_resume_checkpoint(
-        args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
-    )
-    if note:
-        print0(note)
     return args
 
 

@@ -10,8 +10,8 @@ from peft.tuners.lora.config import CordaConfig
 from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.lora_init import DataPass, parse_lora_init
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.model.lora_variants import peft_init_lora_weights
 
 __all__ = [
     "lora_config_from_args",
@@ -30,7 +30,7 @@ LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.
 def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
     """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
     ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
-    init = getattr(args, "lora_init", "default")
+    init = parse_lora_init(getattr(args, "lora_init", "default"))
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,
@@ -39,11 +39,11 @@ def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
         target_modules=parse_targets(args.lora_target_modules),
         use_rslora=args.use_rslora,
         use_dora=args.use_dora,
-        init_lora_weights=peft_init_lora_weights(init),
+        init_lora_weights=init.peft_value,
         # EVA and CorDA read the layers' inputs before step 1 (hf_lora_ds.training.lora_init); CorDA in its
         # instruction-previewed mode, the one meant for fast convergence on the task.
-        eva_config=EvaConfig() if init == "eva" else None,
-        corda_config=CordaConfig(corda_method="ipm") if init == "corda" else None,
+        eva_config=EvaConfig() if init.data_pass is DataPass.EVA else None,
+        corda_config=CordaConfig(corda_method="ipm") if init.data_pass is DataPass.CORDA else None,
     )
 
 

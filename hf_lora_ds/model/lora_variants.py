@@ -22,97 +22,48 @@ trained model's logits than the unconverted adapter on that base, 9.2 against 8.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from peft import LoraConfig
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft, parse_lora_init
 from hf_lora_ds.errors import UserError
 
 __all__ = [
     "DEFAULT_LORAPLUS_RATIO",
-    "INITS",
     "LORA_OPTIMIZERS",
     "check_lora_variant",
     "check_lora_optimizer_engine",
-    "converted_at_save",
-    "init_family",
-    "needs_data_pass",
-    "peft_init_lora_weights",
     "variant_line",
 ]
 
-# --lora_init -> what it costs and gives, one line each (the flag's help and the README table say the same).
-INITS: dict[str, str] = {
-    "default": "A random, B zero: starts exactly at the base (Microsoft's LoRA)",
-    "gaussian": "as default with A drawn from N(0, 1/r)",
-    "pissa": "A, B from each weight's top-r singular vectors, the base keeps the residual: one SVD per weight at start",
-    "pissa_niter_N": "PiSSA with a randomized SVD of N subspace iterations: seconds instead of minutes on big weights",
-    "olora": "A, B from each weight's QR decomposition, the base keeps the residual",
-    "eva": "A from the SVD of each layer's inputs over --lora_init_samples training samples, ranks redistributed",
-    "corda": "A, B from each weight's SVD weighted by its inputs' covariance over --lora_init_samples samples",
-    "loftq": "--load_in_4bit only: A, B fit to each weight's 4-bit quantisation error (rank r of it)",
-    "orthogonal": "A, B random orthogonal (even rank): not zero, so the model starts slightly off the base",
-}
 LORA_OPTIMIZERS = ("adamw", "loraplus", "lorafa")
 DEFAULT_LORAPLUS_RATIO = 16.0  # the LoRA+ paper's recommendation (2^4) for decoder LLMs
-_PISSA_NITER = re.compile(r"pissa_niter_(\d+)")
-_REWRITE_BASE = ("pissa", "olora", "corda")
-_NEED_DATA = ("eva", "corda")
-
-
-def init_family(init: str) -> str:
-    """``pissa_niter_16`` -> ``pissa``; every other name is its own family. Unknown names are refused first."""
-    return "pissa" if _PISSA_NITER.fullmatch(init) else init
-
-
-def peft_init_lora_weights(init: str) -> bool | str:
-    """PEFT's ``init_lora_weights`` for ``--lora_init``. LoftQ starts as default LoRA: PEFT's own LoftQ quantizes a
-    full-precision base itself on a CUDA device, so the fit to a 4-bit base is done after wrapping
-    (hf_lora_ds.model.quantization.fit_loftq)."""
-    return True if init in ("default", "loftq") else init
-
-
-def converted_at_save(init: str) -> bool:
-    """Whether PEFT rewrites the base weights to their residual: the saved adapter is then rewritten as its
-    difference from the start, a plain LoRA adapter of twice the rank for the original base; and switching the
-    adapter off leaves a model nobody started from, while setting it back to its start gives the original base."""
-    return init_family(init) in _REWRITE_BASE
-
-
-def needs_data_pass(init: str) -> bool:
-    return init in _NEED_DATA
 
 
 def check_lora_variant(args: SFTTrainingArguments) -> None:
     """Combinations that cannot work, refused from the flags alone (before anything loads) with one line."""
-    init = args.lora_init
-    if init.startswith("pissa_niter_") and not _PISSA_NITER.fullmatch(init):
-        raise UserError(f"--lora_init {init}: N in pissa_niter_N is the number of subspace iterations, a whole "
-                        "number such as pissa_niter_4")  # fmt: skip
-    if init not in INITS and not _PISSA_NITER.fullmatch(init):
-        raise UserError(f"--lora_init {init}: unknown; use one of {', '.join(INITS)} (N: subspace iterations)")
-    family = init_family(init)
+    init = parse_lora_init(args.lora_init)
     quantized = "--load_in_4bit" if args.load_in_4bit else "--load_in_8bit" if args.load_in_8bit else None
-    if family == "loftq" and not args.load_in_4bit:
+    if init.loftq and not args.load_in_4bit:
         raise UserError("--lora_init loftq fits the adapter to the 4-bit quantisation error of the base: add "
                         "--load_in_4bit, or choose another --lora_init for a full-precision base")  # fmt: skip
-    if family == "loftq" and _no_full_precision_weights(args):
+    if init.loftq and _no_full_precision_weights(args):
         raise UserError(f"--lora_init loftq reads the full-precision weights from the base's safetensors files, and "
                         f"{args.model_name_or_path} has none; use a safetensors checkpoint of the base")  # fmt: skip
-    if family in _REWRITE_BASE and quantized:
-        raise UserError(f"--lora_init {init} with {quantized}: {family} rewrites the base weights to their residual, "
-                        "which a quantized base would have to quantize again, and the adapter converted for the "
-                        "original base would then miss that error; use --lora_init loftq with --load_in_4bit")  # fmt: skip
-    if family == "orthogonal" and args.lora_rank % 2:
-        raise UserError(f"--lora_init orthogonal needs an even --lora_rank, got {args.lora_rank}")
-    if converted_at_save(init) and getattr(args, "fsdp", None):
-        raise UserError(f"--lora_init {init} with --fsdp: the adapter's start is kept whole to convert the saved "
-                        "adapter and FSDP shards it; use DeepSpeed ZeRO-3 (--deepspeed stage3) to shard the run")  # fmt: skip
-    if args.use_dora and converted_at_save(init):
-        raise UserError(f"--lora_init {init} with --use_dora: the adapter is converted at the end into its "
-                        "difference from the start, which DoRA's magnitude vectors cannot express; drop one")  # fmt: skip
+    if init.rewrites_base and quantized:
+        raise UserError(f"--lora_init {init.name} with {quantized}: {init.family} rewrites the base weights to their "
+                        "residual, which a quantized base would have to quantize again, and the adapter converted for "
+                        "the original base would then miss that error; use --lora_init loftq with --load_in_4bit")
+    if init.needs_even_rank and args.lora_rank % 2:
+        raise UserError(f"--lora_init {init.name} needs an even --lora_rank, got {args.lora_rank}")
+    if init.rewrites_base and getattr(args, "fsdp", None):
+        raise UserError(f"--lora_init {init.name} with --fsdp: the adapter's start is kept whole to convert the saved "
+                        "adapter and FSDP shards it; use DeepSpeed ZeRO-3 (--deepspeed stage3) to shard the run")
+    if args.use_dora and init.rewrites_base:
+        raise UserError(f"--lora_init {init.name} with --use_dora: the adapter is converted at the end into its "
+                        "difference from the start, which DoRA's magnitude vectors cannot express; drop one")
     if args.lora_init_samples < 1:
         raise UserError(f"--lora_init_samples must be a positive integer, got {args.lora_init_samples}")
     _check_lora_optimizer(args)
@@ -162,28 +113,29 @@ def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -
     """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA. ``args``:
     the run's flags (``lora_init``, ``lora_init_samples``, ``lora_optimizer``, ``loraplus_lr_ratio``); without them,
     what ``config`` says (an adapter built elsewhere)."""
-    init = getattr(args, "lora_init", None) or ("default" if config.init_lora_weights is True else str(config.init_lora_weights))
+    init = parse_lora_init(args.lora_init) if args is not None else lora_init_from_peft(config.init_lora_weights)
     optimizer = getattr(args, "lora_optimizer", "adamw")
-    if init == "default" and not config.use_dora and optimizer == "adamw":
+    if init.plain and not config.use_dora and optimizer == "adamw":
         return None
-    parts = [f"LoRA init {init}"]
-    if needs_data_pass(init):
+    parts = [f"LoRA init {init.name}"]
+    if init.data_pass is not None:
         samples = getattr(args, "lora_init_samples", None)
         parts.append(f"a pass over {samples or 'the'} training samples before step 1")
-    if converted_at_save(init):
+    if init.rewrites_base:
         parts.append(f"adapter converted at the end to plain LoRA of rank {2 * config.r} for the original base")
-    if converted_at_save(init) and config.lora_dropout:
+    if init.rewrites_base and config.lora_dropout:
         # The adapter now carries the weights' principal part: dropout on its input drops that too (PiSSA's and
         # CorDA's authors train without it), so the training forward is not the base even at step 0.
         parts.append(f"--lora_dropout {config.lora_dropout:g} also drops the principal part the adapter holds (0 "
                      "keeps the training forward at the base at the start)")  # fmt: skip
-    if init == "eva" and config.rank_pattern:
+    if init.data_pass is DataPass.EVA and config.rank_pattern:
         ranks = sorted({*config.rank_pattern.values(), config.r})
         parts.append(f"ranks after the data pass {ranks[0]}-{ranks[-1]} (budget r {config.r} a module)")
     if config.use_dora:
         parts.append("DoRA: + a magnitude vector per adapted module")
     if optimizer == "loraplus":
-        parts.append(f"LoRA+: B at {getattr(args, 'loraplus_lr_ratio', None) or DEFAULT_LORAPLUS_RATIO:g}x the learning rate of A")
+        ratio = getattr(args, "loraplus_lr_ratio", None) or DEFAULT_LORAPLUS_RATIO
+        parts.append(f"LoRA+: B at {ratio:g}x the learning rate of A")
     elif optimizer == "lorafa":
         parts.append("LoRA-FA: A frozen, only B trains")
     return "; ".join(parts)

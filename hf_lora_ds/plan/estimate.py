@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hf_lora_ds.config.deepspeed import offloads
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.training.fused_head_loss import chunk_rows
 
@@ -54,16 +54,17 @@ class DeepSpeedLayout:
             return cls()
         if "fsdp" in config:  # the planner's FSDP2 rows: {"fsdp": transformers' fsdp_config}
             return cls(fsdp=True, offload_param=bool(config["fsdp"].get("cpu_offload", False)))
-        zero = config.get("zero_optimization", {})
+        zero_settings = ZeroSettings.of(config)
+        zero = config.get("zero_optimization", {})  # the planner's bucket sizes, read here only
 
         def elements(key: str) -> int | None:
             value = zero.get(key, "auto")
             return None if value == "auto" else int(float(value))
 
         return cls(
-            stage=int(zero.get("stage", 0)),
-            offload_optimizer=offloads(zero, "offload_optimizer"),
-            offload_param=offloads(zero, "offload_param"),
+            stage=zero_settings.stage,
+            offload_optimizer=zero_settings.offloads_optimizer,
+            offload_param=zero_settings.offloads_params,
             reduce_bucket_size=elements("reduce_bucket_size"),
             prefetch_bucket_size=elements("stage3_prefetch_bucket_size"),
             reuse_distance=int(float(zero.get("stage3_max_reuse_distance", 10**9))),

@@ -22,6 +22,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_utils import set_zero3_state
 
+from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
 
 __all__ = [
@@ -108,7 +109,7 @@ def _measure(
     adapters_in_compute_dtype: bool,
     train_lora_a: bool,
 ) -> ModelShape:
-    init = lora.init_lora_weights
+    init = lora_init_from_peft(lora.init_lora_weights)
     lora = shape_config(lora)
     model = _meta_peft_model(config, lora, dtype, attn_implementation, adapters_in_compute_dtype)
     if not train_lora_a:
@@ -137,7 +138,7 @@ def _measure(
         layer_activation_bytes=two - one,
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
         backward_working_bytes=_backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
-        init_pass_bytes=_covariance_bytes(model) if init == "corda" else 0,
+        init_pass_bytes=_covariance_bytes(model) if init.data_pass is DataPass.CORDA else 0,
         attention_heads=heads,
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or hidden // heads,

@@ -17,15 +17,15 @@ import psutil
 import torch
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.config.deepspeed import (
     check_deepspeed_config,
     deepspeed_config_file,
-    describe_zero,
     load_deepspeed_config,
     run_deepspeed_config,
 )
 from hf_lora_ds.config.fsdp import fsdp_settings
-from hf_lora_ds.data.collator import padding_free_by_default
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_world_size, print0
@@ -157,10 +157,11 @@ def _plan_settings(args: SFTTrainingArguments, plan_args: PlanArguments, profile
     if world_size % args.sequence_parallel_size:
         raise UserError(f"--sequence_parallel_size {args.sequence_parallel_size} with a world of {world_size}: the "
                         "world size must be a multiple of it (--world_size)")  # fmt: skip
+    batching = resolve_batching(args.batching, args.attn_implementation)  # a run's arguments hold it resolved
     settings = PlanSettings(
         model_config=base_model_config(args),
         lora=lora_config_from_args(args),
-        dtype=_compute_dtype(args.dtype, on_accelerator),
+        dtype=_weights_dtype(args.dtype, on_accelerator),
         batch_size=args.per_device_train_batch_size,
         profile=profile,
         world_size=world_size,
@@ -171,11 +172,10 @@ def _plan_settings(args: SFTTrainingArguments, plan_args: PlanArguments, profile
         headroom=plan_args.headroom,
         attn_implementation=args.attn_implementation,
         quantization="4bit" if args.load_in_4bit else "8bit" if args.load_in_8bit else None,
-        padding_free=args.batching == "padding_free"
-        or (args.batching == "auto" and padding_free_by_default(args.attn_implementation)),
+        padding_free=batching == "padding_free",
         supervised_logits_only=args.supervised_logits_only,
         lora_optimizer=args.lora_optimizer,
-        packed_length=args.max_length if args.batching == "packed" else None,
+        packed_length=args.max_length if batching == "packed" else None,
         sequence_parallel_size=args.sequence_parallel_size,
     )
     if not 0 <= settings.headroom < 1:
@@ -208,7 +208,7 @@ def planning_line(args: SFTTrainingArguments, plan_args: PlanArguments) -> str:
     return f"planning for this CPU: {memory:.0f} GiB host memory, {world_size} rank{'s' if world_size > 1 else ''}"
 
 
-def _compute_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
+def _weights_dtype(dtype: str, on_accelerator: bool) -> torch.dtype:
     """The run's ``--dtype``, ``auto`` resolved as SFTTrainingArguments resolves it on the planned device."""
     return getattr(torch, auto_dtype(on_accelerator) if dtype == "auto" else dtype)
 
@@ -252,7 +252,9 @@ def config_name(deepspeed: str | dict | None) -> str:
     if not deepspeed or deepspeed == "auto":  # auto is no configuration of its own: the plan picks one
         return "none"
     file = deepspeed_config_file(deepspeed)
-    return file.name if file is not None else f"DeepSpeed {describe_zero(load_deepspeed_config(deepspeed)[0])}"
+    if file is not None:
+        return file.name
+    return f"DeepSpeed {ZeroSettings.of(load_deepspeed_config(deepspeed)[0]).describe()}"
 
 
 def fsdp_config_name(args: SFTTrainingArguments) -> str:

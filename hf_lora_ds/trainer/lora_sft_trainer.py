@@ -20,6 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.deepspeed import run_deepspeed_config
+from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
@@ -30,9 +31,10 @@ from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_
 from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
-from hf_lora_ds.model.lora_variants import converted_at_save, variant_line
+from hf_lora_ds.model.lora_variants import variant_line
+from hf_lora_ds.training.batches import prepare_batches
 from hf_lora_ds.training.checkpoints import (
-    check_resume_world_size,
+    ResumePoint,
     lost_ranks,
     resolve_resume_checkpoint,
     save_failures,
@@ -61,10 +63,13 @@ from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
 
 __all__ = ["LoraSFTTrainer"]
 
+_BATCHING_KWARGS = ("train_dataset", "eval_dataset", "data_collator", "processing_class")
+
 
 class LoraSFTTrainer(Trainer):
     """A Trainer for LoRA SFT. Pass the base model; it is wrapped with PEFT from ``args`` (or ``lora_config``)
-    unless it already is a PeftModel."""
+    unless it already is a PeftModel. The datasets are packed and the collator chosen as ``args.batching`` says,
+    unless given (hf_lora_ds.training.batches)."""
 
     def __init__(
         self,
@@ -79,13 +84,17 @@ class LoraSFTTrainer(Trainer):
             # Ulysses must wrap the kernel the model was loaded with; DeepSpeed refuses any other.
             args.parallelism_config.sp_handler.sp_attn_implementation = model.config._attn_implementation
         wrapping = not isinstance(model, PeftModel)
+        # --batching packed and the collator, before the data pass of EVA and CorDA reads the batches.
+        batches = prepare_batches(args, model, *(trainer_kwargs.get(name) for name in _BATCHING_KWARGS))
+        trainer_kwargs.update({name: value for name, value in zip(_BATCHING_KWARGS, batches) if value is not None})
         # PiSSA/OLoRA/CorDA/EVA/LoftQ start from the base weights or from data (hf_lora_ds.training.lora_init).
-        model = wrap_as_initialised(model, config, args, trainer_kwargs.get("train_dataset"),
-                                    trainer_kwargs.get("data_collator"))  # fmt: skip
+        train_dataset, _eval_dataset, data_collator = batches
+        model = wrap_as_initialised(model, config, args, train_dataset, data_collator)
         # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
         # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
         # (hf_lora_ds.model.adapter_conversion).
-        self.adapter_start = adapter_snapshot(model) if wrapping and converted_at_save(args.lora_init) else None
+        rewrites_base = wrapping and parse_lora_init(args.lora_init).rewrites_base
+        self.adapter_start = adapter_snapshot(model) if rewrites_base else None
         # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
         self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
@@ -127,25 +136,25 @@ class LoraSFTTrainer(Trainer):
         if shard_on_cpu(self):
             self.is_fsdp_enabled = True
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | ResumePoint | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
         adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``, and raise
         ``UntrainedAdapterError`` (on every rank) if that adapter never moved from its initial state.
 
         ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
         finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
-        complete or not. A path is used as given. A ZeRO checkpoint written by another number of ranks is converted
-        to a DeepSpeed universal checkpoint first (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
+        complete or not. A path is used as given; a ``ResumePoint`` (run_sft's, resolved before the model loads) as it
+        is. A ZeRO checkpoint written by another number of ranks is converted to a DeepSpeed universal checkpoint
+        first (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
         deepspeed_config = run_deepspeed_config(self.args)  # the live dict the engine will be built from
-        if resume_from_checkpoint is True or resume_from_checkpoint == "auto":
-            resume_from_checkpoint, note = resolve_resume_checkpoint(
-                "auto", self.args.output_dir, self.args.world_size, deepspeed_config
-            )
-            print0(note)
-        if resume_from_checkpoint and check_resume_world_size(
-            resume_from_checkpoint, self.args.world_size, deepspeed_config
-        ):  # ZeRO partitions of another rank count: through DeepSpeed's universal checkpoint (hf_lora_ds.training.universal_checkpoint)
-            universal = enable_universal_loading(resume_from_checkpoint, deepspeed_config, self.is_world_process_zero())
+        resume = resume_from_checkpoint
+        if not isinstance(resume, ResumePoint):  # run_sft resolves it before loading the model, and prints the note
+            value = "auto" if resume is True else resume or None
+            resume = resolve_resume_checkpoint(value, self.args.output_dir, self.args.world_size, deepspeed_config)
+            if resume.note:
+                print0(resume.note)
+        if resume.repartitioned:  # ZeRO partitions of another rank count (hf_lora_ds.training.universal_checkpoint)
+            universal = enable_universal_loading(resume.checkpoint, deepspeed_config, self.is_world_process_zero())
             print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if self.is_world_process_zero():  # for the run report
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -159,7 +168,7 @@ class LoraSFTTrainer(Trainer):
                     print0(f"  {name}: {audit.line()}")
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
-                result = super().train(resume_from_checkpoint, *args, **kwargs)
+                result = super().train(resume.checkpoint, *args, **kwargs)
         except BaseException:
             self.run_callbacks.memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
             raise

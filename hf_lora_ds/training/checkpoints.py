@@ -24,6 +24,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -42,6 +43,7 @@ __all__ = [
     "find_latest_complete_checkpoint",
     "check_resume_world_size",
     "resolve_resume_checkpoint",
+    "ResumePoint",
 ]
 
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -188,10 +190,21 @@ def check_resume_world_size(
     )
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """``--resume_from_checkpoint`` resolved: the checkpoint to load (None: a fresh start), the note for rank 0 to
+    print, and whether its ZeRO partitions were written by another number of ranks (loaded through a universal
+    checkpoint)."""
+
+    checkpoint: str | None
+    note: str | None
+    repartitioned: bool = False
+
+
 def resolve_resume_checkpoint(
     value: str | None, output_dir: str | os.PathLike, world_size: int = 1, deepspeed_config: dict | None = None
-) -> tuple[str | None, str | None]:
-    """Turn ``--resume_from_checkpoint`` into the path for ``Trainer.train`` and a note for rank 0 to print.
+) -> ResumePoint:
+    """Turn ``--resume_from_checkpoint`` into what ``LoraSFTTrainer.train`` resumes from, once.
 
     ``None``/empty: start fresh, no note. ``auto``: the latest complete checkpoint in ``output_dir``, or a fresh start
     when there is none. A path: used as given (it must look like a Trainer checkpoint); the note warns when it has no
@@ -200,14 +213,15 @@ def resolve_resume_checkpoint(
     checkpoint), or an error where this run (``deepspeed_config``: its DeepSpeed config, None without) cannot.
     """
     if not value:
-        return None, None
+        return ResumePoint(None, None)
     if value == "auto":
         latest, skipped = find_latest_complete_checkpoint(output_dir)
         skipped_note = f"; skipped incomplete {', '.join(path.name for path in skipped)}" if skipped else ""
         if latest is None:
-            return None, f"resume: no complete checkpoint in {output_dir}, starting fresh{skipped_note}"
+            return ResumePoint(None, f"resume: no complete checkpoint in {output_dir}, starting fresh{skipped_note}")
         ranks_note = check_resume_world_size(latest, world_size, deepspeed_config)
-        return str(latest), f"resume: from {latest} (latest complete checkpoint{skipped_note}){ranks_note}"
+        note = f"resume: from {latest} (latest complete checkpoint{skipped_note}){ranks_note}"
+        return ResumePoint(str(latest), note, bool(ranks_note))
     checkpoint = Path(value)
     if not (checkpoint / "trainer_state.json").is_file():
         raise MissingPathError(
@@ -216,8 +230,7 @@ def resolve_resume_checkpoint(
         )
     ranks_note = check_resume_world_size(checkpoint, world_size, deepspeed_config)
     if not is_complete_checkpoint(checkpoint):
-        return value, (
-            f"resume: from {value}, which has no {COMPLETE_MARKER}: it was written by another tool or cut short by "
-            f"a kill; use 'auto' to pick the latest checkpoint known to be complete{ranks_note}"
-        )
-    return value, f"resume: from {value}{ranks_note}"
+        note = (f"resume: from {value}, which has no {COMPLETE_MARKER}: it was written by another tool or cut short "
+                f"by a kill; use 'auto' to pick the latest checkpoint known to be complete{ranks_note}")
+        return ResumePoint(value, note, bool(ranks_note))
+    return ResumePoint(value, f"resume: from {value}{ranks_note}", bool(ranks_note))

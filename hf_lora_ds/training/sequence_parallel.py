@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hf_lora_ds.config.zero_settings import ZeroSettings
+from hf_lora_ds.data.template_rule import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 
 __all__ = [
@@ -47,7 +49,7 @@ def supervised_tokens_in_shards(shards: list[dict[str, torch.Tensor]], device: t
     (``shift_labels != -100``) and summed over all ranks: each token lies in exactly one rank's shard, so each counts
     once (transformers divides its own count by the SP size, which assumes every rank counted whole sequences).
     A collective: every rank calls it once per optimizer step."""
-    count = sum((shard["shift_labels"] != -100).sum() for shard in shards).to(device)
+    count = sum((shard["shift_labels"] != IGNORE_INDEX).sum() for shard in shards).to(device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(count)
     return count
@@ -61,10 +63,10 @@ def deepspeed_gradient_divisor(deepspeed_config: dict, world_size: int, sequence
     reduce-scatter path (``reduce_scatter: true``, the default) pre-divides by the whole partition group, every rank,
     in ``reduce_scatter_coalesced`` (measured: gradients 1/N of one process's at SP 2). With ``reduce_scatter: false``
     ZeRO-3 takes either path by bucket size, so the divisor would differ between parameters: refused."""
-    zero = deepspeed_config.get("zero_optimization", {})
-    if int(zero.get("stage", 0)) < 3:
+    zero = ZeroSettings.of(deepspeed_config)
+    if zero.stage < 3:
         return data_parallel_size(world_size, sequence_parallel_size)
-    if not zero.get("reduce_scatter", True):
+    if not zero.reduce_scatter:
         raise UserError(f"--sequence_parallel_size {sequence_parallel_size} with ZeRO-3 and reduce_scatter false: "
                         "DeepSpeed then scales gradients differently for small and large parameters; drop "
                         "reduce_scatter from the DeepSpeed config (its default, true, is what sequence parallelism "

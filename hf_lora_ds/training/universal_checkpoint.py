@@ -34,6 +34,7 @@ import re
 from argparse import Namespace
 from pathlib import Path
 
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.errors import UserError
 
@@ -66,10 +67,10 @@ def universal_refusal(deepspeed_config: dict | None) -> str | None:
     (loaded) DeepSpeed config, None without DeepSpeed."""
     if deepspeed_config is None:
         return "this run has no --deepspeed config, and only DeepSpeed's ZeRO optimizer reads a universal checkpoint"
-    zero = deepspeed_config.get("zero_optimization", {})
-    if zero.get("stage", 0) == 0:
+    zero = ZeroSettings.of(deepspeed_config)
+    if zero.stage == 0:
         return "this run's DeepSpeed config uses ZeRO stage 0, and only the ZeRO optimizer reads a universal checkpoint"
-    if zero.get("offload_optimizer", {}).get("device") == "nvme":
+    if zero.optimizer_device == "nvme":
         return "NVMe optimizer offload restores per-rank swap files and skips DeepSpeed's universal loading"
     return None
 

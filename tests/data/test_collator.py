@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_lora_ds.data.collator import build_collator, resolve_batching, supports_padding_free
+from hf_lora_ds.data.collator import build_collator, check_model_batching, supports_padding_free
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 
 RECORDS = [
@@ -74,24 +74,9 @@ def test_padding_free_refused_where_attention_cannot_separate_sequences(tiny_mod
     assert supports_padding_free(tiny_model)
     assert not supports_padding_free(_HandRolledAttentionLM())
     with pytest.raises(ValueError, match="--batching padded"):
-        resolve_batching("padding_free", _HandRolledAttentionLM())
-
-
-def test_auto_batching_is_padded_without_flash_attention(tiny_model):
-    assert tiny_model.config._attn_implementation != "flash_attention_2"
-    assert resolve_batching("auto", tiny_model) == "padded"
-
-
-def test_default_batching_and_sampling_resolve_as_documented(tiny_model, tmp_path, monkeypatch):
-    """On the CPU (sdpa): padded batches in length-grouped order; padding-free once the attention is flash."""
-    from hf_lora_ds.config import SFTTrainingArguments
-
-    (tmp_path / "train.json").write_text("[]")
-    args = SFTTrainingArguments(output_dir=str(tmp_path), model_name_or_path="m", train_file=str(tmp_path / "train.json"))
-    assert args.batching == "auto" and args.train_sampling_strategy == "group_by_length"
-    assert resolve_batching(args.batching, tiny_model) == "padded"
-    monkeypatch.setattr(tiny_model.config, "_attn_implementation", "flash_attention_2")
-    assert resolve_batching(args.batching, tiny_model) == "padding_free"
+        check_model_batching("padding_free", _HandRolledAttentionLM())
+    check_model_batching("padded", _HandRolledAttentionLM())
+    check_model_batching("packed", tiny_model)
 
 
 def test_length_grouped_order_depends_on_seed_and_epoch_only():
@@ -137,4 +122,4 @@ def test_sequence_parallel_batches_carry_positions_and_split_evenly(qwen_style_t
 
 def test_packing_refused_where_attention_cannot_separate_sequences():
     with pytest.raises(ValueError, match="cannot keep packed sequences apart"):
-        resolve_batching("packed", _HandRolledAttentionLM())
+        check_model_batching("packed", _HandRolledAttentionLM())

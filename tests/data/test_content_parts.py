@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from hf_lora_ds._testing.tiny_models import template_tokenizer
 from hf_lora_ds.data.content_parts import drop_parts
 from hf_lora_ds.data.formats import to_conversation
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.template_rule import TemplateError
-from hf_lora_ds._testing.tiny_models import template_tokenizer
 from tests.data.peer_records import END, build, chatml, expect, labels_of, sample
 
 

@@ -131,3 +131,16 @@ def test_a_system_prompt_moved_elsewhere_than_the_last_user_turn_is_refused(chat
     assert tokenizer.apply_chat_template(CHAT[:3], tokenize=False).endswith("[/INST] Be brief. 4</s>")
     with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 2"):
         render_samples(tokenizer, CHAT[:3])
+
+
+def test_ignore_index_has_one_definition():
+    """The label of an untrained token is defined here and imported everywhere else (a second -100 drifts)."""
+    import re
+    from pathlib import Path
+
+    import hf_lora_ds
+
+    package = Path(hf_lora_ds.__file__).parent
+    defining = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                      if re.search(r"^IGNORE_INDEX\s*=", path.read_text(encoding="utf-8"), re.M))  # fmt: skip
+    assert defining == ["data/template_rule.py"]

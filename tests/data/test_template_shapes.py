@@ -23,13 +23,13 @@ from types import SimpleNamespace
 import datasets
 import pytest
 
+from hf_lora_ds._testing.tiny_models import template_tokenizer, train_chat_tokenizer
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, _Encoder
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.mask_audit import audit_dataset
 from hf_lora_ds.data.template_rule import TemplateError
 from hf_lora_ds.data.thinking import ThinkingOptions
-from hf_lora_ds._testing.tiny_models import template_tokenizer, train_chat_tokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 SOURCES = {

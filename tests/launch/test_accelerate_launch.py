@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_lora_ds.config.deepspeed import zero_summary
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.launch.accelerate_launch import accelerate_launch, adopt_accelerate_launch
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
@@ -64,7 +64,7 @@ def test_the_peft_guides_zero3_cpu_config_becomes_the_runs_deepspeed_config(laun
     launched(ZERO3_CPU)
     args = run_args()
     adopt_accelerate_launch(args)
-    assert zero_summary(args.deepspeed) == (3, "cpu", "cpu")
+    assert ZeroSettings.of(args.deepspeed) == ZeroSettings(3, "cpu", "cpu")
     assert args.deepspeed["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     # DeepSpeed's CPU Adam for the offloaded optimizer (DeepSpeed refuses Trainer's torch AdamW there).
     assert args.deepspeed["optimizer"]["type"] == "AdamW"
@@ -106,7 +106,7 @@ def test_deepspeeds_cpu_adam_follows_the_optimizer_offload(launched, optimizer, 
               "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": parameters})  # fmt: skip
     args = run_args()
     adopt_accelerate_launch(args)
-    assert zero_summary(args.deepspeed) == (3, optimizer, parameters)
+    assert ZeroSettings.of(args.deepspeed) == ZeroSettings(3, optimizer, parameters)
     assert ("optimizer" in args.deepspeed) == cpu_adam
 
 

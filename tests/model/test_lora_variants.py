@@ -13,9 +13,6 @@ from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora_variants import (
     check_lora_optimizer_engine,
     check_lora_variant,
-    converted_at_save,
-    init_family,
-    needs_data_pass,
     variant_line,
 )
 
@@ -87,13 +84,6 @@ def test_the_engine_must_take_the_lora_optimizer_whole(optimizer, stage, section
 @pytest.mark.parametrize(("optimizer", "stage"), [("loraplus", 3), ("lorafa", 0), ("lorafa", None), ("adamw", 3)])
 def test_engines_that_take_the_lora_optimizer(optimizer, stage):
     check_lora_optimizer_engine(_args(lora_optimizer=optimizer), stage, False, "ds.json")
-
-
-def test_what_each_init_needs():
-    assert [init for init in ("default", "pissa_niter_3", "olora", "corda", "eva", "loftq", "orthogonal")
-            if converted_at_save(init)] == ["pissa_niter_3", "olora", "corda"]  # fmt: skip
-    assert [init for init in ("pissa", "eva", "corda") if needs_data_pass(init)] == ["eva", "corda"]
-    assert init_family("pissa_niter_16") == "pissa"
 
 
 def test_the_variant_line():

@@ -48,6 +48,7 @@ def test_changed_arguments_come_first_and_alone(tmp_path):
             "lr_scheduler_type",
             "use_cpu",
             "dtype",  # "auto" resolved to float32: shown next to its default
+            "batching",  # "auto" resolved to padded (sdpa): shown next to its default
             "dataloader_pin_memory",  # off, as pinning does nothing without an accelerator
         ]
     )

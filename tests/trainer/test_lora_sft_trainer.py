@@ -7,11 +7,12 @@ import threading
 import pytest
 import torch
 from peft import PeftModel
-from transformers import TrainerCallback
+from transformers import DataCollatorWithFlattening, TrainerCallback
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
+from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 
 RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x - 3} + 3"} for x in range(10, 42)]
@@ -216,3 +217,45 @@ def test_loraplus_trains_b_at_the_ratio_of_a(tiny_model, qwen_style_tokenizer, t
         for param in group["params"]:
             rates[next(part for part in rates if part in names[id(param)])].add(group["initial_lr"])
     assert rates == {".lora_A.": {1e-2}, ".lora_B.": {8e-2}}
+
+
+def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+    """Built in code, without a collator: ``--batching packed`` gives rows of several samples, each restarting its
+    positions, as run_sft's do (hf_lora_ds.training.batches)."""
+    args = SFTTrainingArguments(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", batching="packed",
+                                max_length=256, per_device_train_batch_size=1, max_steps=1, report_to="none",
+                                save_strategy="no", train_file=str(_empty_file(tmp_path)))  # fmt: skip
+    dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
+    trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
+    assert isinstance(trainer.train_dataset, PackedDataset) and trainer.train_dataset.samples is dataset
+    assert "packed: 32 samples in " in capsys.readouterr().out
+    batch = next(iter(trainer.get_train_dataloader()))
+    starts = int((batch["position_ids"] == 0).sum())
+    assert batch["input_ids"].shape[0] == 1 and starts > 1  # one row holding several samples
+    trainer.train()
+
+
+def test_the_trainer_batches_padding_free_without_a_collator(tiny_model, qwen_style_tokenizer, tmp_path):
+    args = SFTTrainingArguments(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", batching="padding_free",
+                                report_to="none", train_file=str(_empty_file(tmp_path)))  # fmt: skip
+    dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
+    trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
+    assert isinstance(trainer.data_collator, DataCollatorWithFlattening) and trainer.train_dataset is dataset
+
+
+def _empty_file(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text("[]")  # arguments only check that the file exists
+    return path
+
+
+def test_a_resolved_resume_point_is_not_resolved_again(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
+    """run_sft resolves --resume_from_checkpoint before loading the model; the trainer takes that answer as it is."""
+    from hf_lora_ds.training import trainer as trainer_module
+    from hf_lora_ds.training.checkpoints import ResumePoint
+
+    def resolved_again(*_args, **_kwargs):
+        raise AssertionError("resume resolved a second time")
+
+    monkeypatch.setattr(trainer_module, "resolve_resume_checkpoint", resolved_again)
+    make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1).train(ResumePoint(None, None))

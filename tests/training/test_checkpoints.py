@@ -19,6 +19,11 @@ from hf_lora_ds.training.checkpoints import (
 )
 
 
+def _resolved(*args, **kwargs) -> tuple[str | None, str | None]:
+    point = resolve_resume_checkpoint(*args, **kwargs)
+    return point.checkpoint, point.note
+
+
 def _checkpoint(root, step: int, complete: bool):
     path = root / f"checkpoint-{step}"
     (path / f"global_step{step}").mkdir(parents=True)
@@ -42,27 +47,27 @@ def test_auto_skips_unmarked_truncated_and_foreign_directories(tmp_path):
     latest, skipped = find_latest_complete_checkpoint(tmp_path)
     assert latest == two
     assert [path.name for path in skipped] == ["checkpoint-8", "checkpoint-6", "checkpoint-4"]
-    assert resolve_resume_checkpoint("auto", tmp_path) == (
+    assert _resolved("auto", tmp_path) == (
         str(two),
         f"resume: from {two} (latest complete checkpoint; skipped incomplete checkpoint-8, checkpoint-6, checkpoint-4)",
     )
 
 
 def test_auto_without_a_complete_checkpoint_starts_fresh_and_says_so(tmp_path):
-    assert resolve_resume_checkpoint("auto", tmp_path / "never-written") == (
+    assert _resolved("auto", tmp_path / "never-written") == (
         None,
         f"resume: no complete checkpoint in {tmp_path / 'never-written'}, starting fresh",
     )
     _checkpoint(tmp_path, 3, complete=False)
-    path, note = resolve_resume_checkpoint("auto", tmp_path)
+    path, note = _resolved("auto", tmp_path)
     assert path is None and note.endswith("starting fresh; skipped incomplete checkpoint-3")
 
 
 def test_explicit_paths(tmp_path):
-    assert resolve_resume_checkpoint(None, tmp_path) == (None, None)
+    assert _resolved(None, tmp_path) == (None, None)
     complete, unmarked = _checkpoint(tmp_path, 2, complete=True), _checkpoint(tmp_path, 4, complete=False)
-    assert resolve_resume_checkpoint(str(complete), tmp_path) == (str(complete), f"resume: from {complete}")
-    path, note = resolve_resume_checkpoint(str(unmarked), tmp_path)  # the user's explicit choice, with a warning
+    assert _resolved(str(complete), tmp_path) == (str(complete), f"resume: from {complete}")
+    path, note = _resolved(str(unmarked), tmp_path)  # the user's explicit choice, with a warning
     assert path == str(unmarked) and f"has no {COMPLETE_MARKER}" in note and "'auto'" in note
     with pytest.raises(FileNotFoundError, match="not a Trainer checkpoint.*'auto'"):
         resolve_resume_checkpoint("True", tmp_path)
@@ -73,13 +78,14 @@ def test_zero_checkpoints_on_another_number_of_ranks_need_a_run_that_loads_unive
     for rank in (0, 1):
         (checkpoint / "global_step2" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"z")
     mark_checkpoint_complete(checkpoint, 2, world_size=2)
-    assert resolve_resume_checkpoint("auto", tmp_path, world_size=2) == (
+    assert not resolve_resume_checkpoint("auto", tmp_path, world_size=2).repartitioned
+    assert _resolved("auto", tmp_path, world_size=2) == (
         str(checkpoint), f"resume: from {checkpoint} (latest complete checkpoint)"
     )
     zero2 = {"zero_optimization": {"stage": 2}}
     for value in ("auto", str(checkpoint)):
-        path, note = resolve_resume_checkpoint(value, tmp_path, world_size=1, deepspeed_config=zero2)
-        assert path == str(checkpoint)
+        path, note = _resolved(value, tmp_path, world_size=1, deepspeed_config=zero2)
+        assert path == str(checkpoint) and resolve_resume_checkpoint(value, tmp_path, 1, zero2).repartitioned
         assert note.endswith("; written by 2 ranks, this run has 1: it is converted to a DeepSpeed universal "
                              "checkpoint and re-partitioned")  # fmt: skip
     refusals = {
@@ -94,7 +100,7 @@ def test_zero_checkpoints_on_another_number_of_ranks_need_a_run_that_loads_unive
                 resolve_resume_checkpoint(value, tmp_path, world_size=1, deepspeed_config=config)
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "trainer_state.json").write_text("{}")  # Trainer's own format: any world size
-    assert resolve_resume_checkpoint(str(tmp_path / "plain"), tmp_path, world_size=4)[0] == str(tmp_path / "plain")
+    assert _resolved(str(tmp_path / "plain"), tmp_path, world_size=4)[0] == str(tmp_path / "plain")
 
 
 def test_a_rank_gone_from_a_collective_is_one_line_naming_the_last_complete_checkpoint(tmp_path):

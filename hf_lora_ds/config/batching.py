@@ -1,0 +1,25 @@
+"""``--batching`` resolved once, from the flags: ``auto`` becomes padded or padding-free by the attention kernel."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["Batching", "ResolvedBatching", "is_flash_attention", "resolve_batching"]
+
+Batching = Literal["auto", "padded", "padding_free", "packed"]
+ResolvedBatching = Literal["padded", "padding_free", "packed"]
+
+
+def is_flash_attention(attn_implementation: str | None) -> bool:
+    """Whether the kernel is a flash-attention one: its varlen path reads sequence boundaries from the position ids
+    of one flattened row, without a mask."""
+    return "flash" in (attn_implementation or "")
+
+
+def resolve_batching(batching: Batching, attn_implementation: str | None) -> ResolvedBatching:
+    """``auto``: padding-free with flash attention, where no token is padding and it is fastest; padded (and, by
+    default, length-grouped) under sdpa and eager, which build a full mask for a flattened batch (bench/padding.py).
+    A resolved value is returned as it is."""
+    if batching == "auto":
+        return "padding_free" if is_flash_attention(attn_implementation) else "padded"
+    return batching

@@ -1,0 +1,47 @@
+"""hf_lora_ds.training.batches: what ``--batching`` makes of the datasets and the collator given to the trainer."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hf_lora_ds.data.collator import build_collator
+from hf_lora_ds.data.dataset import ChatSFTDataset
+from hf_lora_ds.data.packing import PackedCollator, PackedDataset
+from hf_lora_ds.training.batches import prepare_batches
+
+RECORDS = [{"instruction": f"{x}=", "output": f"{x - 3} + 3"} for x in range(10, 26)]
+
+
+def _args(batching: str) -> SimpleNamespace:
+    return SimpleNamespace(batching=batching, max_length=128, pad_to_multiple_of=None, sequence_parallel_size=1)
+
+
+@pytest.fixture
+def dataset(qwen_style_tokenizer, tmp_path):
+    return ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
+
+
+def test_packed_packs_train_and_eval_and_builds_the_row_collator(tiny_model, qwen_style_tokenizer, dataset):
+    train, evaluation, collator = prepare_batches(_args("packed"), tiny_model, dataset, {"a": dataset}, None,
+                                                  qwen_style_tokenizer)  # fmt: skip
+    assert isinstance(train, PackedDataset) and isinstance(evaluation["a"], PackedDataset)
+    assert len(train) < len(dataset) and isinstance(collator, PackedCollator)
+    assert prepare_batches(_args("packed"), tiny_model, train, None, None, qwen_style_tokenizer)[0] is train
+
+
+def test_what_is_given_is_kept(tiny_model, qwen_style_tokenizer, dataset):
+    given = build_collator("padded", qwen_style_tokenizer)
+    assert prepare_batches(_args("padded"), tiny_model, dataset, None, given, qwen_style_tokenizer) == (
+        dataset, None, given)
+
+
+def test_packing_needs_the_samples_lengths(tiny_model, qwen_style_tokenizer):
+    with pytest.raises(ValueError, match="the training dataset \\(list\\) has no 'lengths'"):
+        prepare_batches(_args("packed"), tiny_model, [{"input_ids": [1]}], None, None, qwen_style_tokenizer)
+
+
+def test_padding_needs_the_tokenizer(tiny_model, dataset):
+    with pytest.raises(ValueError, match="pass processing_class"):
+        prepare_batches(_args("padded"), tiny_model, dataset, None, None, None)
