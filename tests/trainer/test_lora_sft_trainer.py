@@ -250,8 +250,8 @@ def _empty_file(tmp_path):
 
 
 def test_a_resolved_resume_point_is_not_resolved_again(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
-    """run_sft resolves --resume_from_checkpoint before loading the model; the trainer takes that answer as it is."""
-    from hf_lora_ds.training import trainer as trainer_module
+    """The job resolves --resume_from_checkpoint before loading the model; the trainer takes that answer as it is."""
+    from hf_lora_ds.trainer import lora_sft_trainer as trainer_module
     from hf_lora_ds.training.checkpoints import ResumePoint
 
     def resolved_again(*_args, **_kwargs):
