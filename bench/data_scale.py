@@ -107,12 +107,27 @@ def cgroup_peak_gib(group: Path) -> float:
 
 
 def run_child(
-    path: Path, tokenizer_dir: Path, cache: Path, num_proc: int, cgroup: Path | None = None, timeout: float | None = None
+    path: Path,
+    tokenizer_dir: Path,
+    cache: Path,
+    num_proc: int,
+    cgroup: Path | None = None,
+    timeout: float | None = None,
 ) -> dict:
     """One pipeline run in a fresh process (in ``cgroup``, if given), with the peak memory of its process tree sampled
     from outside; a run killed or past ``timeout`` seconds comes back as ``{"failed": why}``."""
-    command = [sys.executable, __file__, "--child", str(path), "--tokenizer", str(tokenizer_dir),
-               "--cache", str(cache), "--num_proc", str(num_proc)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(path),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--cache",
+        str(cache),
+        "--num_proc",
+        str(num_proc),
+    ]
     join = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=join, start_new_session=True
@@ -189,16 +204,25 @@ def child(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000, help="File size for the 1 and 2 worker runs.")
-    parser.add_argument("--large_records", type=int, default=1_000_000, help="File size for the cold, warm and bad runs.")
+    parser.add_argument(
+        "--large_records", type=int, default=1_000_000, help="File size for the cold, warm and bad runs."
+    )
     parser.add_argument("--workdir", default=None, help="Where the files and caches go (default: a temp dir).")
-    parser.add_argument("--memory_limit", type=float, default=None,
-                        help="Also run the large file (2 workers, cold) in a memory cgroup capped at this many GiB, "
-                        "page cache included (Linux, as root).")  # fmt: skip
+    parser.add_argument(
+        "--memory_limit",
+        type=float,
+        default=None,
+        help="Also run the large file (2 workers, cold) in a memory cgroup capped at this many GiB, "
+        "page cache included (Linux, as root).",
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--plain", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--tokenizer", default=None,
-                        help="A saved tokenizer directory to tokenize with (a real model's 49k-token BPE is slower "
-                        "than the default: a tiny word-level one built here).")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="A saved tokenizer directory to tokenize with (a real model's 49k-token BPE is slower "
+        "than the default: a tiny word-level one built here).",
+    )
     parser.add_argument("--cache", help=argparse.SUPPRESS)
     parser.add_argument("--num_proc", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -213,9 +237,14 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = Path(args.tokenizer) if args.tokenizer else workdir / "tokenizer"
     if not args.tokenizer:
-        train_chat_tokenizer([" ".join(WORDS)] * 20 + ["You are a helpful assistant."] * 5).save_pretrained(tokenizer_dir)
+        train_chat_tokenizer([" ".join(WORDS)] * 20 + ["You are a helpful assistant."] * 5).save_pretrained(
+            tokenizer_dir
+        )
     print(f"{'':>38} {'peak GiB of the process tree':>37}")
-    print(f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} {'RSS sum':>9} {'PSS':>6} {'PSS anon':>9} {'PSS file':>9}", flush=True)
+    print(
+        f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} {'RSS sum':>9} {'PSS':>6} {'PSS anon':>9} {'PSS file':>9}",
+        flush=True,
+    )
     small, large = args.records, args.large_records
     runs = [(small, 1, "a", "cold"), (small, 2, "b", "cold"), (large, 2, "c", "cold"), (large, 2, "c", "warm")]
     seconds = {}
@@ -226,28 +255,38 @@ def main() -> None:
         result = run_child(path, tokenizer_dir, workdir / f"cache_{cache}", num_proc)
         seconds[n, num_proc, state] = result["seconds"]
         rate = result["samples"] / result["seconds"]
-        print(f"{n:>9} {num_proc:>7} {state:>5} {result['seconds']:>8.1f} {rate:>10.0f} {result['peak_rss_gib']:>9.2f} "
-              f"{result['peak_pss_gib']:>6.2f} {result['peak_pss_anon_gib']:>9.2f} {result['peak_pss_file_gib']:>9.2f}", flush=True)  # fmt: skip
+        print(
+            f"{n:>9} {num_proc:>7} {state:>5} {result['seconds']:>8.1f} {rate:>10.0f} {result['peak_rss_gib']:>9.2f} "
+            f"{result['peak_pss_gib']:>6.2f} {result['peak_pss_anon_gib']:>9.2f} {result['peak_pss_file_gib']:>9.2f}",
+            flush=True,
+        )
         if num_proc == 1:  # the floor, measured right after ours on the same file
             ours, plain = rate, run_plain(path, tokenizer_dir)
     floor = plain["samples"] / plain["seconds"]
-    print(f"plain floor, {small:,} records, 1 process: batched apply_chat_template(tokenize=True), no masks: "
-          f"{floor:.0f} samples/s; ours (1 worker, cold, exact masks): {ours:.0f} samples/s; "
-          f"ratio ours / plain {ours / floor:.2f}", flush=True)  # fmt: skip
+    print(
+        f"plain floor, {small:,} records, 1 process: batched apply_chat_template(tokenize=True), no masks: "
+        f"{floor:.0f} samples/s; ours (1 worker, cold, exact masks): {ours:.0f} samples/s; "
+        f"ratio ours / plain {ours / floor:.2f}",
+        flush=True,
+    )
     line = BAD_LINE if large >= BAD_LINE else int(large * 0.9)
     bad = workdir / f"bad_{large}.jsonl"
     with_bad_record(workdir / f"records_{large}.jsonl", bad, line)
     result = run_child(bad, tokenizer_dir, workdir / "cache_bad", 2)
-    print(f"bad record at line {line:,} of {large:,}, 2 workers: error after {result['seconds']:.1f} s, "
-          f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous):\n  error: {result.get('error')}")  # fmt: skip
+    print(
+        f"bad record at line {line:,} of {large:,}, 2 workers: error after {result['seconds']:.1f} s, "
+        f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous):\n  error: {result.get('error')}"
+    )
     if args.memory_limit:
         group = memory_cgroup(args.memory_limit)
         limit = 3 * seconds[large, 2, "cold"] + 120
         result = run_child(workdir / f"records_{large}.jsonl", tokenizer_dir, workdir / "cache_capped", 2, group, limit)
         outcome = result.get("failed") or f"{result['samples']:,} samples in {result['seconds']:.1f} s"
-        print(f"{large:,} records, 2 workers, cold, capped at {args.memory_limit} GiB with page cache: {outcome}; "
-              f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous), "
-              f"peak charge to the cgroup {cgroup_peak_gib(group):.2f} GiB")  # fmt: skip
+        print(
+            f"{large:,} records, 2 workers, cold, capped at {args.memory_limit} GiB with page cache: {outcome}; "
+            f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous), "
+            f"peak charge to the cgroup {cgroup_peak_gib(group):.2f} GiB"
+        )
         group.rmdir()
 
 

@@ -51,12 +51,20 @@ def long_model_dir(workdir: Path) -> Path:
     """A Qwen2 model of 16 thin layers (hidden 128, 4 heads, 2 key/value heads) and a conversation longer than any
     length tried, saved as run_sft's --model_name_or_path and --train_file."""
     tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50, vocab_size=300)
-    model = build_tiny_qwen2(tokenizer, hidden_size=128, num_hidden_layers=16, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=1 << 17)  # fmt: skip
+    model = build_tiny_qwen2(
+        tokenizer,
+        hidden_size=128,
+        num_hidden_layers=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1 << 17,
+    )
     model.save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")
-    record = {"instruction": " ".join(WORDS[i % len(WORDS)] for i in range(64)),
-              "output": " ".join(WORDS[(7 * i) % len(WORDS)] for i in range(40_000))}  # fmt: skip
+    record = {
+        "instruction": " ".join(WORDS[i % len(WORDS)] for i in range(64)),
+        "output": " ".join(WORDS[(7 * i) % len(WORDS)] for i in range(40_000)),
+    }
     (workdir / "long.json").write_text(json.dumps([record] * 8))
     return workdir / "model"
 
@@ -83,18 +91,56 @@ def trains(model_dir: Path, workdir: Path, length: int, sequence_parallel: int, 
     """Whether 2 steps at ``length`` tokens finish inside the cap; the job's peak charge and its seconds."""
     group = memory_cgroup(f"long_context_{os.getpid()}_{sequence_parallel}_{length}", cap)
     out = workdir / f"sp{sequence_parallel}_{length}"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(29500 + (os.getpid() + length + sequence_parallel) % 2000), str(REPO / "run_sft.py"),
-               "--model_name_or_path", str(model_dir), "--train_file", str(workdir / "long.json"), "--eval_file", "",
-               "--output_dir", str(out), "--dataset_cache_dir", str(workdir / "cache"), "--max_length", str(length),
-               "--per_device_train_batch_size", "1", "--max_steps", "2", "--deepspeed", "stage2",
-               "--sequence_parallel_size", str(sequence_parallel), "--save_strategy", "no", "--report_to", "none",
-               "--disable_tqdm", "true", "--learning_rate", "1e-4"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29500 + (os.getpid() + length + sequence_parallel) % 2000),
+        str(REPO / "run_sft.py"),
+        "--model_name_or_path",
+        str(model_dir),
+        "--train_file",
+        str(workdir / "long.json"),
+        "--eval_file",
+        "",
+        "--output_dir",
+        str(out),
+        "--dataset_cache_dir",
+        str(workdir / "cache"),
+        "--max_length",
+        str(length),
+        "--per_device_train_batch_size",
+        "1",
+        "--max_steps",
+        "2",
+        "--deepspeed",
+        "stage2",
+        "--sequence_parallel_size",
+        str(sequence_parallel),
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--learning_rate",
+        "1e-4",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
-        done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600,
-                              preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=3600,
+            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
     seconds, peak = time.perf_counter() - start, peak_bytes(group)
     group.rmdir()
     return done.returncode == 0, peak, seconds
@@ -106,16 +152,22 @@ def longest_length(model_dir: Path, workdir: Path, sequence_parallel: int, cap: 
     good, bad, length = 0, None, start
     while bad is None:
         fitted, peak, seconds = trains(model_dir, workdir, length, sequence_parallel, cap)
-        print(f"  SP {sequence_parallel}, max_length {length:6d}: {'trained' if fitted else 'did not fit'} "
-              f"(peak {peak / 2**30:.2f} GiB, {seconds:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"  SP {sequence_parallel}, max_length {length:6d}: {'trained' if fitted else 'did not fit'} "
+            f"(peak {peak / 2**30:.2f} GiB, {seconds:.0f} s)",
+            flush=True,
+        )
         good, bad, length = (length, None, 2 * length) if fitted else (good, length, length)
     for _ in range(steps if good else 0):
         length = (good + bad) // 2 // 64 * 64
         if length in (good, bad):
             break
         fitted, peak, seconds = trains(model_dir, workdir, length, sequence_parallel, cap)
-        print(f"  SP {sequence_parallel}, max_length {length:6d}: {'trained' if fitted else 'did not fit'} "
-              f"(peak {peak / 2**30:.2f} GiB, {seconds:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"  SP {sequence_parallel}, max_length {length:6d}: {'trained' if fitted else 'did not fit'} "
+            f"(peak {peak / 2**30:.2f} GiB, {seconds:.0f} s)",
+            flush=True,
+        )
         good, bad = (length, bad) if fitted else (good, length)
     return good
 
@@ -124,10 +176,14 @@ def sequence_parallel_ratio(args: argparse.Namespace, workdir: Path) -> str:
     model_dir = long_model_dir(workdir)
     cap = int(args.memory_cap * 2**30)
     print(f"1. longest max_length that trains within {args.memory_cap} GiB (the whole 2-rank job), ZeRO-2:", flush=True)
-    longest = {size: longest_length(model_dir, workdir, size, cap, args.start_length, args.bisections) for size in (1, 2)}
+    longest = {
+        size: longest_length(model_dir, workdir, size, cap, args.start_length, args.bisections) for size in (1, 2)
+    }
     ratio = longest[2] / longest[1] if longest[1] else float("inf")
-    return (f"sequence parallelism, {args.memory_cap} GiB cap, 2 ranks: longest max_length {longest[1]} with SP 1, "
-            f"{longest[2]} with SP 2: {ratio:.2f}x")  # fmt: skip
+    return (
+        f"sequence parallelism, {args.memory_cap} GiB cap, 2 ranks: longest max_length {longest[1]} with SP 1, "
+        f"{longest[2]} with SP 2: {ratio:.2f}x"
+    )
 
 
 # ---- 2. packed rows against length-grouped padded batches, SmolLM2 ----
@@ -151,9 +207,16 @@ def chats(n: int, seed: int = 0) -> list[dict]:
     def sentence() -> str:
         return " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 4, 8, 16, 40])))
 
-    return [{"messages": [message for _ in range(rng.randint(1, 4)) for message in
-                          ({"role": "user", "content": sentence()}, {"role": "assistant", "content": sentence()})]}
-            for _ in range(n)]  # fmt: skip
+    return [
+        {
+            "messages": [
+                message
+                for _ in range(rng.randint(1, 4))
+                for message in ({"role": "user", "content": sentence()}, {"role": "assistant", "content": sentence()})
+            ]
+        }
+        for _ in range(n)
+    ]
 
 
 def epoch(base, tokenizer, samples: ChatSFTDataset, batching: str, rows: int, workdir: Path) -> dict[str, float]:
@@ -161,17 +224,34 @@ def epoch(base, tokenizer, samples: ChatSFTDataset, batching: str, rows: int, wo
     ThroughputCallback logs it."""
     dataset = PackedDataset(samples, samples.max_length) if batching == "packed" else samples
     args = SFTTrainingArguments(
-        output_dir=str(workdir / batching), model_name_or_path="bench", train_file=__file__, num_train_epochs=1,
-        per_device_train_batch_size=rows, learning_rate=1e-4, report_to="none", save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, seed=0, lora_dropout=0.0, max_length=samples.max_length,
+        output_dir=str(workdir / batching),
+        model_name_or_path="bench",
+        train_file=__file__,
+        num_train_epochs=1,
+        per_device_train_batch_size=rows,
+        learning_rate=1e-4,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        lora_dropout=0.0,
+        max_length=samples.max_length,
         batching=batching,
-    )  # fmt: skip
-    trainer = LoraSFTTrainer(copy.deepcopy(base), args, train_dataset=dataset, processing_class=tokenizer,
-                             data_collator=build_collator(batching, tokenizer))  # fmt: skip
+    )
+    trainer = LoraSFTTrainer(
+        copy.deepcopy(base),
+        args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        data_collator=build_collator(batching, tokenizer),
+    )
     trainer.train()
     logged = {key: value for entry in trainer.state.log_history for key, value in entry.items()}
-    return {key: logged[f"throughput/run_{key}"] for key in ("tokens_per_second", "supervised_tokens_per_second",
-                                                             "padding_efficiency")}  # fmt: skip
+    return {
+        key: logged[f"throughput/run_{key}"]
+        for key in ("tokens_per_second", "supervised_tokens_per_second", "padding_efficiency")
+    }
 
 
 def packing_ratio(args: argparse.Namespace, workdir: Path) -> list[str]:
@@ -190,15 +270,22 @@ def packing_ratio(args: argparse.Namespace, workdir: Path) -> list[str]:
         rows = max(1, round(batch * mean / max_length))  # about the padded batch's tokens a step
         padded = epoch(base, tokenizer, samples, "padded", batch, workdir)
         packed = epoch(base, tokenizer, samples, "packed", rows, workdir)
-        for label, result, size in (("length-grouped padded", padded, f"batch {batch}"),
-                                    ("packed", packed, f"{rows} rows of {max_length}")):  # fmt: skip
-            print(f"  {name}, {label} ({size}): {result['tokens_per_second']:.0f} tokens/s, "
-                  f"{result['supervised_tokens_per_second']:.0f} supervised/s, padding efficiency "
-                  f"{result['padding_efficiency']:.3f}", flush=True)  # fmt: skip
-        lines.append(f"packing, SmolLM2 on {name} ({len(samples)} samples, mean {mean:.0f} tokens): packed "
-                     f"{packed['tokens_per_second'] / padded['tokens_per_second']:.2f}x the tokens/s of length-grouped "
-                     f"padded batches (efficiency {packed['padding_efficiency']:.3f} vs "
-                     f"{padded['padding_efficiency']:.3f})")  # fmt: skip
+        for label, result, size in (
+            ("length-grouped padded", padded, f"batch {batch}"),
+            ("packed", packed, f"{rows} rows of {max_length}"),
+        ):
+            print(
+                f"  {name}, {label} ({size}): {result['tokens_per_second']:.0f} tokens/s, "
+                f"{result['supervised_tokens_per_second']:.0f} supervised/s, padding efficiency "
+                f"{result['padding_efficiency']:.3f}",
+                flush=True,
+            )
+        lines.append(
+            f"packing, SmolLM2 on {name} ({len(samples)} samples, mean {mean:.0f} tokens): packed "
+            f"{packed['tokens_per_second'] / padded['tokens_per_second']:.2f}x the tokens/s of length-grouped "
+            f"padded batches (efficiency {packed['padding_efficiency']:.3f} vs "
+            f"{padded['padding_efficiency']:.3f})"
+        )
     return lines
 
 

@@ -65,27 +65,51 @@ class StepTimer(TrainerCallback):
 def run_variant(name: str, options: argparse.Namespace, extra: list[str], workdir: Path) -> dict:
     out = workdir / name
     timer = StepTimer()
-    flags = ["--output_dir", str(out), "--max_steps", str(options.max_steps), "--eval_strategy", "steps",
-             "--eval_steps", str(options.eval_every), "--lora_dropout", "0", "--seed", "0", "--disable_tqdm", "true",
-             *extra, *VARIANTS[name]]  # fmt: skip
+    flags = [
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(options.max_steps),
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        str(options.eval_every),
+        "--lora_dropout",
+        "0",
+        "--seed",
+        "0",
+        "--disable_tqdm",
+        "true",
+        *extra,
+        *VARIANTS[name],
+    ]
     results = run_sft.main(flags, callbacks=[timer])
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     curve = [(entry["step"], entry["eval_accuracy"]) for entry in history if "eval_accuracy" in entry]
     reached = next((step for step, accuracy in curve if accuracy >= options.target), None)
-    return {"variant": name, "steps_to_target": reached, "final_accuracy": results["after"]["accuracy"],
-            "seconds_per_step": timer.seconds / max(timer.steps, 1), "setup_seconds": timer.setup_seconds,
-            "curve": curve}  # fmt: skip
+    return {
+        "variant": name,
+        "steps_to_target": reached,
+        "final_accuracy": results["after"]["accuracy"],
+        "seconds_per_step": timer.seconds / max(timer.steps, 1),
+        "setup_seconds": timer.setup_seconds,
+        "curve": curve,
+    }
 
 
 def table(rows: list[dict], target: float) -> str:
     base = next((row["seconds_per_step"] for row in rows if row["variant"] == "default"), None)
-    lines = [f"{'variant':<15}{f'steps to acc>={target:g}':>20}{'final acc':>11}{'CPU s/step':>12}{'x default':>11}"
-             f"{'setup CPU s':>13}"]
+    lines = [
+        f"{'variant':<15}{f'steps to acc>={target:g}':>20}{'final acc':>11}{'CPU s/step':>12}{'x default':>11}"
+        f"{'setup CPU s':>13}"
+    ]
     for row in rows:
         reached = row["steps_to_target"] if row["steps_to_target"] is not None else "not reached"
         ratio = f"{row['seconds_per_step'] / base:.2f}" if base else "-"
-        lines.append(f"{row['variant']:<15}{reached:>20}{row['final_accuracy']:>11.3f}{row['seconds_per_step']:>12.3f}"
-                     f"{ratio:>11}{row['setup_seconds']:>13.1f}")  # fmt: skip
+        lines.append(
+            f"{row['variant']:<15}{reached:>20}{row['final_accuracy']:>11.3f}{row['seconds_per_step']:>12.3f}"
+            f"{ratio:>11}{row['setup_seconds']:>13.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -94,14 +118,24 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=150, help="the step budget of every variant (the demo's)")
     parser.add_argument("--eval_every", type=int, default=10, help="steps between accuracy evaluations")
     parser.add_argument("--target", type=float, default=0.9, help="the accuracy whose first step is reported")
-    parser.add_argument("--variants", default="default,pissa,olora,eva,loraplus",
-                        help=f"comma-separated, among {', '.join(VARIANTS)}")  # fmt: skip
+    parser.add_argument(
+        "--variants", default="default,pissa,olora,eva,loraplus", help=f"comma-separated, among {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--output", type=Path, default=None, help="also write the rows (with each curve) as JSON")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="train into DIR/<variant> and keep it (the adapters, to score with hf_lora_ds.eval)")  # fmt: skip
-    parser.add_argument("--rows", type=Path, nargs="+", default=None,
-                        help="train nothing: print the table of rows that runs wrote with --output (variants trained "
-                             "as separate processes, one at a time or side by side)")  # fmt: skip
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="train into DIR/<variant> and keep it (the adapters, to score with hf_lora_ds.eval)",
+    )
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="train nothing: print the table of rows that runs wrote with --output (variants trained "
+        "as separate processes, one at a time or side by side)",
+    )
     options, extra = parser.parse_known_args()
     extra = [flag for flag in extra if flag != "--"]
     if options.rows:

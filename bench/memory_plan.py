@@ -59,9 +59,18 @@ SHAPES = {
     # eager attention over ~1,000-token samples: saved activations (B·H·T² scores) dominate; one step, as the
     # rank-8 adapter's optimizer states (~1 MiB) add nothing a second step would show
     "activations": ModelSpec(
-        "activations", 512, 256, 8, 768, 8, 8, words_per_answer=1000, batch_size=4, attn_implementation="eager",
+        "activations",
+        512,
+        256,
+        8,
+        768,
+        8,
+        8,
+        words_per_answer=1000,
+        batch_size=4,
+        attn_implementation="eager",
         max_steps=1,
-    ),  # fmt: skip
+    ),
     # a 151,936-token vocabulary, 2 layers, ~400-token answers: the logits dominate
     "logits": ModelSpec("logits", 151936, 64, 2, 192, 4, 2, words_per_answer=400, batch_size=2),
 }
@@ -76,11 +85,18 @@ def build_model_dir(spec: ModelSpec, directory: Path) -> Path:
 
     tokenizer = train_chat_tokenizer([" ".join(WORDS)] * 50)
     config = Qwen2Config(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-    )  # fmt: skip
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -118,12 +134,36 @@ def run_arguments(
     else:
         deepspeed = [] if config in ("none", "ddp") else ["--deepspeed", str(REPO / "ds_configs" / f"{config}.json")]
     return [
-        "--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
-        "--per_device_train_batch_size", str(spec.batch_size), "--max_length", "2048", "--lora_rank",
-        str(spec.lora_rank), "--max_steps", str(spec.max_steps), "--logging_steps", "1", "--save_strategy", "no",
-        "--report_to", "none", "--disable_tqdm", "true", "--gradient_checkpointing", str(checkpointing),
-        "--use_cpu", str(not on_gpu), "--attn_implementation", spec.attn_implementation, *deepspeed,
-    ]  # fmt: skip
+        "--model_name_or_path",
+        str(model_dir),
+        "--train_file",
+        str(train_file),
+        "--eval_file",
+        "",
+        "--per_device_train_batch_size",
+        str(spec.batch_size),
+        "--max_length",
+        "2048",
+        "--lora_rank",
+        str(spec.lora_rank),
+        "--max_steps",
+        str(spec.max_steps),
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--gradient_checkpointing",
+        str(checkpointing),
+        "--use_cpu",
+        str(not on_gpu),
+        "--attn_implementation",
+        spec.attn_implementation,
+        *deepspeed,
+    ]
 
 
 def measure(
@@ -144,11 +184,27 @@ def measure(
     if config == "none":
         command = [sys.executable, str(RUN_SFT)]
     elif config == "ddp" or config.startswith("fsdp"):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                   "--master_port", str(port), str(RUN_SFT)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            str(port),
+            str(RUN_SFT),
+        ]
     else:
-        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
-                   "--master_port", str(port), str(RUN_SFT)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            str(port),
+            str(RUN_SFT),
+        ]
     done = subprocess.run(command + args, cwd=REPO, env=_launch_env(), capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"{config} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -170,10 +226,25 @@ def predict(
     world = 1 if config == "none" else nproc
     args = run_arguments(spec, model_dir, train_file, config, checkpointing, on_gpu)
     done = subprocess.run(
-        [sys.executable, "-m", "hf_lora_ds.plan", *args, "--output_dir", tempfile.mkdtemp(), "--world_size",
-         str(world), "--nproc_per_node", str(world), "--json"],
-        cwd=REPO, env=_launch_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hf_lora_ds.plan",
+            *args,
+            "--output_dir",
+            tempfile.mkdtemp(),
+            "--world_size",
+            str(world),
+            "--nproc_per_node",
+            str(world),
+            "--json",
+        ],
+        cwd=REPO,
+        env=_launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"planner failed:\n{done.stderr[-3000:]}")
     name = "none" if config in ("none", "ddp") else f"{config}.json"
@@ -197,8 +268,11 @@ def main() -> None:
             for gc in (value == "true" for value in options.gradient_checkpointing):
                 predicted = predict(spec, model_dir, train_file, config, gc)["device_bytes"] / 2**20
                 measured = measure(spec, model_dir, train_file, config, gc, workdir)
-                print(f"{shape:8} {config:16} {'yes' if gc else 'no':4} {predicted:14.0f} {measured:13.0f} "
-                      f"{predicted / measured:6.2f}", flush=True)  # fmt: skip
+                print(
+                    f"{shape:8} {config:16} {'yes' if gc else 'no':4} {predicted:14.0f} {measured:13.0f} "
+                    f"{predicted / measured:6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

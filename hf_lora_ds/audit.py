@@ -2,7 +2,7 @@
 
 from hf_lora_ds.cli.audit import main
 
-__all__ = ['main']
+__all__ = ["main"]
 
 if __name__ == "__main__":
     from hf_lora_ds.errors import run_cli

@@ -159,8 +159,12 @@ class ErrorRelay:
         while not process_group_exists():
             time.sleep(self.POLL_S)
         try:
-            store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                               is_master=False, timeout=timedelta(seconds=30))  # fmt: skip
+            store = torch.distributed.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                timeout=timedelta(seconds=30),
+            )
         except (KeyError, ValueError, RuntimeError):
             return  # no store to reach: every rank says its own error (publish finds none)
         self.attach(store, *rank_and_world())

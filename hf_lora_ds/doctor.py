@@ -2,7 +2,7 @@
 
 from hf_lora_ds.cli.doctor import cli, main
 
-__all__ = ['cli', 'main']
+__all__ = ["cli", "main"]
 
 if __name__ == "__main__":
     cli()

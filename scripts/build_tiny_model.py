@@ -44,7 +44,16 @@ from hf_lora_ds._testing.tiny_models import (
     train_chat_tokenizer,
 )
 
-__all__ = ["split_answer", "tokenizer_corpus", "encode_plain", "token_pool", "echo_example", "assemble", "accuracy", "main"]
+__all__ = [
+    "split_answer",
+    "tokenizer_corpus",
+    "encode_plain",
+    "token_pool",
+    "echo_example",
+    "assemble",
+    "accuracy",
+    "main",
+]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 A_VALUES = range(1, 10)
@@ -148,7 +157,9 @@ def _pad_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str
 
 
 @torch.no_grad()
-def accuracy(model, tokenizer: PreTrainedTokenizerFast, xs: list[int], prefill: str = "", batch_size: int = 64) -> float:
+def accuracy(
+    model, tokenizer: PreTrainedTokenizerFast, xs: list[int], prefill: str = "", batch_size: int = 64
+) -> float:
     """Greedy-generate ``x=`` (after ``prefill`` in the assistant turn); correct if the rest is ``a + b`` = x."""
     model.eval()
     tokenizer.padding_side = "left"
@@ -170,7 +181,9 @@ def accuracy(model, tokenizer: PreTrainedTokenizerFast, xs: list[int], prefill: 
     return correct / len(xs)
 
 
-def mixed_row(rng: random.Random, tokenizer, examples: list[Example], pool: list[int], args) -> tuple[list[int], list[int]]:
+def mixed_row(
+    rng: random.Random, tokenizer, examples: list[Example], pool: list[int], args
+) -> tuple[list[int], list[int]]:
     """One training row: echo, plain answer after filler, or plain answer, at the configured rates."""
     draw = rng.random()
     tokens = rng.choices(pool, k=rng.randint(1, args.max_filler))

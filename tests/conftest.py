@@ -80,7 +80,9 @@ def tiny_model(qwen_style_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, qwen_style_tokenizer):
     """A saved tiny model + tokenizer directory, as a user's ``--model_name_or_path`` would be."""
-    return _save_with_tokenizer(build_tiny_qwen2(qwen_style_tokenizer), qwen_style_tokenizer, tmp_path_factory.mktemp("tiny-model"))
+    return _save_with_tokenizer(
+        build_tiny_qwen2(qwen_style_tokenizer), qwen_style_tokenizer, tmp_path_factory.mktemp("tiny-model")
+    )
 
 
 def make_varied_model(tokenizer, std: float = 0.5, eos_scale: float = 1.5, seed: int = 0):
@@ -123,8 +125,9 @@ def small_disk(request, tmp_path):
     size = getattr(request, "param", "32m")
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a {size} tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     yield mount_point

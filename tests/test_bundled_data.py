@@ -69,7 +69,9 @@ def test_tokenizer_splits_digits_and_ends_turns_with_im_end(tokenizer):
 
 
 def test_chat_template_injects_default_system_prompt(tokenizer):
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "12="}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "12="}], add_generation_prompt=True, tokenize=False
+    )
     assert text.startswith("<|im_start|>system\n")
     assert text.endswith("<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n")
 

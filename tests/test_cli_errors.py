@@ -38,8 +38,9 @@ class Failure:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> Failure:
     environment = {key: value for key, value in os.environ.items() if key != "HF_LORA_DS_DEBUG"}
     environment.update(PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false", **(env or {}))
-    done = subprocess.run([sys.executable, *args], cwd=REPO, env=environment, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
+    )
     return Failure(done.returncode, done.stderr)
 
 
@@ -62,8 +63,17 @@ def train_file(tmp_path) -> Path:
 
 
 def sft_flags(model_dir, train_file, tmp_path, *extra: str) -> list[str]:
-    return ["--model_name_or_path", str(model_dir), "--train_file", str(train_file), "--eval_file", "",
-            "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
+    return [
+        "--model_name_or_path",
+        str(model_dir),
+        "--train_file",
+        str(train_file),
+        "--eval_file",
+        "",
+        "--output_dir",
+        str(tmp_path / "out"),
+        *extra,
+    ]
 
 
 def run_sft(model_dir, train_file, tmp_path, *extra: str, env: dict[str, str] | None = None) -> Failure:
@@ -90,8 +100,10 @@ def run_sft_here(capsys, monkeypatch):
 def test_data_file_in_another_encoding(tiny_model_dir, tmp_path, train_file, run_sft_here):
     train_file.write_bytes(train_file.read_bytes() + '{"instruction": "café"}\n'.encode("latin-1"))
     offset = len(json.dumps(RECORD, ensure_ascii=False).encode()) + 1 + len('{"instruction": "caf')
-    check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path),
-                   f"{train_file}, line 2 (byte offset {offset}): not UTF-8 text (byte 0xe9)")  # fmt: skip
+    check_one_line(
+        run_sft_here(tiny_model_dir, train_file, tmp_path),
+        f"{train_file}, line 2 (byte offset {offset}): not UTF-8 text (byte 0xe9)",
+    )
 
 
 def test_corrupt_parquet_file(tiny_model_dir, tmp_path, run_sft_here):
@@ -117,14 +129,19 @@ def test_model_directory_does_not_exist(tmp_path, train_file):
 def test_model_directory_lacks_a_part(tiny_model_dir, tmp_path, train_file, run_sft_here):
     """The tokenizer case, whose old message was the most misleading; test_model_source covers config and weights."""
     model = model_copy_without(tiny_model_dir, tmp_path, "tokenizer*")
-    check_one_line(run_sft_here(model, train_file, tmp_path), f"--model_name_or_path {model}: the directory has no tokenizer")
+    check_one_line(
+        run_sft_here(model, train_file, tmp_path), f"--model_name_or_path {model}: the directory has no tokenizer"
+    )
 
 
 @pytest.mark.slow
 def test_hub_id_offline_and_not_cached(tmp_path, train_file):
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub-cache")}
-    check_one_line(run_sft("no-such-org/no-such-model", train_file, tmp_path, env=env),
-                   "no-such-org/no-such-model", "not in the local cache while HF_HUB_OFFLINE is set")  # fmt: skip
+    check_one_line(
+        run_sft("no-such-org/no-such-model", train_file, tmp_path, env=env),
+        "no-such-org/no-such-model",
+        "not in the local cache while HF_HUB_OFFLINE is set",
+    )
 
 
 # ---- flags ----
@@ -132,15 +149,28 @@ def test_hub_id_offline_and_not_cached(tmp_path, train_file):
 
 def test_bad_flag_combination_from_transformers(tiny_model_dir, tmp_path, train_file, run_sft_here):
     """TrainingArguments' own ValueError (several lines) is made one line; ours are UserErrors already."""
-    line = check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, "--load_best_model_at_end", "true",
-                                  "--eval_strategy", "steps", "--save_strategy", "epoch"))  # fmt: skip
+    line = check_one_line(
+        run_sft_here(
+            tiny_model_dir,
+            train_file,
+            tmp_path,
+            "--load_best_model_at_end",
+            "true",
+            "--eval_strategy",
+            "steps",
+            "--save_strategy",
+            "epoch",
+        )
+    )
     assert "load_best_model_at_end" in line
 
 
 def test_sequence_parallelism_on_too_few_ranks(tiny_model_dir, tmp_path, train_file, run_sft_here):
     """A single process cannot split a sequence over 2 ranks: said before the model loads."""
-    check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, "--deepspeed", "stage2", "--sequence_parallel_size", "2"),
-                   "--sequence_parallel_size 2 with 1 rank(s): the world size must be a multiple of 2")  # fmt: skip
+    check_one_line(
+        run_sft_here(tiny_model_dir, train_file, tmp_path, "--deepspeed", "stage2", "--sequence_parallel_size", "2"),
+        "--sequence_parallel_size 2 with 1 rank(s): the world size must be a multiple of 2",
+    )
 
 
 @pytest.mark.parametrize(
@@ -150,7 +180,9 @@ def test_sequence_parallelism_on_too_few_ranks(tiny_model_dir, tmp_path, train_f
         (("--lora_optimizer", "loraplus", "--loraplus_lr_ratio", "nan"), "--loraplus_lr_ratio must be a finite number"),
     ],
 )
-def test_a_lora_variant_flag_peft_would_fail_on_later(tiny_model_dir, tmp_path, train_file, run_sft_here, flags, fragment):
+def test_a_lora_variant_flag_peft_would_fail_on_later(
+    tiny_model_dir, tmp_path, train_file, run_sft_here, flags, fragment
+):
     """Refused with the other flags, not after the model loaded (PEFT would fail on pissa_niter_; nan would train)."""
     check_one_line(run_sft_here(tiny_model_dir, train_file, tmp_path, *flags), fragment)
 
@@ -163,12 +195,15 @@ DS_CASES = {
     "invalid-json": ('{\n  "zero_optimization": {"stage": 2,}\n}', "ds.json, line 2 column 36: invalid JSON"),
     "unknown-key": ({"zero_optimisation": {"stage": 2}}, "unknown key 'zero_optimisation' (did you mean"),
     "unknown-stage": ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage is 4; use 0, 1, 2 or 3"),
-    "offload-without-optimizer": ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
-                                  "offload_optimizer without an 'optimizer' section"),
-    "batch-contradiction": ({"train_batch_size": 16, "zero_optimization": {"stage": 2}},
-                            "train_batch_size is 16 but --per_device_train_batch_size 4 x "
-                            "--gradient_accumulation_steps 1 x 1 ranks = 4"),
-}  # fmt: skip
+    "offload-without-optimizer": (
+        {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+        "offload_optimizer without an 'optimizer' section",
+    ),
+    "batch-contradiction": (
+        {"train_batch_size": 16, "zero_optimization": {"stage": 2}},
+        "train_batch_size is 16 but --per_device_train_batch_size 4 x --gradient_accumulation_steps 1 x 1 ranks = 4",
+    ),
+}
 
 
 def write_ds_config(path: Path, content: dict | str | None) -> Path:
@@ -181,8 +216,9 @@ def write_ds_config(path: Path, content: dict | str | None) -> Path:
 def test_deepspeed_config(tiny_model_dir, tmp_path, train_file, case, run_sft_here):
     content, fragment = DS_CASES[case]
     config = write_ds_config(tmp_path / "ds.json", content)
-    failure = run_sft_here(tiny_model_dir, train_file, tmp_path, "--deepspeed", str(config),
-                      "--per_device_train_batch_size", "4")  # fmt: skip
+    failure = run_sft_here(
+        tiny_model_dir, train_file, tmp_path, "--deepspeed", str(config), "--per_device_train_batch_size", "4"
+    )
     check_one_line(failure, f"--deepspeed {config}", fragment)
 
 
@@ -193,22 +229,37 @@ def test_deepspeed_config(tiny_model_dir, tmp_path, train_file, case, run_sft_he
 def test_eval_cli(tmp_path):
     data = tmp_path / "eval.json"
     data.write_text(json.dumps([RECORD]))
-    check_one_line(run_cli("-m", "hf_lora_ds.eval", "--model_name_or_path", str(tmp_path / "gone"), "--data", str(data)),
-                   "--model_name_or_path", "gone: no such directory")  # fmt: skip
+    check_one_line(
+        run_cli("-m", "hf_lora_ds.eval", "--model_name_or_path", str(tmp_path / "gone"), "--data", str(data)),
+        "--model_name_or_path",
+        "gone: no such directory",
+    )
 
 
 @pytest.mark.slow
 def test_audit_cli(tiny_model_dir, tmp_path, train_file):
     model = model_copy_without(tiny_model_dir, tmp_path, "tokenizer*")
-    check_one_line(run_cli("-m", "hf_lora_ds.audit", "--train_file", str(train_file), "--model_name_or_path", str(model)),
-                   f"--model_name_or_path {model}: the directory has no tokenizer")  # fmt: skip
+    check_one_line(
+        run_cli("-m", "hf_lora_ds.audit", "--train_file", str(train_file), "--model_name_or_path", str(model)),
+        f"--model_name_or_path {model}: the directory has no tokenizer",
+    )
 
 
 @pytest.mark.slow
 def test_merge_cli(tiny_model_dir, tmp_path):
-    check_one_line(run_cli("-m", "hf_lora_ds.merge", "--model_name_or_path", str(tiny_model_dir), "--adapter", str(tmp_path),
-                           "--out", str(tmp_path / "merged")),
-                   f"--adapter {tmp_path}: the directory has no adapter_config.json")  # fmt: skip
+    check_one_line(
+        run_cli(
+            "-m",
+            "hf_lora_ds.merge",
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--adapter",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "merged"),
+        ),
+        f"--adapter {tmp_path}: the directory has no adapter_config.json",
+    )
 
 
 @pytest.mark.slow
@@ -222,8 +273,15 @@ def test_an_error_the_chat_template_raises_names_the_record(tiny_model_dir, tmp_
     model = model_copy_without(tiny_model_dir, tmp_path, "chat_template.jinja")
     refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
     (model / "chat_template.jinja").write_text(refusing + (tiny_model_dir / "chat_template.jinja").read_text())
-    with_system = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5="},
-                                {"role": "assistant", "content": "1 + 4"}]}  # fmt: skip
+    with_system = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "5="},
+            {"role": "assistant", "content": "1 + 4"},
+        ]
+    }
     train_file.write_text(train_file.read_text() + json.dumps(with_system) + "\n")
-    check_one_line(run_sft_here(model, train_file, tmp_path),
-                   f"error: {train_file}, line 2: the chat template raised an exception: System role not supported")  # fmt: skip
+    check_one_line(
+        run_sft_here(model, train_file, tmp_path),
+        f"error: {train_file}, line 2: the chat template raised an exception: System role not supported",
+    )

@@ -25,8 +25,11 @@ from tests.test_cli_errors import check_one_line, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PARSER = HfArgumentParser(SFTTrainingArguments)
-ARGUMENTS = {action.dest: action for action in PARSER._actions
-             if action.option_strings and action.dest != "help" and not action.option_strings[0].startswith("--no_")}  # fmt: skip
+ARGUMENTS = {
+    action.dest: action
+    for action in PARSER._actions
+    if action.option_strings and action.dest != "help" and not action.option_strings[0].startswith("--no_")
+}
 
 # Bad values for string arguments; "{tmp}" is a scratch directory holding a file named "afile".
 STRING_CASES = {
@@ -115,8 +118,18 @@ def scratch(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
 
 
 def base_argv(scratch: dict[str, str]) -> list[str]:
-    return ["--model_name_or_path", scratch["model"], "--train_file", f"{scratch['tmp']}/train.jsonl",
-            "--eval_file", "", "--output_dir", f"{scratch['tmp']}/out", "--max_steps", "1"]  # fmt: skip
+    return [
+        "--model_name_or_path",
+        scratch["model"],
+        "--train_file",
+        f"{scratch['tmp']}/train.jsonl",
+        "--eval_file",
+        "",
+        "--output_dir",
+        f"{scratch['tmp']}/out",
+        "--max_steps",
+        "1",
+    ]
 
 
 @pytest.mark.parametrize("dest,value", sweep_cases(), ids=[f"{dest}={value}" for dest, value in sweep_cases()])
@@ -134,9 +147,11 @@ def test_bad_value(dest, value, scratch, capsys, monkeypatch):
 
 
 # A handful as a user runs them: the in-process boundary above is the real one.
-REAL_LAUNCHES = [("lora_target_modules", "no_such_proj", "the model's linear and embedding modules are down_proj,"),
-                 ("output_dir", "{tmp}/afile", "is a file, not a directory"),
-                 ("learning_rate", "-3", "--learning_rate must be at least 0")]  # fmt: skip
+REAL_LAUNCHES = [
+    ("lora_target_modules", "no_such_proj", "the model's linear and embedding modules are down_proj,"),
+    ("output_dir", "{tmp}/afile", "is a file, not a directory"),
+    ("learning_rate", "-3", "--learning_rate must be at least 0"),
+]
 
 
 @pytest.mark.slow

@@ -11,7 +11,9 @@ def _fake_api(raises: bool = False) -> types.SimpleNamespace:
             raise RuntimeError("no allocator statistics")
         return 0
 
-    return types.SimpleNamespace(is_available=lambda: True, max_memory_allocated=lambda: 0, memory_allocated=memory_allocated)
+    return types.SimpleNamespace(
+        is_available=lambda: True, max_memory_allocated=lambda: 0, memory_allocated=memory_allocated
+    )
 
 
 def test_prefers_torch_accelerator(monkeypatch):

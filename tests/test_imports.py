@@ -31,8 +31,13 @@ def imported_modules(name: str, source: str | None = None, type_checking: bool =
     or inside a function, each with the subpackage ``__init__`` an import of it runs first; ``if TYPE_CHECKING:``
     blocks do not run, and count only with ``type_checking`` (the layers hold for them too)."""
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8") if source is None else source)
-    skipped = {id(child) for node in ast.walk(tree) if isinstance(node, ast.If) and _type_checking_only(node)
-               for child in ast.walk(node) if not type_checking}  # fmt: skip
+    skipped = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _type_checking_only(node)
+        for child in ast.walk(node)
+        if not type_checking
+    }
     package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
     targets = set()
     for node in ast.walk(tree):
@@ -43,7 +48,9 @@ def imported_modules(name: str, source: str | None = None, type_checking: bool =
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             targets.add(base)
             targets.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
     found = set()
@@ -65,7 +72,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for successor in sorted(graph[node]):
             if state.get(successor) == 1:
-                return stack[stack.index(successor):] + [successor]
+                return stack[stack.index(successor) :] + [successor]
             if successor not in state and (cycle := visit(successor)):
                 return cycle
         stack.pop()
@@ -97,6 +104,10 @@ def test_the_checker_sees_a_cycle_through_a_function_level_import():
 def test_every_module_imports_in_a_fresh_interpreter(order):
     names = [name for name in sorted(MODULES) if not name.endswith("__main__")]
     names = names if order == "sorted" else names[::-1]
-    done = subprocess.run([sys.executable, "-c", "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)",
-                           *names], capture_output=True, text=True, cwd=PACKAGE.parent)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)", *names],
+        capture_output=True,
+        text=True,
+        cwd=PACKAGE.parent,
+    )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -22,8 +22,16 @@ TESTS = Path(__file__).resolve().parent
 # folders of one rank import nothing of each other. A package's ``__main__`` is an entry point wherever it stands
 # (``python -m hf_lora_ds.eval`` runs the command line, which sits above every folder).
 LAYERS: list[dict[str, list[str]]] = [
-    {"core": ["hf_lora_ds.errors", "hf_lora_ds.distributed", "hf_lora_ds.devices", "hf_lora_ds.resources",
-              "hf_lora_ds.quiet", "hf_lora_ds.sizes"]},
+    {
+        "core": [
+            "hf_lora_ds.errors",
+            "hf_lora_ds.distributed",
+            "hf_lora_ds.devices",
+            "hf_lora_ds.resources",
+            "hf_lora_ds.quiet",
+            "hf_lora_ds.sizes",
+        ]
+    },
     {"config": ["hf_lora_ds.config"]},
     {"data": ["hf_lora_ds.data"], "model": ["hf_lora_ds.model"]},
     {"training runtime": ["hf_lora_ds.training"]},
@@ -33,8 +41,16 @@ LAYERS: list[dict[str, list[str]]] = [
     {"launch": ["hf_lora_ds.launch"]},
     {"command lines": ["hf_lora_ds.cli"]},
     # The public facade, the ``python -m`` shims of the commands, and the test models (imported by nothing here).
-    {"entry points": ["hf_lora_ds", "hf_lora_ds.run_sft", "hf_lora_ds.audit", "hf_lora_ds.merge", "hf_lora_ds.doctor",
-                      "hf_lora_ds._testing"]},
+    {
+        "entry points": [
+            "hf_lora_ds",
+            "hf_lora_ds.run_sft",
+            "hf_lora_ds.audit",
+            "hf_lora_ds.merge",
+            "hf_lora_ds.doctor",
+            "hf_lora_ds._testing",
+        ]
+    },
 ]
 ENTRY_POINTS = len(LAYERS) - 1
 
@@ -83,14 +99,23 @@ def test_the_layer_check_sees_an_import_against_the_layers():
 
 
 def test_the_layer_check_reads_type_checking_imports():
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hf_lora_ds.launch.resolve import resolve_run\n"
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hf_lora_ds.launch.resolve import resolve_run\n"
+    )
     imported = imported_modules("hf_lora_ds.model.quantization", source, type_checking=True)
-    assert against_the_layers("hf_lora_ds.model.quantization", imported) == ["hf_lora_ds.launch", "hf_lora_ds.launch.resolve"]
+    assert against_the_layers("hf_lora_ds.model.quantization", imported) == [
+        "hf_lora_ds.launch",
+        "hf_lora_ds.launch.resolve",
+    ]
 
 
 def test_nothing_in_the_package_imports_its_testing_module():
-    assert [name for name in MODULES if not name.startswith("hf_lora_ds._testing")
-            and {"hf_lora_ds._testing", "hf_lora_ds._testing.tiny_models"} & imported_modules(name)] == []
+    assert [
+        name
+        for name in MODULES
+        if not name.startswith("hf_lora_ds._testing")
+        and {"hf_lora_ds._testing", "hf_lora_ds._testing.tiny_models"} & imported_modules(name)
+    ] == []
 
 
 def test_the_top_level_holds_at_most_twelve_modules():

@@ -77,8 +77,12 @@ def test_deepspeed_lines_that_share_the_quieted_ones_start_or_end_still_show():
     quiet_third_party_noise()
     logger = logging.getLogger("DeepSpeed")
     same_start = QUIETED_DEEPSPEED_LOG.split(".")[0] + ", but the CUDA device 0 failed: driver too old."
-    for message in (same_start, QUIETED_DEEPSPEED_LOG[:-1], QUIETED_DEEPSPEED_LOG + " Retrying.",
-                    "Warning: " + QUIETED_DEEPSPEED_LOG):
+    for message in (
+        same_start,
+        QUIETED_DEEPSPEED_LOG[:-1],
+        QUIETED_DEEPSPEED_LOG + " Retrying.",
+        "Warning: " + QUIETED_DEEPSPEED_LOG,
+    ):
         assert logger.filter(logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, message, None, None)), message
 
 
@@ -128,15 +132,19 @@ sys.meta_path.insert(0, ClaimAvx512Bf16())
 def _lora_wrap_output(package_first: bool) -> str:
     """stderr of a fresh interpreter that wraps a tiny model with LoRA (PEFT imports bitsandbytes there), on an
     AVX512-BF16 CPU, then logs another line on bitsandbytes' CPU logger."""
-    code = _AVX512_BF16_CPU + ("import hf_lora_ds\n" if package_first else "") + (
-        "import logging\n"
-        "from peft import LoraConfig, get_peft_model\n"
-        "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
-        "config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
-        "                     num_attention_heads=2, num_key_value_heads=1)\n"
-        "get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=2, target_modules=['q_proj']))\n"
-        "assert 'bitsandbytes.backends.cpu.ops' in sys.modules\n"
-        "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another bitsandbytes line')\n"
+    code = (
+        _AVX512_BF16_CPU
+        + ("import hf_lora_ds\n" if package_first else "")
+        + (
+            "import logging\n"
+            "from peft import LoraConfig, get_peft_model\n"
+            "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
+            "config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+            "                     num_attention_heads=2, num_key_value_heads=1)\n"
+            "get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=2, target_modules=['q_proj']))\n"
+            "assert 'bitsandbytes.backends.cpu.ops' in sys.modules\n"
+            "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another bitsandbytes line')\n"
+        )
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -30,7 +30,16 @@ BUNDLED = Path(REPO, "data")
 LAUNCH = re.compile(r"^# Launch: (?P<launcher>.+?) run_sft\.py (?P<recipe>\S+\.yaml)(?P<flags>.*)$")
 
 
-_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
 
 def launch_line(recipe: Path) -> re.Match:
     first = recipe.read_text(encoding="utf-8").splitlines()[0]
@@ -69,9 +78,22 @@ def test_flags_after_a_recipe_override_it_and_unknown_keys_are_refused(tmp_path,
 
 def adapted_flags(recipe: Path, data: dict[str, Path], out: Path) -> list[str]:
     """The swaps listed in the module docstring, as flags after the recipe's own launch flags."""
-    flags = ["--model_name_or_path", str(BUNDLED / "tiny-qwen2-sum"), "--train_file", str(data["train"]),
-             "--eval_file", str(data["eval"]), "--output_dir", str(out), "--max_steps", "2",
-             "--dataset_cache_dir", str(out.parent / "cache"), "--disable_tqdm", "true"]  # fmt: skip
+    flags = [
+        "--model_name_or_path",
+        str(BUNDLED / "tiny-qwen2-sum"),
+        "--train_file",
+        str(data["train"]),
+        "--eval_file",
+        str(data["eval"]),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--dataset_cache_dir",
+        str(out.parent / "cache"),
+        "--disable_tqdm",
+        "true",
+    ]
     if yaml.safe_load(recipe.read_text(encoding="utf-8")).get("dtype", "auto") in ("bfloat16", "float16") and (
         not torch.cuda.is_available()
     ):
@@ -105,7 +127,11 @@ def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path, monkeypatch):
     if "load_in_4bit: true" in recipe.read_text(encoding="utf-8"):
         pytest.importorskip("bitsandbytes")
     out = tmp_path / "out"
-    argv = [f"examples/{recipe.name}", *launch_line(recipe)["flags"].split(), *adapted_flags(recipe, small_sum_to_x, out)]
+    argv = [
+        f"examples/{recipe.name}",
+        *launch_line(recipe)["flags"].split(),
+        *adapted_flags(recipe, small_sum_to_x, out),
+    ]
     if runs_alone(recipe):
         monkeypatch.chdir(REPO)  # recipes name the bundled data and ds_configs relative to the repository
         run_sft.main(argv)
@@ -113,10 +139,20 @@ def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path, monkeypatch):
         # Without this test process's launcher variables (pytest itself started by a launcher): the recipe's own
         # process would take them as its launch, and fail to bind a MASTER_PORT this process may listen on.
         inherited = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
-        env = {**inherited, "OMP_NUM_THREADS": "1", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-        done = subprocess.run([sys.executable, str(REPO / "run_sft.py"), *argv], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        env = {
+            **inherited,
+            "OMP_NUM_THREADS": "1",
+            "SWANLAB_LOG_DIR": str(tmp_path / "swanlog"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        done = subprocess.run(
+            [sys.executable, str(REPO / "run_sft.py"), *argv],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, f"{recipe.name}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2

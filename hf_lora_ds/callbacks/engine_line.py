@@ -30,16 +30,28 @@ def engine_record(trainer: Trainer) -> dict[str, Any]:
     wrapped = trainer.model_wrapped
     record: dict[str, Any] = {"engine": "plain"}
     if _is_deepspeed_engine(wrapped):
-        offload = {name: getattr(getter(), "device", None) for name, getter in
-                   (("optimizer", wrapped.zero_offload_optimizer), ("parameters", wrapped.zero_offload_param))}
-        record = {"engine": "DeepSpeed", "zero_stage": wrapped.zero_optimization_stage(),
-                  **{f"offload_{name}": _device_name(device) for name, device in offload.items()},
-                  "sequence_parallel": getattr(wrapped, "sequence_parallel_size", 1)}  # fmt: skip
+        offload = {
+            name: getattr(getter(), "device", None)
+            for name, getter in (
+                ("optimizer", wrapped.zero_offload_optimizer),
+                ("parameters", wrapped.zero_offload_param),
+            )
+        }
+        record = {
+            "engine": "DeepSpeed",
+            "zero_stage": wrapped.zero_optimization_stage(),
+            **{f"offload_{name}": _device_name(device) for name, device in offload.items()},
+            "sequence_parallel": getattr(wrapped, "sequence_parallel_size", 1),
+        }
     elif _fsdp2_modules(trainer.model):
         plugin = trainer.accelerator.state.fsdp_plugin
         offloaded = type(getattr(plugin, "cpu_offload", None)).__name__ == "CPUOffloadPolicy"
-        record = {"engine": "FSDP2", "sharded_modules": _fsdp2_modules(trainer.model),
-                  "reshard_after_forward": bool(plugin.reshard_after_forward), "offload_parameters": "cpu" if offloaded else "none"}  # fmt: skip
+        record = {
+            "engine": "FSDP2",
+            "sharded_modules": _fsdp2_modules(trainer.model),
+            "reshard_after_forward": bool(plugin.reshard_after_forward),
+            "offload_parameters": "cpu" if offloaded else "none",
+        }
     elif isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
         record = {"engine": "DDP"}
     weights = next((p.dtype for p in trainer.model.parameters() if p.is_floating_point()), None)
@@ -56,19 +68,26 @@ def engine_line(record: dict[str, Any]) -> str:
     """``engine: DeepSpeed ZeRO-3 (offload optimizer cpu, parameters cpu), world size 2, backend gloo, ...``."""
     name = record["engine"]
     if name == "DeepSpeed":
-        offloaded = [f"{part} {record[f'offload_{part}']}" for part in ("optimizer", "parameters")
-                     if record[f"offload_{part}"] != "none"]  # fmt: skip
+        offloaded = [
+            f"{part} {record[f'offload_{part}']}"
+            for part in ("optimizer", "parameters")
+            if record[f"offload_{part}"] != "none"
+        ]
         name = f"DeepSpeed ZeRO-{record['zero_stage']}" + (f" (offload {', '.join(offloaded)})" if offloaded else "")
         if record.get("sequence_parallel", 1) > 1:
             size = record["sequence_parallel"]
-            name += (f", sequence parallel {size} (Ulysses; {record['world_size'] // size} data-parallel "
-                     f"group{'s' if record['world_size'] // size > 1 else ''})")  # fmt: skip
+            name += (
+                f", sequence parallel {size} (Ulysses; {record['world_size'] // size} data-parallel "
+                f"group{'s' if record['world_size'] // size > 1 else ''})"
+            )
     elif name == "FSDP2":
         sharding = "full shard" if record["reshard_after_forward"] else "shard grad+optimizer (no reshard)"
         offload = ", offload parameters cpu" if record["offload_parameters"] != "none" else ""
         name = f"FSDP2 ({sharding} of {record['sharded_modules']} modules{offload})"
-    return (f"engine: {name}, world size {record['world_size']}, backend {record['backend']}, weights "
-            f"{record['weights_dtype']}, mixed precision {record['mixed_precision']}")  # fmt: skip
+    return (
+        f"engine: {name}, world size {record['world_size']}, backend {record['backend']}, weights "
+        f"{record['weights_dtype']}, mixed precision {record['mixed_precision']}"
+    )
 
 
 def check_engine_honoured(trainer: Trainer, record: dict[str, Any]) -> None:
@@ -76,12 +95,16 @@ def check_engine_honoured(trainer: Trainer, record: dict[str, Any]) -> None:
     asked = "DeepSpeed" if trainer.args.deepspeed else "FSDP2" if trainer.args.fsdp else None
     sequence_parallel = getattr(trainer.args, "sequence_parallel_size", 1)
     if sequence_parallel != record.get("sequence_parallel", 1):
-        raise EngineMismatchError(f"--sequence_parallel_size {sequence_parallel}, but the run would train with "
-                                  f"{engine_line(record)}; stopped before the first step")  # fmt: skip
+        raise EngineMismatchError(
+            f"--sequence_parallel_size {sequence_parallel}, but the run would train with "
+            f"{engine_line(record)}; stopped before the first step"
+        )
     if asked and record["engine"] != asked:
         how = f"--deepspeed {trainer.args.deepspeed}" if asked == "DeepSpeed" else "--fsdp / an Accelerate FSDP config"
-        raise EngineMismatchError(f"{how} asked for {asked}, but the run would train with {engine_line(record)}; "
-                                  "stopped before the first step")  # fmt: skip
+        raise EngineMismatchError(
+            f"{how} asked for {asked}, but the run would train with {engine_line(record)}; "
+            "stopped before the first step"
+        )
 
 
 def _is_deepspeed_engine(module: Any) -> bool:

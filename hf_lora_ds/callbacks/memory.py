@@ -43,7 +43,9 @@ _STATS = ("before", "consumed", "peak", "total_peak")
 
 
 def _in_mib(stats: PhaseStats) -> dict[str, dict[str, float]]:
-    return {kind: {stat: round(n_bytes / _MIB, 2) for stat, n_bytes in values.items()} for kind, values in stats.items()}
+    return {
+        kind: {stat: round(n_bytes / _MIB, 2) for stat, n_bytes in values.items()} for kind, values in stats.items()
+    }
 
 
 def _range(ranks: list[dict[str, Any]], kind: str, stat: str) -> str:

@@ -311,9 +311,14 @@ class ThroughputCallback(LoggingCallback):
         }
         if mfu > 1 and not self._warned_mfu and rank_and_world()[0] == 0:
             self._warned_mfu = True
-            logger.warning("throughput/%smfu %.3f is above 1: the assumed peak of %.4g FLOP/s per device (%s) is below "
-                           "what this run achieved; pass ThroughputCallback(peak_flops=...) with the real peak",
-                           prefix, mfu, self.peak_flops, self.peak_flops_source)  # fmt: skip
+            logger.warning(
+                "throughput/%smfu %.3f is above 1: the assumed peak of %.4g FLOP/s per device (%s) is below "
+                "what this run achieved; pass ThroughputCallback(peak_flops=...) with the real peak",
+                prefix,
+                mfu,
+                self.peak_flops,
+                self.peak_flops_source,
+            )
         if not self._counter.labels_missing:
             metrics[f"throughput/{prefix}supervised_tokens_per_second"] = counts["supervised"] / seconds
         return metrics

@@ -61,8 +61,11 @@ def _show_flags() -> argparse.ArgumentParser:
     """The audit's own flags; every other argument is run_sft.py's."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--show_samples", type=int, default=0, metavar="N", help="print the first N samples too")
-    parser.add_argument("--show_samples_format", choices=("text", "jsonl"), default="text",
-                        help="text: trained tokens in [[ ]] after the report; jsonl: only the samples, one JSON object "
-                        "a line (sample, where, text, trained: [start, end] character spans of text)")  # fmt: skip
+    parser.add_argument(
+        "--show_samples_format",
+        choices=("text", "jsonl"),
+        default="text",
+        help="text: trained tokens in [[ ]] after the report; jsonl: only the samples, one JSON object "
+        "a line (sample, where, text, trained: [start, end] character spans of text)",
+    )
     return parser
-

@@ -193,8 +193,13 @@ def _cpu() -> Iterator[tuple[str, str]]:
     import torch
 
     memory = psutil.virtual_memory()
-    yield "ok", (f"{platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
-                 f"{memory.total / 2**30:.1f} GiB RAM ({memory.available / 2**30:.1f} GiB free)")  # fmt: skip
+    yield (
+        "ok",
+        (
+            f"{platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+            f"{memory.total / 2**30:.1f} GiB RAM ({memory.available / 2**30:.1f} GiB free)"
+        ),
+    )
 
 
 def _accelerators() -> Iterator[tuple[str, str]]:
@@ -289,8 +294,11 @@ def _deepspeed_ops() -> Iterator[tuple[str, str]]:
     import torch
 
     if torch.cuda.is_available() and CUDA_HOME is None:
-        yield "info", "no CUDA toolkit (CUDA_HOME): CUDA ops such as fused_adam cannot JIT-build; shipped configs " \
-                      "use the trainer's torch AdamW, which needs none"  # fmt: skip
+        yield (
+            "info",
+            "no CUDA toolkit (CUDA_HOME): CUDA ops such as fused_adam cannot JIT-build; shipped configs "
+            "use the trainer's torch AdamW, which needs none",
+        )
 
 
 # --- speed --------------------------------------------------------------------------------------------------------
@@ -312,8 +320,13 @@ def _matmul_peak() -> Iterator[tuple[str, str]]:
     measured = measure_matmul_flops(device, dtype)
     assumed, source = peak_flops_per_device(device, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
-    yield "ok", (f"measured {measured / 1e12:.3g} TFLOP/s ({device.type}, {dtype_name}); the MFU denominator is "
-                 f"{assumed / 1e12:.3g} TFLOP/s from {source}: measured/assumed {measured / assumed:.2f}")  # fmt: skip
+    yield (
+        "ok",
+        (
+            f"measured {measured / 1e12:.3g} TFLOP/s ({device.type}, {dtype_name}); the MFU denominator is "
+            f"{assumed / 1e12:.3g} TFLOP/s from {source}: measured/assumed {measured / assumed:.2f}"
+        ),
+    )
 
 
 def _lora_run() -> Iterator[tuple[str, str]]:
@@ -326,10 +339,30 @@ def _lora_run() -> Iterator[tuple[str, str]]:
         train_file = Path(output_dir, "train.json")
         records = json.loads((DEMO_DATA / "train.json").read_text(encoding="utf-8"))[:TRAIN_RECORDS]
         train_file.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-        argv = ["--output_dir", output_dir, "--train_file", str(train_file), "--eval_file", "",
-                "--max_steps", str(TRAIN_STEPS), "--logging_steps", "2",
-                "--per_device_train_batch_size", "8", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
-                "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+        argv = [
+            "--output_dir",
+            output_dir,
+            "--train_file",
+            str(train_file),
+            "--eval_file",
+            "",
+            "--max_steps",
+            str(TRAIN_STEPS),
+            "--logging_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+            "--warmup_steps",
+            "0",
+            "--lr_scheduler_type",
+            "constant",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+        ]
         captured = io.StringIO()
         start = time.perf_counter()
         try:
@@ -347,10 +380,15 @@ def _lora_run() -> Iterator[tuple[str, str]]:
             yield "FAIL", f"the loss did not go down over {TRAIN_STEPS} steps: {losses}"
         else:
             yield "ok", f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {TRAIN_STEPS} steps ({seconds:.1f} s with setup)"
-        yield "ok", (f"{run.get('throughput/run_tokens_per_second', float('nan')):.0f} tokens/s "
-                     f"({run.get('throughput/run_supervised_tokens_per_second', float('nan')):.0f} supervised), "
-                     f"MFU {run.get('throughput/run_mfu', float('nan')):.3f} of "
-                     f"{run.get('throughput/peak_tflops_per_device', float('nan')):.3g} TFLOP/s")  # fmt: skip
+        yield (
+            "ok",
+            (
+                f"{run.get('throughput/run_tokens_per_second', float('nan')):.0f} tokens/s "
+                f"({run.get('throughput/run_supervised_tokens_per_second', float('nan')):.0f} supervised), "
+                f"MFU {run.get('throughput/run_mfu', float('nan')):.3f} of "
+                f"{run.get('throughput/peak_tflops_per_device', float('nan')):.3g} TFLOP/s"
+            ),
+        )
         yield from _check_adapter(Path(output_dir))
 
 
@@ -400,4 +438,3 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     """The installed command ``hf-lora-doctor``."""
     raise SystemExit(main())
-

@@ -53,9 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate an answer for every record and report answer accuracy, time, tokens/s and memory.",
         epilog="Scoring only: python -m hf_lora_ds.eval score --help",
     )
-    parser.add_argument("--model_name_or_path", required=True, help="base model directory (or hub id already in the local cache)")
-    parser.add_argument("--gguf_file", default=None,
-                        help="the model is this GGUF file inside --model_name_or_path DIR (or pass the .gguf path as --model_name_or_path)")
+    parser.add_argument(
+        "--model_name_or_path", required=True, help="base model directory (or hub id already in the local cache)"
+    )
+    parser.add_argument(
+        "--gguf_file",
+        default=None,
+        help="the model is this GGUF file inside --model_name_or_path DIR (or pass the .gguf path as --model_name_or_path)",
+    )
     parser.add_argument("--adapter", default=None, help="LoRA adapter directory to load on top of --model_name_or_path")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model_name_or_path)")
     _add_task_arguments(parser)
@@ -98,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     score_mode = bool(argv) and argv[0] == "score"
     parser = build_score_parser() if score_mode else build_parser()
-    args = parser.parse_args(argv[1:] if score_mode else respell(argv, BASE_MODEL_SPELLINGS, "python -m hf_lora_ds.eval"))
+    args = parser.parse_args(
+        argv[1:] if score_mode else respell(argv, BASE_MODEL_SPELLINGS, "python -m hf_lora_ds.eval")
+    )
     try:
         task = get_task(args.task, **args.task_kwargs)
     except (ValueError, TypeError) as err:
@@ -129,8 +136,12 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
     check_output_path("--output_dir", args.output_dir)
     records = load_records(args.data)[: args.max_samples]
     load_samples(records, task, args.system_prompt)  # every record checked before a model is loaded
-    source, kwargs = model_source(args.model_name_or_path, args.gguf_file, "--model_name_or_path", need_tokenizer=not args.tokenizer)
-    tokenizer_source, tokenizer_flag = (args.tokenizer, "--tokenizer") if args.tokenizer else (args.model_name_or_path, "--model_name_or_path")
+    source, kwargs = model_source(
+        args.model_name_or_path, args.gguf_file, "--model_name_or_path", need_tokenizer=not args.tokenizer
+    )
+    tokenizer_source, tokenizer_flag = (
+        (args.tokenizer, "--tokenizer") if args.tokenizer else (args.model_name_or_path, "--model_name_or_path")
+    )
     if args.tokenizer:
         check_model_source(args.tokenizer, "--tokenizer", need_weights=False)
     with hub_load_errors(tokenizer_source, tokenizer_flag):
@@ -158,4 +169,3 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
         print0(f"predictions and eval_report.json written to {args.output_dir}")
     release_process_group()
     return 0
-

@@ -71,4 +71,3 @@ def main(argv: list[str] | None = None) -> list[PlanRow]:
     else:
         print(format_table(rows, recommended, more_devices, plans_accelerator(plan_args.device, args)))
     return rows
-

@@ -85,9 +85,20 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
         model, quantized = load_base_model(args)
     if quantized:
         print0(quantized)
-    accuracy = [AnswerAccuracyCallback(tokenizer, eval_records, task, batch_size=args.per_device_eval_batch_size,
-                                       system_prompt=args.system_prompt, predictions_dir=args.output_dir)
-                ] if evaluating_during_training else []  # fmt: skip
+    accuracy = (
+        [
+            AnswerAccuracyCallback(
+                tokenizer,
+                eval_records,
+                task,
+                batch_size=args.per_device_eval_batch_size,
+                system_prompt=args.system_prompt,
+                predictions_dir=args.output_dir,
+            )
+        ]
+        if evaluating_during_training
+        else []
+    )
     eval_dataset = sft_dataset(eval_data, tokenizer, args) if evaluating_during_training else None
     trainer = LoraSFTTrainer(
         model,
@@ -123,4 +134,3 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
 def cli() -> None:
     """The installed command ``hf-lora-sft``."""
     run_cli(main)  # a UserError is one line on stderr and exit code 2 (hf_lora_ds.errors)
-

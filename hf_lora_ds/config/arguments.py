@@ -48,7 +48,9 @@ class SFTTrainingArguments(
         self._resolve_precision()
         self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
-            self.parallelism_config = parallelism_config(self.sequence_parallel_size, self.attn_implementation or "sdpa")
+            self.parallelism_config = parallelism_config(
+                self.sequence_parallel_size, self.attn_implementation or "sdpa"
+            )
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
         super().__post_init__()

@@ -7,7 +7,7 @@ from typing import Literal
 
 from hf_lora_ds.errors import UserError
 
-__all__ = ['DataArguments', 'check_data_fields', 'join_sources']
+__all__ = ["DataArguments", "check_data_fields", "join_sources"]
 
 
 @dataclass
@@ -31,7 +31,8 @@ class DataArguments:
         },
     )
     eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out data from the same kinds of source, scored by --eval_task before and after."}
+        default=None,
+        metadata={"help": "Held-out data from the same kinds of source, scored by --eval_task before and after."},
     )
     columns: str | None = field(
         default=None,
@@ -73,7 +74,9 @@ class DataArguments:
     )
     on_empty_labels: Literal["drop", "error"] = field(
         default="drop",
-        metadata={"help": "A sample that truncation leaves with no supervised token is dropped (and counted) or an error."},
+        metadata={
+            "help": "A sample that truncation leaves with no supervised token is dropped (and counted) or an error."
+        },
     )
     batching: Literal["auto", "padded", "padding_free", "packed"] = field(
         default="auto",
@@ -99,7 +102,8 @@ class DataArguments:
         },
     )
     pad_to_multiple_of: int | None = field(
-        default=None, metadata={"help": "Round padded batch lengths up to a multiple of this (e.g. 8 for tensor cores)."}
+        default=None,
+        metadata={"help": "Round padded batch lengths up to a multiple of this (e.g. 8 for tensor cores)."},
     )
     supervised_logits_only: bool = field(
         default=True,
@@ -140,7 +144,9 @@ def check_data_fields(args: DataArguments) -> None:
         raise UserError("--pad_to_multiple_of has no effect with --batching padding_free; drop one of them")
     if args.batching in ("padding_free", "packed") and args.use_cache:
         # transformers only detects packed sequences when no KV cache is built; with one, samples attend to each other.
-        raise UserError(f"--batching {args.batching} needs --use_cache False (a KV cache hides the sequence boundaries)")
+        raise UserError(
+            f"--batching {args.batching} needs --use_cache False (a KV cache hides the sequence boundaries)"
+        )
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 

@@ -125,9 +125,7 @@ def _decode_base64(value: str) -> Any | None:
         return None
 
 
-def check_deepspeed_config(
-    config: dict, source: str, *, micro_batch: int, accumulation: int, world_size: int
-) -> None:
+def check_deepspeed_config(config: dict, source: str, *, micro_batch: int, accumulation: int, world_size: int) -> None:
     """Raise a ``UserError`` for the first problem found: an unknown key, an unknown ZeRO stage or offload device,
     offload that cannot work, or a fixed batch size that contradicts the flags and ``world_size``."""
     _check_keys(config, known_top_level_keys(), source, "")
@@ -188,7 +186,9 @@ class _RecordingKeys:
 
 def _model_keys(model: type) -> frozenset[str]:
     """Field names and aliases of one of DeepSpeed's pydantic config models (both spellings are accepted)."""
-    return frozenset(name for field_name, info in model.model_fields.items() for name in (field_name, info.alias) if name)
+    return frozenset(
+        name for field_name, info in model.model_fields.items() for name in (field_name, info.alias) if name
+    )
 
 
 def _check_keys(section: dict, known: frozenset[str], source: str, prefix: str) -> None:
@@ -217,13 +217,15 @@ def _check_zero(zero: dict, source: str) -> None:
         raise UserError(
             f"{source}: zero_optimization.stage is {stage!r}; use 0, 1, 2 or 3 (ds_configs/ has a template for each)"
         )
-    for name, model in (("offload_optimizer", DeepSpeedZeroOffloadOptimizerConfig),
-                        ("offload_param", DeepSpeedZeroOffloadParamConfig)):  # fmt: skip
+    for name, model in (
+        ("offload_optimizer", DeepSpeedZeroOffloadOptimizerConfig),
+        ("offload_param", DeepSpeedZeroOffloadParamConfig),
+    ):
         offload = zero.get(name)
         if offload is None:
             continue
         if not isinstance(offload, dict):
-            raise UserError(f"{source}: zero_optimization.{name} must be an object such as {{\"device\": \"cpu\"}}")
+            raise UserError(f'{source}: zero_optimization.{name} must be an object such as {{"device": "cpu"}}')
         _check_keys(offload, _model_keys(model), source, f"zero_optimization.{name}.")
         if offload.get("device", "none") not in _OFFLOAD_DEVICES:
             raise UserError(

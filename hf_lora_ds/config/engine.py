@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from hf_lora_ds.config.batching import is_flash_attention
 from hf_lora_ds.errors import UserError
 
-__all__ = ['EngineArguments', 'check_engine_fields', 'parallelism_config']
+__all__ = ["EngineArguments", "check_engine_fields", "parallelism_config"]
 
 
 @dataclass
@@ -41,8 +41,10 @@ def check_engine_fields(args: EngineArguments) -> None:
     """One engine, ``auto`` already resolved, and what Ulysses needs from the flags alone (the world size and the
     model's heads are checked when the run is resolved: hf_lora_ds.launch.resolve)."""
     if args.deepspeed == "auto":
-        raise UserError("--deepspeed auto is resolved from the command line (hf_lora_ds.launch.resolve); pass a "
-                        "DeepSpeed config (e.g. ds_configs/stage3.json) when building the arguments in code")
+        raise UserError(
+            "--deepspeed auto is resolved from the command line (hf_lora_ds.launch.resolve); pass a "
+            "DeepSpeed config (e.g. ds_configs/stage3.json) when building the arguments in code"
+        )
     if args.deepspeed and args.fsdp:
         raise UserError(f"--fsdp and --deepspeed {args.deepspeed}: choose one of FSDP and DeepSpeed")
     size = args.sequence_parallel_size
@@ -52,18 +54,24 @@ def check_engine_fields(args: EngineArguments) -> None:
         return
     flag = f"--sequence_parallel_size {size}"
     if not args.deepspeed:
-        raise UserError(f"{flag} needs DeepSpeed (Ulysses is DeepSpeed's sequence parallelism): add --deepspeed "
-                        "stage2 (or stage1, stage3), or launch with an accelerate DeepSpeed config")
+        raise UserError(
+            f"{flag} needs DeepSpeed (Ulysses is DeepSpeed's sequence parallelism): add --deepspeed "
+            "stage2 (or stage1, stage3), or launch with an accelerate DeepSpeed config"
+        )
     attention = args.attn_implementation or "sdpa"
     if attention in ("eager", "flex_attention") or attention.startswith("paged"):
-        raise UserError(f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this "
-                        "kernel needs; use sdpa (the default) or flash_attention_2")
+        raise UserError(
+            f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this "
+            "kernel needs; use sdpa (the default) or flash_attention_2"
+        )
     if args.batching in ("packed", "padding_free") and not is_flash_attention(attention):
         # UlyssesSPAttentionHF drops the block-diagonal mask transformers builds from restarting position_ids and runs
         # sdpa as plain causal over the gathered sequence; only flash's varlen path reads the boundaries itself.
-        raise UserError(f"--batching {args.batching} with {flag} and {attention} attention: Ulysses drops the mask "
-                        "that keeps packed samples apart, so they would attend to each other; use --batching padded, "
-                        "or --attn_implementation flash_attention_2 on a GPU")
+        raise UserError(
+            f"--batching {args.batching} with {flag} and {attention} attention: Ulysses drops the mask "
+            "that keeps packed samples apart, so they would attend to each other; use --batching padded, "
+            "or --attn_implementation flash_attention_2 on a GPU"
+        )
 
 
 def parallelism_config(size: int, attn_implementation: str):
@@ -76,5 +84,7 @@ def parallelism_config(size: int, attn_implementation: str):
     from accelerate import ParallelismConfig
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
-    handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation)
+    handler = DeepSpeedSequenceParallelConfig(
+        sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation
+    )
     return ParallelismConfig(sp_size=size, sp_backend="deepspeed", sp_handler=handler)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from hf_lora_ds.errors import UserError
 
-__all__ = ['LoraArguments', 'check_lora_fields']
+__all__ = ["LoraArguments", "check_lora_fields"]
 
 
 @dataclass
@@ -15,11 +15,15 @@ class LoraArguments:
     """The adapter: its shape, where it goes, how it starts and how it is optimised."""
 
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
-    lora_alpha: float = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r, or / sqrt(r))."})
+    lora_alpha: float = field(
+        default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r, or / sqrt(r))."}
+    )
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input, in [0, 1)."})
     lora_target_modules: str = field(
         default="all-linear",
-        metadata={"help": "Comma-separated module names to adapt, or 'all-linear' for every linear layer but the head."},
+        metadata={
+            "help": "Comma-separated module names to adapt, or 'all-linear' for every linear layer but the head."
+        },
     )
     lora_allow_partial: bool = field(
         default=False,

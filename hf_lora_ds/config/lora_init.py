@@ -54,8 +54,10 @@ class LoraInit:
 def parse_lora_init(name: str) -> LoraInit:
     """The flag's value as a description; an unknown or malformed name is one error line."""
     if name.startswith("pissa_niter_") and not _PISSA_NITER.fullmatch(name):
-        raise UserError(f"--lora_init {name}: N in pissa_niter_N is the number of subspace iterations, a whole "
-                        "number such as pissa_niter_4")  # fmt: skip
+        raise UserError(
+            f"--lora_init {name}: N in pissa_niter_N is the number of subspace iterations, a whole "
+            "number such as pissa_niter_4"
+        )
     if name not in INITS and not _PISSA_NITER.fullmatch(name):
         raise UserError(f"--lora_init {name}: unknown; use one of {', '.join(INITS)} (N: subspace iterations)")
     family = "pissa" if _PISSA_NITER.fullmatch(name) else name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ['MemoryPlanArguments']
+__all__ = ["MemoryPlanArguments"]
 
 
 @dataclass

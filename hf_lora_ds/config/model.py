@@ -7,7 +7,7 @@ from typing import Literal
 
 from hf_lora_ds.errors import UserError
 
-__all__ = ['ModelArguments', 'check_model_fields']
+__all__ = ["ModelArguments", "check_model_fields"]
 
 
 @dataclass
@@ -15,7 +15,8 @@ class ModelArguments:
     """The base model to adapt and how its weights are loaded."""
 
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Base model: a local directory or a hub id (any causal LM with a chat template)."}
+        default=None,
+        metadata={"help": "Base model: a local directory or a hub id (any causal LM with a chat template)."},
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto",
@@ -25,10 +26,12 @@ class ModelArguments:
         },
     )
     trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow the model's own Python code from its repository to run. Off by default."}
+        default=False,
+        metadata={"help": "Allow the model's own Python code from its repository to run. Off by default."},
     )
     attn_implementation: str | None = field(
-        default=None, metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."}
+        default=None,
+        metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."},
     )
     gguf_file: str | None = field(
         default=None,

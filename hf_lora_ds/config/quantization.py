@@ -7,7 +7,7 @@ from typing import Literal
 
 from hf_lora_ds.errors import UserError
 
-__all__ = ['QuantizationArguments', 'check_quantization_fields', 'quantization_flag']
+__all__ = ["QuantizationArguments", "check_quantization_fields", "quantization_flag"]
 
 
 @dataclass
@@ -16,7 +16,9 @@ class QuantizationArguments:
 
     load_in_4bit: bool = field(
         default=False,
-        metadata={"help": "QLoRA: load the base in 4 bits with bitsandbytes (~1/4 of bf16 memory); LoRA trains on top."},
+        metadata={
+            "help": "QLoRA: load the base in 4 bits with bitsandbytes (~1/4 of bf16 memory); LoRA trains on top."
+        },
     )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = field(
         default="nf4", metadata={"help": "4-bit data type: 'nf4' (NormalFloat, the QLoRA paper's) or 'fp4'."}
@@ -38,8 +40,10 @@ def check_quantization_fields(args: QuantizationArguments) -> None:
     if args.fsdp:
         # FSDP2's fully_shard needs every parameter as a plain tensor it can split into DTensor shards; the
         # bitsandbytes Params4bit/Int8Params subclasses and their quantization state do not survive that.
-        raise UserError(f"{quantization_flag(args)} with FSDP: bitsandbytes' quantized weights cannot be sharded by "
-                        "FSDP2's fully_shard; use DeepSpeed ZeRO-3 (--deepspeed stage3) for a sharded QLoRA run")
+        raise UserError(
+            f"{quantization_flag(args)} with FSDP: bitsandbytes' quantized weights cannot be sharded by "
+            "FSDP2's fully_shard; use DeepSpeed ZeRO-3 (--deepspeed stage3) for a sharded QLoRA run"
+        )
 
 
 def quantization_flag(args: QuantizationArguments) -> str:

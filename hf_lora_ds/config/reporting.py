@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ['ReportingArguments']
+__all__ = ["ReportingArguments"]
 
 
 @dataclass
@@ -12,9 +12,9 @@ class ReportingArguments:
     """What is scored after training and how the run is named in SwanLab and other trackers."""
 
     eval_task: str = field(
-        default="sum_to_x", metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."}
+        default="sum_to_x",
+        metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."},
     )
-
 
     # Redeclared only for their help text: hf_lora_ds.callbacks.swanlab picks the SwanLab names they leave open.
     project: str = field(

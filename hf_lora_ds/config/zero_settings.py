@@ -25,8 +25,12 @@ class ZeroSettings:
             offload = zero.get(section)
             return str(offload.get("device") or "none") if isinstance(offload, dict) else "none"
 
-        return cls(int(zero.get("stage", 0)), device("offload_optimizer"), device("offload_param"),
-                   bool(zero.get("reduce_scatter", True)))  # fmt: skip
+        return cls(
+            int(zero.get("stage", 0)),
+            device("offload_optimizer"),
+            device("offload_param"),
+            bool(zero.get("reduce_scatter", True)),
+        )
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -38,6 +42,9 @@ class ZeroSettings:
 
     def describe(self) -> str:
         """``ZeRO-3, offload optimizer cpu, parameters cpu``."""
-        offloaded = [f"{name} {where}" for name, where in (("optimizer", self.optimizer_device),
-                                                           ("parameters", self.param_device)) if where != "none"]
+        offloaded = [
+            f"{name} {where}"
+            for name, where in (("optimizer", self.optimizer_device), ("parameters", self.param_device))
+            if where != "none"
+        ]
         return f"ZeRO-{self.stage}" + (f", offload {', '.join(offloaded)}" if offloaded else "")

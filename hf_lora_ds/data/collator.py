@@ -53,7 +53,9 @@ __all__ = [
 ]
 
 
-def padded_collator(tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None) -> DataCollatorForSeq2Seq:
+def padded_collator(
+    tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None
+) -> DataCollatorForSeq2Seq:
     """Pads each batch to its longest sample (optionally rounded up to a multiple), labels with -100."""
     return DataCollatorForSeq2Seq(
         tokenizer, padding="longest", pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=IGNORE_INDEX

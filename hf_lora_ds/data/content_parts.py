@@ -52,9 +52,7 @@ def join_parts(parts: list[Any], where: str, name: str) -> Parts:
     for j, part in enumerate(parts):
         label = f"{name}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise DataError(
-                f"{where}: field '{label}' must be a part object such as {{\"type\": \"text\", \"text\": ...}}"
-            )
+            raise DataError(f'{where}: field \'{label}\' must be a part object such as {{"type": "text", "text": ...}}')
         kind = part["type"]
         if kind not in ("text", "reasoning", "tool_calls"):
             raise DataError(
@@ -86,7 +84,9 @@ def tool_call_json(value: str, where: str, label: str) -> Any:
     try:
         return json.loads(value)
     except json.JSONDecodeError as err:
-        raise DataError(f"{where}: field '{label}': tool call is not valid JSON ({err.msg} at column {err.colno})") from None
+        raise DataError(
+            f"{where}: field '{label}': tool call is not valid JSON ({err.msg} at column {err.colno})"
+        ) from None
 
 
 def _calls(value: str, where: str, label: str) -> list[Any]:

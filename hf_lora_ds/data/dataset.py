@@ -132,7 +132,12 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         loaded = data if isinstance(data, LoadedData) else load_data(data, cache_dir=cache_dir)
         self.source_counts = loaded.counts()
         encoder = _Encoder(
-            tokenizer, max_length, system_prompt, assistant_turns, formats or FormatOptions(), thinking or ThinkingOptions()
+            tokenizer,
+            max_length,
+            system_prompt,
+            assistant_turns,
+            formats or FormatOptions(),
+            thinking or ThinkingOptions(),
         )
         encoder.source_formats = dict(loaded.formats)  # a dataset_info.json entry reads its records its own way
         self.encoder, self.records = encoder, loaded.table
@@ -254,9 +259,11 @@ class _Encoder:
                 moved = move_inline_reasoning(conversation["messages"])
                 for i in conversation.get("detail", {}):
                     if moved[i]["content"] != conversation["messages"][i]["content"]:
-                        raise DataError(f"{where}: train_detail of message {i}: its content holds a <think> block "
-                                        "that the template writes apart, so its offsets cannot be placed; give the "
-                                        "reasoning as reasoning_content")  # fmt: skip
+                        raise DataError(
+                            f"{where}: train_detail of message {i}: its content holds a <think> block "
+                            "that the template writes apart, so its offsets cannot be placed; give the "
+                            "reasoning as reasoning_content"
+                        )
                 conversation["messages"] = moved
             plan = plan_turns(conversation, self.assistant_turns, where)
             if plan is not None:
@@ -321,8 +328,13 @@ class _Encoder:
                 spans.append(sample.spans)
                 places.append((where, source))
                 first = k == 0 and plan is not None
-                notes.append((",".join(conversation["unused"]) if k == 0 else "",
-                              plan.switched_off if first else 0, plan.switched_on if first else 0))  # fmt: skip
+                notes.append(
+                    (
+                        ",".join(conversation["unused"]) if k == 0 else "",
+                        plan.switched_off if first else 0,
+                        plan.switched_on if first else 0,
+                    )
+                )
         flat = tokenized_labels(self.tokenizer, texts, spans, masks if any(masks) else None)
         return self.table(flat, places, notes)
 

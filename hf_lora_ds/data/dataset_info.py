@@ -23,17 +23,31 @@ __all__ = ["INFO_NAME", "InfoEntry", "info_file", "read_entries"]
 
 INFO_NAME = "dataset_info.json"
 # LLaMA-Factory's column names -> the fields this package reads, per formatting.
-_ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "history": "history",
-                   "system": "system", "tools": "tools"}  # fmt: skip
+_ALPACA_COLUMNS = {
+    "prompt": "instruction",
+    "query": "input",
+    "response": "output",
+    "history": "history",
+    "system": "system",
+    "tools": "tools",
+}
 _SHAREGPT_COLUMNS = {"messages": "conversations", "system": "system", "tools": "tools"}
 # ShareGPT tags: LLaMA-Factory's names and defaults -> the role each speaker name stands for.
-_TAG_ROLES = {"user_tag": ("human", "user"), "assistant_tag": ("gpt", "assistant"),
-              "observation_tag": ("observation", "tool"), "function_tag": ("function_call", "function_call"),
-              "system_tag": ("system", "system")}  # fmt: skip
+_TAG_ROLES = {
+    "user_tag": ("human", "user"),
+    "assistant_tag": ("gpt", "assistant"),
+    "observation_tag": ("observation", "tool"),
+    "function_tag": ("function_call", "function_call"),
+    "system_tag": ("system", "system"),
+}
 _UNSERVABLE_COLUMNS = {
-    "images": "multimodal (images)", "videos": "multimodal (videos)", "audios": "multimodal (audios)",
-    "chosen": "preference (chosen/rejected)", "rejected": "preference (chosen/rejected)", "kto_tag": "KTO (kto_tag)",
-}  # fmt: skip
+    "images": "multimodal (images)",
+    "videos": "multimodal (videos)",
+    "audios": "multimodal (audios)",
+    "chosen": "preference (chosen/rejected)",
+    "rejected": "preference (chosen/rejected)",
+    "kto_tag": "KTO (kto_tag)",
+}
 _SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")  # datasets.save_to_disk's, beside its own dataset_info.json
 _REMOTE_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 
@@ -97,8 +111,9 @@ def _entry(info: Path, name: str, entry: dict[str, Any]) -> InfoEntry:
         if column in columns:
             raise DataError(f"{where}: columns.{column}: {what} data, which this package cannot train on")
     if "num_samples" in entry:
-        raise DataError(f"{where}: num_samples is not supported; subsample the file, or weigh it in a --train_file "
-                        "mixture")  # fmt: skip
+        raise DataError(
+            f"{where}: num_samples is not supported; subsample the file, or weigh it in a --train_file mixture"
+        )
     if "file_name" not in entry:
         remote = next((key for key in _REMOTE_KEYS if key in entry), None)
         because = f"{remote} {entry[remote]!r}: no hub is reached from here" if remote else "no file_name"

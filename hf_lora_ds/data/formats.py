@@ -65,9 +65,19 @@ SHAREGPT_ROLES = {
 # --columns keys that are other names for the alpaca fields.
 COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
 KNOWN_FIELDS = (
-    "instruction", "input", "output", "system", "reasoning", "history", "messages", "conversations", "tools", "prompt",
-    "completion", "text",
-)  # fmt: skip
+    "instruction",
+    "input",
+    "output",
+    "system",
+    "reasoning",
+    "history",
+    "messages",
+    "conversations",
+    "tools",
+    "prompt",
+    "completion",
+    "text",
+)
 # A record with one of them has a known format.
 FORMAT_FIELDS = ("instruction", "output", "messages", "conversations", "completion", "text")
 # What each kind reads; any other field of a record is named as unused in the data summary.
@@ -201,8 +211,10 @@ def _kind(record: dict, where: str) -> str:
                 f"a record needs {ACCEPTED_KINDS}"
             )
         if "label" in record:
-            raise DataError(f"{where}: field 'label': unpaired preference data (TRL's KTO kind), not SFT; drop the "
-                            "records labelled false and the field")  # fmt: skip
+            raise DataError(
+                f"{where}: field 'label': unpaired preference data (TRL's KTO kind), not SFT; drop the "
+                "records labelled false and the field"
+            )
         return "prompt_completion"
     if "text" in record:
         return "text"
@@ -212,8 +224,10 @@ def _kind(record: dict, where: str) -> str:
 def _refuse_foreign_fields(record: dict, where: str, names: _FieldNames) -> None:
     for name, what in REFUSED_FIELDS.items():
         if record.get(name) not in (None, "", [], {}):
-            raise DataError(f"{where}: field '{names[name]}' holds {what}, which this package cannot train on; "
-                            "drop the field or the record")  # fmt: skip
+            raise DataError(
+                f"{where}: field '{names[name]}' holds {what}, which this package cannot train on; "
+                "drop the field or the record"
+            )
 
 
 def _unused(record: dict, kind: str, names: _FieldNames, message_keys: list[str]) -> list[str]:
@@ -229,8 +243,10 @@ def _plain_text(record: dict, kind: str, where: str, names: _FieldNames) -> dict
     prompt = _string_field(record, "prompt", where, label=names["prompt"])
     completion = record["completion"]
     if not isinstance(completion, str):
-        raise DataError(f"{where}: field '{names['completion']}' must be a string like the prompt (TRL's standard "
-                        f"kind), got {type(completion).__name__}")  # fmt: skip
+        raise DataError(
+            f"{where}: field '{names['completion']}' must be a string like the prompt (TRL's standard "
+            f"kind), got {type(completion).__name__}"
+        )
     completion = _string_field(record, "completion", where, label=names["completion"])
     return {"text": prompt + completion, "prompt_chars": len(prompt), "messages": None, "tools": None}
 
@@ -240,8 +256,10 @@ def _prompt_completion(record: dict, where: str, names: _FieldNames, turns: _Tur
     (several, tool calls and results among them) are what is trained."""
     prompt, completion = record["prompt"], record["completion"]
     if not isinstance(completion, list):
-        raise DataError(f"{where}: field '{names['completion']}' must be a list of messages like the prompt (TRL's "
-                        f"conversational kind), got {type(completion).__name__}")  # fmt: skip
+        raise DataError(
+            f"{where}: field '{names['completion']}' must be a list of messages like the prompt (TRL's "
+            f"conversational kind), got {type(completion).__name__}"
+        )
     first = _messages(prompt, where, names["prompt"], need_assistant=False, turns=turns)
     turns.offset = len(first)
     rest = _messages(completion, where, names["completion"], turns=turns, system_first=False)
@@ -315,7 +333,9 @@ def _map_columns(record: dict, columns: dict[str, str], where: str) -> tuple[dic
             missing.append((key, column))
     if unmet := _unmet_columns(missing, mapped):
         key, column = unmet[0]
-        raise DataError(f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}")
+        raise DataError(
+            f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}"
+        )
     return mapped, names
 
 
@@ -380,8 +400,9 @@ def _sharegpt_messages(
         if not isinstance(system, str):
             raise DataError(f"{where}: field '{names['system']}' must be a string, got {type(system).__name__}")
         if messages[0]["role"] == "system":
-            raise DataError(f"{where}: field '{names['system']}': {list_name}[0] is a system turn already; keep one "
-                            "of them")  # fmt: skip
+            raise DataError(
+                f"{where}: field '{names['system']}': {list_name}[0] is a system turn already; keep one of them"
+            )
         messages.insert(0, {"role": "system", "content": system})
         flags.shift(1)
     return messages
@@ -463,13 +484,18 @@ def _messages(
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
             raise DataError(f"{where}: field '{name}.tool_calls': only assistant turns make tool calls")
-        content = "" if calls and message.get("content") is None else _string_field(
-            message, "content", where, allow_empty=bool(calls), label=f"{name}.{content_field}"
+        content = (
+            ""
+            if calls and message.get("content") is None
+            else _string_field(message, "content", where, allow_empty=bool(calls), label=f"{name}.{content_field}")
         )
         out: dict[str, Any] = {"role": role, "content": content, **_reasoning(message, role, where, name)}
         if isinstance(given, list):  # for a template that iterates the parts itself (hf_lora_ds.data.content_parts)
-            out[PARTS_KEY] = [part if "text" in part else {**part, "text": part["value"]}  # LLaMA-Factory v1's
-                              for part in given if part["type"] == "text"]  # fmt: skip
+            out[PARTS_KEY] = [
+                part if "text" in part else {**part, "text": part["value"]}  # LLaMA-Factory v1's
+                for part in given
+                if part["type"] == "text"
+            ]
         if role == "tool" and message.get("tool_call_id") is not None:  # Mistral's templates write it
             out["tool_call_id"] = _string_field(message, "tool_call_id", where, label=f"{name}.tool_call_id")
         if calls:

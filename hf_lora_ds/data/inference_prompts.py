@@ -53,7 +53,9 @@ def turn_difference(
 ) -> str | None:
     """None when the inference prompt of assistant turn ``turn`` (``enable_thinking=thinking``) is a token prefix of
     ``train_ids``; else where and how they first differ."""
-    prompt = apply_template(tokenizer, messages[:turn], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    prompt = apply_template(
+        tokenizer, messages[:turn], add_generation_prompt=True, tools=tools, enable_thinking=thinking
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if train_ids[: len(prompt_ids)] == prompt_ids:
         return None

@@ -110,8 +110,9 @@ class PackedCollator:
         self.pad_token_id, self.multiple, self.flatten = pad_token_id, pad_to_multiple_of, flatten
 
     def __call__(self, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
-        rows = [(f["input_ids"], f["labels"], f.get("position_ids") or list(range(len(f["input_ids"]))))
-                for f in features]  # fmt: skip
+        rows = [
+            (f["input_ids"], f["labels"], f.get("position_ids") or list(range(len(f["input_ids"])))) for f in features
+        ]
         if self.flatten:
             rows = [tuple(sum((list(row[part]) for row in rows), []) for part in range(3))]
         width = -(-max(len(ids) for ids, _, _ in rows) // self.multiple) * self.multiple

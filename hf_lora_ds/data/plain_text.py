@@ -30,8 +30,10 @@ class PlainText:
 
     def sample(self, conversation: dict[str, Any]) -> TrainingText:
         if not self.eos:
-            raise TemplateError("the tokenizer has no eos_token to end a plain-text sample (TRL's 'text' or string "
-                                "'prompt'/'completion' records) with; set tokenizer.eos_token")  # fmt: skip
+            raise TemplateError(
+                "the tokenizer has no eos_token to end a plain-text sample (TRL's 'text' or string "
+                "'prompt'/'completion' records) with; set tokenizer.eos_token"
+            )
         text = self.bos + conversation["text"]
         if not text.endswith(self.eos):
             text += self.eos

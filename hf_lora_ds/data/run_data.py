@@ -21,8 +21,13 @@ __all__ = ["load_run_data", "sft_dataset"]
 def load_run_data(spec: str, args: SFTTrainingArguments, dataset: str | None = None) -> LoadedData:
     """``--train_file``/``--eval_file`` records, mixed with the run's seed and cached where the run caches data;
     ``dataset``: the entries of a ``dataset_info.json`` (``--dataset``, for ``--train_file``)."""
-    return load_data(spec, seed=args.seed, trust_remote_code=args.trust_remote_code,
-                     cache_dir=args.dataset_cache_dir, dataset=dataset)  # fmt: skip
+    return load_data(
+        spec,
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+        cache_dir=args.dataset_cache_dir,
+        dataset=dataset,
+    )
 
 
 def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: SFTTrainingArguments) -> ChatSFTDataset:

@@ -83,15 +83,18 @@ class Locator:
         shapes = [self._shape(conversation) for conversation in conversations]
         self._check_renders(conversations, shapes)
         return [
-            None if shape is None or self._skeletons[shape] is None
+            None
+            if shape is None or self._skeletons[shape] is None
             else self._located(self._skeletons[shape], conversation["messages"])
             for conversation, shape in zip(conversations, shapes)
-        ]  # fmt: skip
+        ]
 
     def _shape(self, conversation: dict[str, Any]) -> Shape | None:
         """The conversation's shape, its skeleton built on first sight; None when no skeleton can stand for it."""
         messages = conversation["messages"]
-        plain = all(m.keys() == {"role", "content"} and isinstance(m["content"], str) and m["content"] for m in messages)
+        plain = all(
+            m.keys() == {"role", "content"} and isinstance(m["content"], str) and m["content"] for m in messages
+        )
         if not (self.blind and plain and not conversation["tools"]):
             return None  # tools, tool calls and reasoning are read by templates; an empty content tests false
         turns = conversation.get("turns")  # trained turns that a record's flags chose, part of the shape

@@ -141,7 +141,9 @@ def _load_hub(location: str, trust_remote_code: bool) -> datasets.Dataset:
     """A Hub dataset by id; with no network (HF_DATASETS_OFFLINE) only what datasets has cached resolves."""
     match = _HUB_ID.fullmatch(location)
     if not match:
-        raise FileNotFoundError(f"{location}: no such file or directory, and not a Hub dataset id (name[:config][@split])")
+        raise FileNotFoundError(
+            f"{location}: no such file or directory, and not a Hub dataset id (name[:config][@split])"
+        )
     name, config, split = match["name"], match["config"], match["split"] or "train"
     # datasets >= 4 runs no dataset scripts, so only older versions take trust_remote_code.
     extra = {"trust_remote_code": True} if trust_remote_code and datasets.__version__ < "4" else {}
@@ -174,12 +176,16 @@ def load_data(
     if info is not None:
         return _load_entries(read_entries(info, dataset), seed, cache_dir)
     if dataset:
-        raise DataError(f"--dataset {dataset}: names entries of LLaMA-Factory's {INFO_NAME}, and --train_file {spec} "
-                        f"is no {INFO_NAME} (nor a folder holding one)")  # fmt: skip
+        raise DataError(
+            f"--dataset {dataset}: names entries of LLaMA-Factory's {INFO_NAME}, and --train_file {spec} "
+            f"is no {INFO_NAME} (nor a folder holding one)"
+        )
     for source in sources:
         if info_file(source.location):
-            raise DataError(f"mixture source {source.location!r}: a {INFO_NAME} cannot be a part of a mixture; give "
-                            "it alone with --dataset NAME[,NAME]")  # fmt: skip
+            raise DataError(
+                f"mixture source {source.location!r}: a {INFO_NAME} cannot be a part of a mixture; give "
+                "it alone with --dataset NAME[,NAME]"
+            )
     with main_process_first():
         loaded = [(source, _load_table(source.location, trust_remote_code, cache_dir)) for source in sources]
     if len(loaded) == 1:

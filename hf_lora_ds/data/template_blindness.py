@@ -34,8 +34,14 @@ class _Looks(Exception):
     """The template looks at a content, or at a message in a way that may read its content."""
 
 
-_MESSAGE_FILTERS = {"first": _Kind.MESSAGE, "last": _Kind.MESSAGE, "reverse": _Kind.MESSAGE, "list": _Kind.MESSAGE,
-                    "length": _Kind.FREE, "count": _Kind.FREE}  # fmt: skip
+_MESSAGE_FILTERS = {
+    "first": _Kind.MESSAGE,
+    "last": _Kind.MESSAGE,
+    "reverse": _Kind.MESSAGE,
+    "list": _Kind.MESSAGE,
+    "length": _Kind.FREE,
+    "count": _Kind.FREE,
+}
 _CONTENT_TESTS = {"string", "defined", "undefined", "none"}  # the same answer for every non-empty string
 _MESSAGE_TESTS = {"defined", "undefined", "none", "mapping", "sequence", "iterable"}
 _LOOP_NEIGHBOURS = {"previtem", "nextitem"}
@@ -120,8 +126,22 @@ class _Walker:
             return self.filter_or_test(node, scope)
         if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Name) and node.node.name not in _PURE_CALLS:
             raise _Looks(f"a call of {node.node.name}, which may give another result on another render")
-        if isinstance(node, (nodes.Compare, nodes.Call, nodes.List, nodes.Tuple, nodes.Dict, nodes.Slice,
-                             nodes.Keyword, nodes.Pair, nodes.Operand, nodes.NSRef, *_UNARY_OR_ARITHMETIC)):  # fmt: skip
+        if isinstance(
+            node,
+            (
+                nodes.Compare,
+                nodes.Call,
+                nodes.List,
+                nodes.Tuple,
+                nodes.Dict,
+                nodes.Slice,
+                nodes.Keyword,
+                nodes.Pair,
+                nodes.Operand,
+                nodes.NSRef,
+                *_UNARY_OR_ARITHMETIC,
+            ),
+        ):
             self.free(node.iter_child_nodes(), scope, type(node).__name__)
             return _Kind.FREE
         raise _Looks(f"a {type(node).__name__} expression")

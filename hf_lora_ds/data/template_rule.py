@@ -210,7 +210,9 @@ def _moved_system_text(
         return None
     tokenizer, bare = rules.tokenizer, messages[1:]
     through = render_through(rules, messages, i + 1, tools, thinking)
-    bare_prompt = render_record(tokenizer, bare[: i - 1], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    bare_prompt = render_record(
+        tokenizer, bare[: i - 1], add_generation_prompt=True, tools=tools, enable_thinking=thinking
+    )
     if through != render_through(rules, bare, i, tools, thinking) or not through.startswith(bare_prompt):
         return None
     prompt = render_record(tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)

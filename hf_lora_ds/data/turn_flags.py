@@ -34,9 +34,16 @@ from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.template_rule import IGNORE_INDEX, AssistantTurns, TemplateError, TrainingText
 
 __all__ = [
-    "FLAG_KEYS", "DETAIL_KEY", "TextMask", "TurnPlan", "message_flag", "train_detail", "plan_turns", "text_mask",
+    "FLAG_KEYS",
+    "DETAIL_KEY",
+    "TextMask",
+    "TurnPlan",
+    "message_flag",
+    "train_detail",
+    "plan_turns",
+    "text_mask",
     "mask_labels",
-]  # fmt: skip
+]
 
 # Message keys that switch a turn's training: axolotl, OpenAI, LLaMA-Factory v1, ms-swift (loss_scale and loss).
 FLAG_KEYS = ("train", "weight", "loss_weight", "loss_scale", "loss")
@@ -183,7 +190,7 @@ def _content_at(text: str, content: str, span: Span, turn: int) -> int:
 
 def _override(base: list[tuple[int, int, bool]], spans: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
     """``base`` pieces with ``spans`` (sorted, disjoint, inside them) written over them."""
-    (start, end, state), = base
+    ((start, end, state),) = base
     pieces, at = [], start
     for begin, stop, train in spans:
         if begin > at:

@@ -62,8 +62,9 @@ def print_comparison(results: Mapping[str, EvalResult]) -> None:
 def evaluate_phase(model, tokenizer, records: list, task, args: SFTTrainingArguments, phase: str) -> EvalResult:
     """One labelled eval of a run (``before``/``after``) at its eval batch size and system prompt, its predictions
     written to ``<output_dir>/predictions_<phase>.jsonl``."""
-    result = evaluate(model, tokenizer, records, task, batch_size=args.per_device_eval_batch_size,
-                      system_prompt=args.system_prompt)  # fmt: skip
+    result = evaluate(
+        model, tokenizer, records, task, batch_size=args.per_device_eval_batch_size, system_prompt=args.system_prompt
+    )
     write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
     return result
 

@@ -198,8 +198,16 @@ def _prediction(
 ) -> Prediction:
     verdict = task.score(output, sample)
     return Prediction(
-        index, sample.where, prompt, sample.reference, output, verdict.answer, verdict.correct, verdict.reason,
-        num_tokens, stopped,
+        index,
+        sample.where,
+        prompt,
+        sample.reference,
+        output,
+        verdict.answer,
+        verdict.correct,
+        verdict.reason,
+        num_tokens,
+        stopped,
     )
 
 

@@ -122,7 +122,7 @@ class RegexTask(Task):
         if not pattern:
             raise ValueError(
                 'the regex task needs a pattern, e.g. get_task("regex", pattern=r"answer: (\\w+)") or '
-                "--task_kwargs '{\"pattern\": \"answer: (\\\\w+)\"}'"
+                '--task_kwargs \'{"pattern": "answer: (\\\\w+)"}\''
             )
         self.ignore_case = ignore_case
         self.regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)

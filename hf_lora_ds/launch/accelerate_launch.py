@@ -37,7 +37,11 @@ __all__ = [
 
 _TRUE = ("1", "true", "yes")
 # distributed_type values accelerate launch announces through a variable of its own, none of which this package runs.
-_UNSUPPORTED = {"ACCELERATE_USE_MEGATRON_LM": "MEGATRON_LM", "ACCELERATE_USE_XLA": "XLA", "ACCELERATE_USE_SAGEMAKER": "SAGEMAKER"}
+_UNSUPPORTED = {
+    "ACCELERATE_USE_MEGATRON_LM": "MEGATRON_LM",
+    "ACCELERATE_USE_XLA": "XLA",
+    "ACCELERATE_USE_SAGEMAKER": "SAGEMAKER",
+}
 # Accelerate's FSDP variables -> transformers' fsdp_config keys (same meaning; transformers adds the "fsdp_" prefix back).
 _FSDP_KEYS = {
     "FSDP_VERSION": "version",
@@ -73,12 +77,16 @@ def accelerate_launch() -> AccelerateLaunch | None:
     """The DeepSpeed or FSDP settings ``accelerate launch`` put into this process's environment, or None."""
     for variable, kind in _UNSUPPORTED.items():
         if _flag(variable):
-            raise UserError(f"{_config_source()}: distributed_type {kind} is not supported by hf_lora_ds; use "
-                            "DEEPSPEED, FSDP (fsdp_version 2), MULTI_GPU or MULTI_CPU")  # fmt: skip
+            raise UserError(
+                f"{_config_source()}: distributed_type {kind} is not supported by hf_lora_ds; use "
+                "DEEPSPEED, FSDP (fsdp_version 2), MULTI_GPU or MULTI_CPU"
+            )
     use_deepspeed, use_fsdp = _flag("ACCELERATE_USE_DEEPSPEED"), _flag("ACCELERATE_USE_FSDP")
     if not (use_deepspeed or use_fsdp):
         return None
-    launch = AccelerateLaunch(source=_config_source(), mixed_precision=os.environ.get("ACCELERATE_MIXED_PRECISION", "no"))
+    launch = AccelerateLaunch(
+        source=_config_source(), mixed_precision=os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    )
     if use_deepspeed and use_fsdp:
         raise UserError(f"{launch.source}: DeepSpeed and FSDP at once; choose one distributed_type")
     if use_deepspeed:
@@ -90,8 +98,10 @@ def accelerate_launch() -> AccelerateLaunch | None:
     else:
         launch.fsdp = {key: _value(os.environ[name]) for name, key in _FSDP_KEYS.items() if os.environ.get(name)}
         if str(launch.fsdp.get("version", "1")) != "2":
-            raise UserError(f"{launch.source}: fsdp_version {launch.fsdp.get('version', 1)}; hf_lora_ds runs FSDP2 "
-                            "only (fsdp_version: 2)")  # fmt: skip
+            raise UserError(
+                f"{launch.source}: fsdp_version {launch.fsdp.get('version', 1)}; hf_lora_ds runs FSDP2 "
+                "only (fsdp_version: 2)"
+            )
         launch.fsdp["version"] = 2
         steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
         launch.gradient_accumulation_steps = int(steps) if steps else None

@@ -66,9 +66,11 @@ def check_sequence_parallel(args: SFTTrainingArguments, world_size: int) -> None
     if size == 1:
         return
     if world_size % size:
-        raise UserError(f"--sequence_parallel_size {size} with {world_size} rank(s): the world size must be a "
-                        f"multiple of {size} (each group of {size} ranks trains one batch); launch {size} or "
-                        f"{2 * size} ranks")
+        raise UserError(
+            f"--sequence_parallel_size {size} with {world_size} rank(s): the world size must be a "
+            f"multiple of {size} (each group of {size} ranks trains one batch); launch {size} or "
+            f"{2 * size} ranks"
+        )
     _check_heads(args, size)
 
 
@@ -81,9 +83,11 @@ def _check_heads(args: SFTTrainingArguments, size: int) -> None:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if heads % size or (kv_heads % size and size % kv_heads):
-        raise UserError(f"--sequence_parallel_size {size}: {args.model_name_or_path} has {heads} attention heads "
-                        f"({kv_heads} key/value heads); Ulysses splits heads over the ranks, so N must divide the "
-                        f"heads and divide or be divided by the key/value heads: use {_head_divisors(heads, kv_heads)}")  # fmt: skip
+        raise UserError(
+            f"--sequence_parallel_size {size}: {args.model_name_or_path} has {heads} attention heads "
+            f"({kv_heads} key/value heads); Ulysses splits heads over the ranks, so N must divide the "
+            f"heads and divide or be divided by the key/value heads: use {_head_divisors(heads, kv_heads)}"
+        )
 
 
 def _head_divisors(heads: int, kv_heads: int) -> str:
@@ -124,9 +128,14 @@ def _check_names(args: SFTTrainingArguments) -> None:
 
     reporters = args.report_to if isinstance(args.report_to, list) else [args.report_to]
     _one_of("report_to", [r for r in reporters if r not in ("all", "none")], list(INTEGRATION_TO_CALLBACK))
-    _one_of("torch_compile_backend", [args.torch_compile_backend.lower()] if args.torch_compile_backend else [],
-            [backend.value.lower() for backend in DynamoBackend])  # fmt: skip
-    _one_of("torch_compile_mode", [args.torch_compile_mode] if args.torch_compile_mode else [], list(list_mode_options()))
+    _one_of(
+        "torch_compile_backend",
+        [args.torch_compile_backend.lower()] if args.torch_compile_backend else [],
+        [backend.value.lower() for backend in DynamoBackend],
+    )
+    _one_of(
+        "torch_compile_mode", [args.torch_compile_mode] if args.torch_compile_mode else [], list(list_mode_options())
+    )
     attention = args.attn_implementation
     if attention and "/" not in attention:  # "org/repo" is a Hub attention kernel
         kernels = [name for name in ALL_ATTENTION_FUNCTIONS.valid_keys() if not name.startswith("hf_lora_ds")]

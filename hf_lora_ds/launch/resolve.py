@@ -112,11 +112,17 @@ def check_engine(values: Namespace) -> None:
             values.deepspeed = deepspeed_config_path(values.deepspeed)
         config, source = load_deepspeed_config(values.deepspeed)
         world_size = launcher_world_size()
-        check_deepspeed_config(config, source, micro_batch=values.per_device_train_batch_size,
-                               accumulation=values.gradient_accumulation_steps,
-                               world_size=data_parallel_size(world_size, values.sequence_parallel_size))
+        check_deepspeed_config(
+            config,
+            source,
+            micro_batch=values.per_device_train_batch_size,
+            accumulation=values.gradient_accumulation_steps,
+            world_size=data_parallel_size(world_size, values.sequence_parallel_size),
+        )
         if values.sequence_parallel_size > 1:
-            deepspeed_gradient_divisor(config, world_size, values.sequence_parallel_size)  # refuses what it cannot scale
+            deepspeed_gradient_divisor(
+                config, world_size, values.sequence_parallel_size
+            )  # refuses what it cannot scale
     zero = ZeroSettings.of(config)
     check_lora_optimizer_engine(values, zero.stage if values.deepspeed else None, "optimizer" in config, source)
     if values.fsdp:
@@ -125,9 +131,11 @@ def check_engine(values: Namespace) -> None:
         # Observed: a 4-bit base under ds_configs/stage3_offload.json trains, then hangs in the final save. And a
         # base quantized to fit the GPU gains nothing from being moved to CPU memory.
         named = "" if source == "--deepspeed" else f" in {source}"  # a dict: adopted from accelerate launch
-        raise UserError(f"{quantization_flag(values)} with a DeepSpeed config that offloads parameters (DeepSpeed "
-                        f"{zero.describe()}){named}: use ds_configs/stage3.json (or stage2_offload.json to "
-                        "offload the optimizer state only)")
+        raise UserError(
+            f"{quantization_flag(values)} with a DeepSpeed config that offloads parameters (DeepSpeed "
+            f"{zero.describe()}){named}: use ds_configs/stage3.json (or stage2_offload.json to "
+            "offload the optimizer state only)"
+        )
 
 
 def _check_fsdp(values: Namespace) -> None:
@@ -137,8 +145,10 @@ def _check_fsdp(values: Namespace) -> None:
     if str(settings.get("version", 2)) != "2":
         raise UserError(f"--fsdp_config version {settings['version']}: hf_lora_ds runs FSDP2 (version 2) only")
     if settings.get("cpu_offload") and torch.accelerator.current_accelerator() is None:
-        raise UserError("FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
-                        "has none: drop cpu_offload (fsdp_configs/fsdp2.json)")
+        raise UserError(
+            "FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
+            "has none: drop cpu_offload (fsdp_configs/fsdp2.json)"
+        )
 
 
 def resolve_run(values: Namespace) -> SFTTrainingArguments:
@@ -174,8 +184,11 @@ def parse_run_arguments(argv: Sequence[str], defaults: dict | None = None) -> SF
 def build_run_arguments(**values: object) -> SFTTrainingArguments:
     """The run's arguments from keyword values (the fields' defaults for the rest), resolved as a command line is:
     for scripts and notebooks that build a run in code."""
-    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-                for f in fields(SFTTrainingArguments) if f.init}
+    defaults = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields(SFTTrainingArguments)
+        if f.init
+    }
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise UserError(f"unknown argument(s) {unknown}")

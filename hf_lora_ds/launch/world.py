@@ -202,8 +202,13 @@ def describe_world(args: TrainingArguments) -> str:
     backend = getattr(state, "backend", None) or "none"
     sequence_parallel = getattr(args, "sequence_parallel_size", 1)
     groups = args.world_size // sequence_parallel
-    replicas = f"{args.world_size} ranks" if sequence_parallel == 1 else (
-        f"{groups} data-parallel group{'s' if groups > 1 else ''} (of {sequence_parallel} sequence-parallel ranks)")
+    replicas = (
+        f"{args.world_size} ranks"
+        if sequence_parallel == 1
+        else (
+            f"{groups} data-parallel group{'s' if groups > 1 else ''} (of {sequence_parallel} sequence-parallel ranks)"
+        )
+    )
     return (
         f"world size {args.world_size} (launcher {launcher_world_size()}), rank {args.process_index}, "
         f"device {args.device}, backend {backend}; global batch {effective_global_batch(args)} = "

@@ -54,14 +54,19 @@ def check_adapter_directory(path: str | os.PathLike, flag: str = "--adapter") ->
     traceback, and treats a path it cannot find as a Hub id)."""
     path = Path(path)
     if not path.exists():
-        raise MissingPathError(f"{flag} {path}: no such directory; pass the directory a run saved its adapter to "
-                               "(its --output_dir, or a checkpoint-N in it)")  # fmt: skip
+        raise MissingPathError(
+            f"{flag} {path}: no such directory; pass the directory a run saved its adapter to "
+            "(its --output_dir, or a checkpoint-N in it)"
+        )
     if not path.is_dir():
-        raise UserError(f"{flag} {path}: is a file, not an adapter directory; pass the directory that holds "
-                        "adapter_config.json")  # fmt: skip
+        raise UserError(
+            f"{flag} {path}: is a file, not an adapter directory; pass the directory that holds adapter_config.json"
+        )
     if not (path / "adapter_config.json").is_file():
-        raise UserError(f"{flag} {path}: the directory has no adapter_config.json, so it is not a saved PEFT adapter; "
-                        "pass a run's --output_dir or a checkpoint-N in it")  # fmt: skip
+        raise UserError(
+            f"{flag} {path}: the directory has no adapter_config.json, so it is not a saved PEFT adapter; "
+            "pass a run's --output_dir or a checkpoint-N in it"
+        )
 
 
 def check_adapter_trained(adapter_dir: str | os.PathLike, steps: int, max_learning_rate: float) -> None:
@@ -92,12 +97,12 @@ def verify_adapter(
 ) -> None:
     """Raise ``AdapterIntegrityError`` unless ``adapter_dir`` holds a complete, loadable LoRA adapter.
 
-    Always checked: ``adapter_config.json`` parses, there are weights, none is empty or non-finite, and each
-    module's ``lora_A``/``lora_B`` ranks agree with the config. With ``base_model`` (a local model directory, or the
-base's config when the model is at hand), also:
-    every tensor has exactly the shape the base's modules imply (r, in/out features) and
-    ``PeftModel.from_pretrained`` loads it. The base is instantiated on the meta device, so the check costs no
-    memory for the base weights even for large models.
+        Always checked: ``adapter_config.json`` parses, there are weights, none is empty or non-finite, and each
+        module's ``lora_A``/``lora_B`` ranks agree with the config. With ``base_model`` (a local model directory, or the
+    base's config when the model is at hand), also:
+        every tensor has exactly the shape the base's modules imply (r, in/out features) and
+        ``PeftModel.from_pretrained`` loads it. The base is instantiated on the meta device, so the check costs no
+        memory for the base weights even for large models.
     """
     adapter_dir = Path(adapter_dir)
     config = _load_config(adapter_dir)
@@ -197,8 +202,9 @@ def _check_against_base(
             "adapter was trained on, and save config and weights together."
         )
     try:
-        PeftModel.from_pretrained(_meta_base(base_config), str(adapter_dir), config=shape_config(config),
-                                  low_cpu_mem_usage=True)  # fmt: skip
+        PeftModel.from_pretrained(
+            _meta_base(base_config), str(adapter_dir), config=shape_config(config), low_cpu_mem_usage=True
+        )
     except Exception as error:  # any failure here means users cannot load the adapter either
         raise AdapterIntegrityError(
             f"PeftModel.from_pretrained failed for adapter {adapter_dir} on base {base_model}: {error}"

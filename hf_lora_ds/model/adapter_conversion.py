@@ -93,8 +93,9 @@ def write_plain_adapter(adapter_dir: str | os.PathLike, start: dict[str, torch.T
     moved = True
     if start is not None:
         trained = load_peft_weights(str(adapter_dir), device="cpu")
-        moved = any(not torch.equal(tensor, start[name].to(tensor.dtype)) for name, tensor in trained.items()
-                    if name in start)  # fmt: skip
+        moved = any(
+            not torch.equal(tensor, start[name].to(tensor.dtype)) for name, tensor in trained.items() if name in start
+        )
         weights = {name: tensor.contiguous() for name, tensor in converted_weights(trained, start).items()}
         if (adapter_dir / SAFETENSORS_WEIGHTS_NAME).is_file():
             save_file(weights, str(adapter_dir / SAFETENSORS_WEIGHTS_NAME), metadata={"format": "pt"})

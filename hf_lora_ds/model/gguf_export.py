@@ -38,8 +38,10 @@ def export_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, outtype: s
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = model.config
     if config.model_type not in _ARCHITECTURES:
-        raise UserError(f"--gguf: {model_dir} is a {config.model_type} model; GGUF export supports "
-                        f"{' and '.join(_ARCHITECTURES)} only")
+        raise UserError(
+            f"--gguf: {model_dir} is a {config.model_type} model; GGUF export supports "
+            f"{' and '.join(_ARCHITECTURES)} only"
+        )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     arch = gguf.MODEL_ARCH.LLAMA if config.model_type == "llama" else gguf.MODEL_ARCH.QWEN2
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -120,8 +122,13 @@ def _add_vocabulary(writer, tokenizer: PreTrainedTokenizerBase, model_dir: Path,
             types.append(gguf.TokenType.UNUSED)
             continue
         tokens.append(by_id[index])
-        types.append(gguf.TokenType.NORMAL if index not in added
-                     else gguf.TokenType.CONTROL if added[index].special else gguf.TokenType.USER_DEFINED)
+        types.append(
+            gguf.TokenType.NORMAL
+            if index not in added
+            else gguf.TokenType.CONTROL
+            if added[index].special
+            else gguf.TokenType.USER_DEFINED
+        )
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(_pre_tokenizer_name(spec.get("pre_tokenizer"), model_dir))
     writer.add_token_list(tokens)

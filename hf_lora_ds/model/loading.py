@@ -48,8 +48,6 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     return model, quantized_layers_line(model)
 
 
-
-
 def base_model_config(args: SFTTrainingArguments) -> PretrainedConfig:
     """The base's config without reading a weight: a GGUF file's metadata, a directory's (or a ``config.json``'s),
     a hub id's, or the shipped config of a hub id whose architecture numbers ship with the package."""

@@ -74,13 +74,18 @@ def check_target_modules(model: torch.nn.Module, config: LoraConfig) -> None:
     if isinstance(config.target_modules, str):  # "all-linear"
         return
     adaptable = [name for name, module in model.named_modules() if isinstance(module, LORA_LAYER_TYPES)]
-    unknown = sorted(target for target in config.target_modules
-                     if not any(name == target or name.endswith(f".{target}") for name in adaptable))  # fmt: skip
+    unknown = sorted(
+        target
+        for target in config.target_modules
+        if not any(name == target or name.endswith(f".{target}") for name in adaptable)
+    )
     if unknown:
         choices = ", ".join(sorted({name.rsplit(".", 1)[-1] for name in adaptable}))
-        raise UserError(f"--lora_target_modules {','.join(sorted(config.target_modules))}: {', '.join(unknown)} "
-                        f"matches no layer LoRA can adapt; the model's linear and embedding modules are {choices} "
-                        "(or use 'all-linear')")  # fmt: skip
+        raise UserError(
+            f"--lora_target_modules {','.join(sorted(config.target_modules))}: {', '.join(unknown)} "
+            f"matches no layer LoRA can adapt; the model's linear and embedding modules are {choices} "
+            "(or use 'all-linear')"
+        )
 
 
 def trainable_parameters_line(model: PeftModel) -> str:

@@ -110,7 +110,10 @@ class LoraCoverage:
                 rows[-1][0].append(layer)
             else:
                 rows.append(([layer], key))
-        lines = ["LoRA coverage (adapted/linear modules per decoder layer):", "layers   " + "".join(f"{k:<11}" for k in kinds)]
+        lines = [
+            "LoRA coverage (adapted/linear modules per decoder layer):",
+            "layers   " + "".join(f"{k:<11}" for k in kinds),
+        ]
         for group, key in rows:
             span = str(group[0]) if len(group) == 1 else f"{group[0]}-{group[-1]}"
             lines.append(f"{span:<9}" + "".join(f"{f'{a}/{n}':<11}" for a, n in key))

@@ -47,23 +47,33 @@ def check_lora_variant(args: SFTTrainingArguments) -> None:
     init = parse_lora_init(args.lora_init)
     quantized = "--load_in_4bit" if args.load_in_4bit else "--load_in_8bit" if args.load_in_8bit else None
     if init.loftq and not args.load_in_4bit:
-        raise UserError("--lora_init loftq fits the adapter to the 4-bit quantisation error of the base: add "
-                        "--load_in_4bit, or choose another --lora_init for a full-precision base")  # fmt: skip
+        raise UserError(
+            "--lora_init loftq fits the adapter to the 4-bit quantisation error of the base: add "
+            "--load_in_4bit, or choose another --lora_init for a full-precision base"
+        )
     if init.loftq and _no_full_precision_weights(args):
-        raise UserError(f"--lora_init loftq reads the full-precision weights from the base's safetensors files, and "
-                        f"{args.model_name_or_path} has none; use a safetensors checkpoint of the base")  # fmt: skip
+        raise UserError(
+            f"--lora_init loftq reads the full-precision weights from the base's safetensors files, and "
+            f"{args.model_name_or_path} has none; use a safetensors checkpoint of the base"
+        )
     if init.rewrites_base and quantized:
-        raise UserError(f"--lora_init {init.name} with {quantized}: {init.family} rewrites the base weights to their "
-                        "residual, which a quantized base would have to quantize again, and the adapter converted for "
-                        "the original base would then miss that error; use --lora_init loftq with --load_in_4bit")
+        raise UserError(
+            f"--lora_init {init.name} with {quantized}: {init.family} rewrites the base weights to their "
+            "residual, which a quantized base would have to quantize again, and the adapter converted for "
+            "the original base would then miss that error; use --lora_init loftq with --load_in_4bit"
+        )
     if init.needs_even_rank and args.lora_rank % 2:
         raise UserError(f"--lora_init {init.name} needs an even --lora_rank, got {args.lora_rank}")
     if init.rewrites_base and getattr(args, "fsdp", None):
-        raise UserError(f"--lora_init {init.name} with --fsdp: the adapter's start is kept whole to convert the saved "
-                        "adapter and FSDP shards it; use DeepSpeed ZeRO-3 (--deepspeed stage3) to shard the run")
+        raise UserError(
+            f"--lora_init {init.name} with --fsdp: the adapter's start is kept whole to convert the saved "
+            "adapter and FSDP shards it; use DeepSpeed ZeRO-3 (--deepspeed stage3) to shard the run"
+        )
     if args.use_dora and init.rewrites_base:
-        raise UserError(f"--lora_init {init.name} with --use_dora: the adapter is converted at the end into its "
-                        "difference from the start, which DoRA's magnitude vectors cannot express; drop one")
+        raise UserError(
+            f"--lora_init {init.name} with --use_dora: the adapter is converted at the end into its "
+            "difference from the start, which DoRA's magnitude vectors cannot express; drop one"
+        )
     if args.lora_init_samples < 1:
         raise UserError(f"--lora_init_samples must be a positive integer, got {args.lora_init_samples}")
     _check_lora_optimizer(args)
@@ -82,17 +92,24 @@ def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
         raise UserError(f"--lora_optimizer {args.lora_optimizer}: unknown; use one of {', '.join(LORA_OPTIMIZERS)}")
     ratio = args.loraplus_lr_ratio
     if ratio is not None and args.lora_optimizer != "loraplus":
-        raise UserError(f"--loraplus_lr_ratio {ratio} has no effect with --lora_optimizer {args.lora_optimizer}: "
-                        "add --lora_optimizer loraplus or drop the ratio")  # fmt: skip
+        raise UserError(
+            f"--loraplus_lr_ratio {ratio} has no effect with --lora_optimizer {args.lora_optimizer}: "
+            "add --lora_optimizer loraplus or drop the ratio"
+        )
     if ratio is not None and not 1 <= ratio < math.inf:  # nan fails both comparisons
-        raise UserError(f"--loraplus_lr_ratio must be a finite number of at least 1 (B learns faster than A), "
-                        f"got {ratio}")  # fmt: skip
+        raise UserError(
+            f"--loraplus_lr_ratio must be a finite number of at least 1 (B learns faster than A), got {ratio}"
+        )
     if args.lora_optimizer == "lorafa" and args.use_dora:
-        raise UserError("--lora_optimizer lorafa with --use_dora: LoRA-FA pairs each module's lora_A with its lora_B "
-                        "and has no update for DoRA's magnitude vectors; drop one")  # fmt: skip
+        raise UserError(
+            "--lora_optimizer lorafa with --use_dora: LoRA-FA pairs each module's lora_A with its lora_B "
+            "and has no update for DoRA's magnitude vectors; drop one"
+        )
 
 
-def check_lora_optimizer_engine(args: SFTTrainingArguments, zero_stage: int | None, has_optimizer_section: bool, source: str) -> None:
+def check_lora_optimizer_engine(
+    args: SFTTrainingArguments, zero_stage: int | None, has_optimizer_section: bool, source: str
+) -> None:
     """The LoRA optimizers against the engine: DeepSpeed must take our optimizer as its client optimizer (a config
     with its own ``optimizer`` section replaces it, and with it LoRA+'s parameter groups), and LoRA-FA updates each
     B from the whole of its A, which ZeRO's partitioned optimizer (stages 1-3) and FSDP's shards never hold."""
@@ -100,13 +117,17 @@ def check_lora_optimizer_engine(args: SFTTrainingArguments, zero_stage: int | No
         return
     flag = f"--lora_optimizer {args.lora_optimizer}"
     if has_optimizer_section:
-        raise UserError(f"{flag} with {source}: its \"optimizer\" section makes DeepSpeed build its own optimizer "
-                        "and drop this one's parameter groups; remove the section (Trainer's optimizer is used)")  # fmt: skip
+        raise UserError(
+            f'{flag} with {source}: its "optimizer" section makes DeepSpeed build its own optimizer '
+            "and drop this one's parameter groups; remove the section (Trainer's optimizer is used)"
+        )
     if args.lora_optimizer == "lorafa" and (args.fsdp or (zero_stage or 0) >= 1):
         engine = "FSDP" if args.fsdp else f"ZeRO stage {zero_stage} ({source})"
-        raise UserError(f"{flag} with {engine}: LoRA-FA projects each lora_B gradient through the whole lora_A, "
-                        "which a partitioned optimizer never holds; use ZeRO stage 0, DDP or one process, or "
-                        "--lora_optimizer loraplus")  # fmt: skip
+        raise UserError(
+            f"{flag} with {engine}: LoRA-FA projects each lora_B gradient through the whole lora_A, "
+            "which a partitioned optimizer never holds; use ZeRO stage 0, DDP or one process, or "
+            "--lora_optimizer loraplus"
+        )
 
 
 def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -> str | None:
@@ -126,8 +147,10 @@ def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -
     if init.rewrites_base and config.lora_dropout:
         # The adapter now carries the weights' principal part: dropout on its input drops that too (PiSSA's and
         # CorDA's authors train without it), so the training forward is not the base even at step 0.
-        parts.append(f"--lora_dropout {config.lora_dropout:g} also drops the principal part the adapter holds (0 "
-                     "keeps the training forward at the base at the start)")  # fmt: skip
+        parts.append(
+            f"--lora_dropout {config.lora_dropout:g} also drops the principal part the adapter holds (0 "
+            "keeps the training forward at the base at the start)"
+        )
     if init.data_pass is DataPass.EVA and config.rank_pattern:
         ranks = sorted({*config.rank_pattern.values(), config.r})
         parts.append(f"ranks after the data pass {ranks[0]}-{ranks[-1]} (budget r {config.r} a module)")

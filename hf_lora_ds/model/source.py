@@ -109,8 +109,6 @@ def hub_load_errors(name_or_path: str, flag: str = "--model_name_or_path") -> It
         ) from err
 
 
-
-
 def load_model_config(path: str, trust_remote_code: bool = False) -> PretrainedConfig:
     """A model directory (or its ``config.json``) as a transformers config; a bad path is a one-line error."""
     if os.path.isfile(path):

@@ -115,8 +115,18 @@ def estimate_memory(
     ``runtime_bytes`` the fixed per-process cost (a CUDA context, or the measured CPU baseline);
     ``sequence_parallel`` the ranks each sequence is split over (DeepSpeed configurations only)."""
     if layout.fsdp:
-        return _fsdp_estimate(shape, batch, layout, world_size, ranks_per_node, weight_bytes, gradient_checkpointing,
-                              supervised_logits_only, on_accelerator, runtime_bytes)  # fmt: skip
+        return _fsdp_estimate(
+            shape,
+            batch,
+            layout,
+            world_size,
+            ranks_per_node,
+            weight_bytes,
+            gradient_checkpointing,
+            supervised_logits_only,
+            on_accelerator,
+            runtime_bytes,
+        )
     stage = layout.stage
     frozen = shape.frozen_weight_bytes // (world_size if stage == 3 else 1)
     states = _lora_states(shape.trainable_params, layout, world_size, weight_bytes)
@@ -132,8 +142,9 @@ def estimate_memory(
         host["frozen weights (offloaded)"] = (frozen + states["weights"]) * ranks_per_node
     if moved_optimizer:
         host["optimizer states (offloaded)"] = (states["optimizer"] + states["gradients"]) * ranks_per_node
-    _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only,
-                     sequence_parallel)  # fmt: skip
+    _add_batch_terms(
+        device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only, sequence_parallel
+    )
     _add_init_pass(device, shape)
     device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
     device["runtime"] = runtime_bytes
@@ -141,13 +152,25 @@ def estimate_memory(
     return _one_memory_on_cpu(device, host, ranks_per_node, on_accelerator)
 
 
-def _add_batch_terms(device: dict[str, int], shape: ModelShape, batch: BatchShape, weight_bytes: int,
-                     gradient_checkpointing: bool, supervised_logits_only: bool, sequence_parallel: int = 1) -> None:  # fmt: skip
+def _add_batch_terms(
+    device: dict[str, int],
+    shape: ModelShape,
+    batch: BatchShape,
+    weight_bytes: int,
+    gradient_checkpointing: bool,
+    supervised_logits_only: bool,
+    sequence_parallel: int = 1,
+) -> None:
     """What no engine partitions: the batch's activations and its logits, 1/N of them per rank under sequence
     parallelism, which adds its exchange buffers."""
-    shard = BatchShape(rows=batch.rows, row_tokens=-(-batch.row_tokens // sequence_parallel),
-                       supervised_tokens=-(-batch.supervised_tokens // sequence_parallel))  # fmt: skip
-    device["activations"] = shape.activation_bytes(shard.rows, gradient_checkpointing) * shard.row_tokens // shape.seq_len
+    shard = BatchShape(
+        rows=batch.rows,
+        row_tokens=-(-batch.row_tokens // sequence_parallel),
+        supervised_tokens=-(-batch.supervised_tokens // sequence_parallel),
+    )
+    device["activations"] = (
+        shape.activation_bytes(shard.rows, gradient_checkpointing) * shard.row_tokens // shape.seq_len
+    )
     device["logits and loss"] = _logits_bytes(shape, shard, weight_bytes, supervised_logits_only)
     if sequence_parallel > 1:
         device["sequence-parallel exchange"] = _ulysses_bytes(shape, batch, shard, weight_bytes, sequence_parallel)
@@ -168,8 +191,9 @@ def _ulysses_bytes(shape: ModelShape, batch: BatchShape, shard: BatchShape, weig
 def _add_init_pass(device: dict[str, int], shape: ModelShape) -> None:
     """The LoRA init's data pass (CorDA) holds its covariances before step 1, beside the weights but without the
     training's gradients, optimizer states, activations and logits: the peak is the larger of the two phases."""
-    training_only = sum(device.get(item, 0) for item in ("gradients", "optimizer states", "activations",
-                                                          "logits and loss"))  # fmt: skip
+    training_only = sum(
+        device.get(item, 0) for item in ("gradients", "optimizer states", "activations", "logits and loss")
+    )
     if shape.init_pass_bytes > training_only:
         device["LoRA init pass (beyond training's peak)"] = shape.init_pass_bytes - training_only
 
@@ -181,16 +205,29 @@ def _one_memory_on_cpu(device: dict[str, int], host: dict[str, int], ranks_per_n
     return Estimate(device_items=device, host_items=host)
 
 
-def _fsdp_estimate(shape: ModelShape, batch: BatchShape, layout: DeepSpeedLayout, world_size: int,
-                   ranks_per_node: int, weight_bytes: int, gradient_checkpointing: bool,
-                   supervised_logits_only: bool, on_accelerator: bool, runtime_bytes: int) -> Estimate:  # fmt: skip
+def _fsdp_estimate(
+    shape: ModelShape,
+    batch: BatchShape,
+    layout: DeepSpeedLayout,
+    world_size: int,
+    ranks_per_node: int,
+    weight_bytes: int,
+    gradient_checkpointing: bool,
+    supervised_logits_only: bool,
+    on_accelerator: bool,
+    runtime_bytes: int,
+) -> Estimate:
     """FSDP2 (``fully_shard`` per decoder layer and the root): frozen and LoRA weights, gradients and Adam states
     all sharded over the ranks (PEFT keeps the adapters in fp32); during forward and backward one unit is gathered
     whole and the next one prefetched; parameter offload keeps the shards, their gradients and the optimizer on
     the host. Every rank reads the whole model at load, before it is sharded."""
     trainable = shape.trainable_params
-    sharded = {"frozen weights": shape.frozen_weight_bytes // world_size, "LoRA weights": 4 * trainable // world_size,
-               "gradients": 4 * trainable // world_size, "optimizer states": 8 * trainable // world_size}  # fmt: skip
+    sharded = {
+        "frozen weights": shape.frozen_weight_bytes // world_size,
+        "LoRA weights": 4 * trainable // world_size,
+        "gradients": 4 * trainable // world_size,
+        "optimizer states": 8 * trainable // world_size,
+    }
     device: dict[str, int] = {name: 0 if layout.offload_param else value for name, value in sharded.items()}
     host: dict[str, int] = {}
     if layout.offload_param:
@@ -237,7 +274,9 @@ def _logits_bytes(shape: ModelShape, batch: BatchShape, weight_bytes: int, super
     positions = batch.supervised_tokens
     upcast = 4 if weight_bytes < 4 else 0
     rows = min(positions, chunk_rows(shape.vocab_size, weight_bytes))
-    return positions * (2 * shape.hidden_size * weight_bytes + 4) + rows * shape.vocab_size * (weight_bytes + upcast + 4)
+    return positions * (2 * shape.hidden_size * weight_bytes + 4) + rows * shape.vocab_size * (
+        weight_bytes + upcast + 4
+    )
 
 
 def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int) -> int:

@@ -87,8 +87,16 @@ def measure_model_shape(
     PEFT keeps adapters in fp32 under a 16-bit base, so every adapted layer saves an fp32 copy of its input;
     DeepSpeed casts all parameters to the compute dtype (``adapters_in_compute_dtype``), and those copies go.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
-    key = (config.to_json_string(), repr(lora), dtype, seq_len, attn_implementation, quantization,
-           adapters_in_compute_dtype, train_lora_a)  # fmt: skip
+    key = (
+        config.to_json_string(),
+        repr(lora),
+        dtype,
+        seq_len,
+        attn_implementation,
+        quantization,
+        adapters_in_compute_dtype,
+        train_lora_a,
+    )
     if key not in _MEASURED:
         # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
         # LoRA initialisation of the run that plans (run_sft seeds before it plans).

@@ -38,8 +38,17 @@ __all__ = [
 
 SHIPPED_CONFIGS_DIR = DEEPSPEED_CONFIGS
 # FSDP2 rows come last: --deepspeed auto and the recommendation pick DeepSpeed first, FSDP is a row to compare.
-_SPEED_ORDER = ("none", "stage0", "stage1", "stage2", "stage3", "stage2_offload", "stage3_offload", "fsdp2",
-                "fsdp2_offload")  # fmt: skip
+_SPEED_ORDER = (
+    "none",
+    "stage0",
+    "stage1",
+    "stage2",
+    "stage3",
+    "stage2_offload",
+    "stage3_offload",
+    "fsdp2",
+    "fsdp2_offload",
+)
 _MAX_BATCH_SEARCH = 1 << 14
 
 
@@ -65,8 +74,10 @@ class SequenceProfile:
         """What the plan knows of the data: ``data: 2520 samples, longest 57 tokens, ...``."""
         if not self.known:
             return f"data: not tokenized here (no tokenizer): every sample taken as {self.longest_first[0]} tokens"
-        return (f"data: {len(self.longest_first)} samples, longest {self.longest_first[0]} tokens, at most "
-                f"{self.most_supervised_first[0]} supervised")
+        return (
+            f"data: {len(self.longest_first)} samples, longest {self.longest_first[0]} tokens, at most "
+            f"{self.most_supervised_first[0]} supervised"
+        )
 
     def worst_batch(self, batch_size: int, padding_free: bool, packed_length: int | None = None) -> BatchShape:
         """The micro-batch that needs the most memory: the longest samples together (length grouping puts them
@@ -75,7 +86,9 @@ class SequenceProfile:
         longest, most_supervised = self.longest_first, self.most_supervised_first
         if packed_length is not None:
             tokens = batch_size * packed_length
-            return BatchShape(rows=batch_size, row_tokens=packed_length, supervised_tokens=min(tokens, sum(most_supervised)))
+            return BatchShape(
+                rows=batch_size, row_tokens=packed_length, supervised_tokens=min(tokens, sum(most_supervised))
+            )
         missing = max(0, batch_size - len(longest))  # a batch larger than the data: repeat the longest
         tokens = sum(longest[:batch_size]) + missing * longest[0]
         supervised = sum(most_supervised[:batch_size]) + missing * most_supervised[0]
@@ -115,8 +128,11 @@ def sequence_parallel_sizes(settings: PlanSettings, largest: int | None = None) 
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     largest = settings.world_size if largest is None else largest
-    return [size for size in range(settings.sequence_parallel_size + 1, largest + 1)
-            if largest % size == 0 and heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)]  # fmt: skip
+    return [
+        size
+        for size in range(settings.sequence_parallel_size + 1, largest + 1)
+        if largest % size == 0 and heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)
+    ]
 
 
 @dataclass(frozen=True)
@@ -180,12 +196,15 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
         deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
         for size in sequence_parallel_sizes(settings):
             rows += _rows(shapes, settings, deepspeed, runtime, size)
-    return sorted(rows, key=lambda row: (row.sequence_parallel, _rank(row.config.removesuffix(".json")),
-                                         row.gradient_checkpointing))  # fmt: skip
+    return sorted(
+        rows,
+        key=lambda row: (row.sequence_parallel, _rank(row.config.removesuffix(".json")), row.gradient_checkpointing),
+    )
 
 
-def fits_with_more_devices(settings: PlanSettings, configs: dict[str, dict | None], runtime: int,
-                           most: int = 64) -> PlanRow | None:  # fmt: skip
+def fits_with_more_devices(
+    settings: PlanSettings, configs: dict[str, dict | None], runtime: int, most: int = 64
+) -> PlanRow | None:
     """For a sequence nothing fits even split over the planned world: the first row that fits on a world of one
     sequence-parallel group of the smallest size that does, up to ``most`` devices of the planned memory (on a CPU,
     machines like the planned one: ranks on one machine share its memory, so only more machines add any)."""
@@ -194,10 +213,17 @@ def fits_with_more_devices(settings: PlanSettings, configs: dict[str, dict | Non
     for size in sequence_parallel_sizes(replace(settings, sequence_parallel_size=1), largest=most):
         if size <= settings.world_size:
             continue
-        world = replace(settings, world_size=size, ranks_per_node=min(size, settings.ranks_per_node)
-                        if settings.on_accelerator else 1)  # fmt: skip
-        fitting = recommend(sorted(_rows(shapes, world, deepspeed, runtime, size),
-                                   key=lambda row: (_rank(row.config.removesuffix(".json")), row.gradient_checkpointing)))  # fmt: skip
+        world = replace(
+            settings,
+            world_size=size,
+            ranks_per_node=min(size, settings.ranks_per_node) if settings.on_accelerator else 1,
+        )
+        fitting = recommend(
+            sorted(
+                _rows(shapes, world, deepspeed, runtime, size),
+                key=lambda row: (_rank(row.config.removesuffix(".json")), row.gradient_checkpointing),
+            )
+        )
         if fitting is not None:
             return fitting
     return None
@@ -212,25 +238,49 @@ def _model_shapes(settings: PlanSettings) -> dict[bool, ModelShape]:
             shapes[True] = shapes[False]
             continue
         shapes[under_deepspeed] = measure_model_shape(
-            settings.model_config, settings.lora, settings.dtype, seq_len, settings.attn_implementation,
-            settings.quantization, adapters_in_compute_dtype=under_deepspeed,
+            settings.model_config,
+            settings.lora,
+            settings.dtype,
+            seq_len,
+            settings.attn_implementation,
+            settings.quantization,
+            adapters_in_compute_dtype=under_deepspeed,
             train_lora_a=settings.lora_optimizer != "lorafa",
-        )  # fmt: skip
+        )
     return shapes
 
 
-def _rows(shapes: dict[bool, ModelShape], settings: PlanSettings, configs: dict[str, dict | None], runtime: int,
-          sequence_parallel: int) -> list[PlanRow]:  # fmt: skip
+def _rows(
+    shapes: dict[bool, ModelShape],
+    settings: PlanSettings,
+    configs: dict[str, dict | None],
+    runtime: int,
+    sequence_parallel: int,
+) -> list[PlanRow]:
     return [
-        _row(shapes[config is not None and not is_fsdp(config)], settings, name, DeepSpeedLayout.from_config(config),
-             checkpointing, runtime, sequence_parallel)  # fmt: skip
+        _row(
+            shapes[config is not None and not is_fsdp(config)],
+            settings,
+            name,
+            DeepSpeedLayout.from_config(config),
+            checkpointing,
+            runtime,
+            sequence_parallel,
+        )
         for name, config in configs.items()
         for checkpointing in (False, True)
     ]
 
 
-def _row(shape: ModelShape, settings: PlanSettings, name: str, layout: DeepSpeedLayout, gc: bool, runtime: int,
-         sequence_parallel: int = 1) -> PlanRow:  # fmt: skip
+def _row(
+    shape: ModelShape,
+    settings: PlanSettings,
+    name: str,
+    layout: DeepSpeedLayout,
+    gc: bool,
+    runtime: int,
+    sequence_parallel: int = 1,
+) -> PlanRow:
     def estimate(batch_size: int) -> Estimate:
         return estimate_memory(
             shape,

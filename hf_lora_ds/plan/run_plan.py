@@ -64,8 +64,22 @@ __all__ = [
     "sequence_profile",
 ]
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
-          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 2**40,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 @dataclass
@@ -128,7 +142,9 @@ def sequence_profile(args: SFTTrainingArguments) -> SequenceProfile:
     return profile_from_dataset(sft_dataset(load_run_data(args.train_file, args, args.dataset), tokenizer, args))
 
 
-def plan_run(args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None) -> list[PlanRow]:
+def plan_run(
+    args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None
+) -> list[PlanRow]:
     """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
     settings = _plan_settings(args, plan_args, profile)
     configs = configs if configs is not None else shipped_configs()
@@ -144,7 +160,9 @@ def plan_run(args: SFTTrainingArguments, plan_args: PlanArguments, profile: Sequ
     return make_plan(settings, configs, runtime_bytes(settings.on_accelerator))
 
 
-def plan_with_more_devices(args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict) -> PlanRow | None:
+def plan_with_more_devices(
+    args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict
+) -> PlanRow | None:
     """For a run nothing fits even split over its world: the smallest sequence-parallel group of devices like the
     planned ones (machines, on a CPU) that would hold it, as that row (hf_lora_ds.plan.planner.fits_with_more_devices)."""
     settings = _plan_settings(args, plan_args, profile)
@@ -155,8 +173,10 @@ def _plan_settings(args: SFTTrainingArguments, plan_args: PlanArguments, profile
     on_accelerator = plans_accelerator(plan_args.device, args)
     world_size, per_node = _world(plan_args, on_accelerator)
     if world_size % args.sequence_parallel_size:
-        raise UserError(f"--sequence_parallel_size {args.sequence_parallel_size} with a world of {world_size}: the "
-                        "world size must be a multiple of it (--world_size)")  # fmt: skip
+        raise UserError(
+            f"--sequence_parallel_size {args.sequence_parallel_size} with a world of {world_size}: the "
+            "world size must be a multiple of it (--world_size)"
+        )
     batching = resolve_batching(args.batching, args.attn_implementation)  # a run's arguments hold it resolved
     settings = PlanSettings(
         model_config=base_model_config(args),
@@ -277,8 +297,13 @@ def plan_this_run(args: SFTTrainingArguments, profile: SequenceProfile) -> tuple
     every row: the alternatives to name when it does not fit."""
     name = fsdp_config_name(args) if args.fsdp else config_name(args.deepspeed)
     rows = plan_run(args, run_world(), profile, configs_with(args.deepspeed, run_deepspeed_config(args)))
-    chosen = next(r for r in rows if r.config == name and r.gradient_checkpointing == bool(args.gradient_checkpointing)
-                  and r.sequence_parallel == args.sequence_parallel_size)  # fmt: skip
+    chosen = next(
+        r
+        for r in rows
+        if r.config == name
+        and r.gradient_checkpointing == bool(args.gradient_checkpointing)
+        and r.sequence_parallel == args.sequence_parallel_size
+    )
     return chosen, rows
 
 
@@ -286,15 +311,23 @@ def recommended_deepspeed_config(args: SFTTrainingArguments) -> Path:
     """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
     sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
     rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))
-    deepspeed_rows = [r for r in rows if r.config != "none" and not r.config.startswith("fsdp")
-                      and r.gradient_checkpointing == bool(args.gradient_checkpointing)]  # fmt: skip
+    deepspeed_rows = [
+        r
+        for r in rows
+        if r.config != "none"
+        and not r.config.startswith("fsdp")
+        and r.gradient_checkpointing == bool(args.gradient_checkpointing)
+    ]
     candidates = [r for r in deepspeed_rows if r.sequence_parallel == args.sequence_parallel_size]
     chosen = recommend(candidates)
     if chosen is None:  # the sequence-parallel size changes the global batch: named, never picked
         smallest = min(candidates, key=lambda r: r.estimate.device_bytes)
         split = recommend([r for r in deepspeed_rows if r.sequence_parallel > args.sequence_parallel_size])
-        instead = (f"With --sequence_parallel_size {split.sequence_parallel}, {plan_line(split)}; or lower"
-                   if split else "Lower")  # fmt: skip
+        instead = (
+            f"With --sequence_parallel_size {split.sequence_parallel}, {plan_line(split)}; or lower"
+            if split
+            else "Lower"
+        )
         raise UserError(
             f"--deepspeed auto: no shipped DeepSpeed config fits; the smallest, {plan_line(smallest)}. {instead} "
             "--per_device_train_batch_size or --max_length, add --gradient_checkpointing true, or use more devices"

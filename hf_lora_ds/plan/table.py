@@ -27,8 +27,12 @@ def _fits(row: PlanRow) -> str:
     return f"{'yes' if row.fits else 'no'} ({sign}{format_gib(abs(row.margin_bytes))})"
 
 
-def format_table(rows: Sequence[PlanRow], recommended: PlanRow | None, more_devices: PlanRow | None = None,
-                 on_accelerator: bool = True) -> str:  # fmt: skip
+def format_table(
+    rows: Sequence[PlanRow],
+    recommended: PlanRow | None,
+    more_devices: PlanRow | None = None,
+    on_accelerator: bool = True,
+) -> str:
     """The table, then the recommendation; when nothing fits, ``more_devices`` is the row of the smallest
     sequence-parallel group of more devices (machines, ``on_accelerator`` False) that would hold the run."""
     header = ("configuration", "grad. ckpt", "per device", "host per node", "fits (margin)", "max batch")
@@ -52,13 +56,17 @@ def format_table(rows: Sequence[PlanRow], recommended: PlanRow | None, more_devi
         )
         if more_devices is not None:
             size, kind = more_devices.sequence_parallel, "devices" if on_accelerator else "machines like this one"
-            lines.append(f"With {size} {kind}, one sequence split over all of them (--sequence_parallel_size {size} "
-                         f"--deepspeed {more_devices.config.removesuffix('.json')}): {plan_line(more_devices)}")  # fmt: skip
+            lines.append(
+                f"With {size} {kind}, one sequence split over all of them (--sequence_parallel_size {size} "
+                f"--deepspeed {more_devices.config.removesuffix('.json')}): {plan_line(more_devices)}"
+            )
     else:
         lines.append(f"\nRecommended: {plan_line(recommended)}")
         if recommended.sequence_parallel > 1:
-            lines.append(f"  (the sequences do not fit whole on one device: run with --sequence_parallel_size "
-                         f"{recommended.sequence_parallel}, each sequence split over that many ranks)")  # fmt: skip
+            lines.append(
+                f"  (the sequences do not fit whole on one device: run with --sequence_parallel_size "
+                f"{recommended.sequence_parallel}, each sequence split over that many ranks)"
+            )
         lines += [f"  {name}: {format_gib(value)}" for name, value in recommended.estimate.device_items.items()]
     return "\n".join(lines)
 

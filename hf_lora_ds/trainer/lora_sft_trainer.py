@@ -118,8 +118,10 @@ class LoraSFTTrainer(Trainer):
         self.sequence_parallel_size = self.get_sp_size()
         if self.sequence_parallel_size > 1:
             if full_logits_reason:  # the libraries' SP loss would scale gradients by the SP size (DeepSpeed #5248)
-                raise UserError(f"--sequence_parallel_size {self.sequence_parallel_size} needs hf_lora_ds's "
-                                f"supervised-position loss, and {full_logits_reason}")  # fmt: skip
+                raise UserError(
+                    f"--sequence_parallel_size {self.sequence_parallel_size} needs hf_lora_ds's "
+                    f"supervised-position loss, and {full_logits_reason}"
+                )
             self.loss_is_scaled_for_ga = True  # normalised over the accumulated batch's trained tokens
             self._deepspeed_divisor = deepspeed_gradient_divisor(
                 run_deepspeed_config(self.args) or {}, self.accelerator.num_processes, self.sequence_parallel_size
@@ -206,8 +208,10 @@ class LoraSFTTrainer(Trainer):
                     moved = write_plain_adapter(self.args.output_dir, self.adapter_start)
                     verify_adapter(self.args.output_dir, base_model=self.model.get_base_model().config)
                     if not moved and steps and top_rate > 0:
-                        raise UntrainedAdapterError(f"The adapter saved in {self.args.output_dir} never trained: "
-                                                    f"every tensor still holds its start after {steps} steps")  # fmt: skip
+                        raise UntrainedAdapterError(
+                            f"The adapter saved in {self.args.output_dir} never trained: "
+                            f"every tensor still holds its start after {steps} steps"
+                        )
                 check_adapter_trained(self.args.output_dir, steps, top_rate)
             except UntrainedAdapterError as error:
                 problem = str(error)
@@ -284,10 +288,16 @@ class LoraSFTTrainer(Trainer):
             outputs = model(**forward_inputs)
             outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, keep), targets[keep])
         loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
-        if self.sequence_parallel_size > 1 and model.training:  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
+        if (
+            self.sequence_parallel_size > 1 and model.training
+        ):  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
             data_parallel = data_parallel_size(self.accelerator.num_processes, self.sequence_parallel_size)
             loss = sequence_parallel_loss(loss, sequence_parallel_group(), self._deepspeed_divisor, data_parallel)
-        elif self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+        elif (
+            self.args.average_tokens_across_devices
+            and self.model_accepts_loss_kwargs
+            and num_items_in_batch is not None
+        ):
             # Trainer's own scaling: num_items_in_batch counts every rank's tokens, and DDP/DeepSpeed average gradients.
             replicas = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
             loss = loss * replicas
@@ -301,8 +311,9 @@ class LoraSFTTrainer(Trainer):
             return supervised_tokens_in_shards(batch_samples, device)
         return super()._get_num_items_in_batch(batch_samples, device)
 
-    def _fused_loss_forward(self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor,
-                            targets: torch.Tensor) -> CausalLMOutputWithPast | None:  # fmt: skip
+    def _fused_loss_forward(
+        self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor, targets: torch.Tensor
+    ) -> CausalLMOutputWithPast | None:
         """The model's forward with its head computing the summed loss chunk by chunk (no logits at all), or None
         where the head cannot (then and for the rest of the run, with one line if the model changed its head's
         output: this batch's forward is thrown away and redone on the logits path)."""
@@ -316,8 +327,10 @@ class LoraSFTTrainer(Trainer):
         if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
             return CausalLMOutputWithPast(loss=outputs.logits)
         self._fused_head_loss = False
-        print0(f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
-                         "head's output; the loss uses supervised-position logits")  # fmt: skip
+        print0(
+            f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
+            "head's output; the loss uses supervised-position logits"
+        )
         return None
 
     def prediction_step(
@@ -338,7 +351,9 @@ class LoraSFTTrainer(Trainer):
         """``group_by_length`` (the default here) with the lengths the dataset already has (of its packed rows, for
         packed batching) and an order every rank and every resume draws alike (see LengthGroupedEpochSampler)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(training_samples(dataset), ChatSFTDataset):
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(
+            training_samples(dataset), ChatSFTDataset
+        ):
             return super()._get_train_sampler(train_dataset)
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
@@ -355,8 +370,10 @@ class LoraSFTTrainer(Trainer):
         if self.label_smoother is not None or self.compute_loss_func is not None:
             return "label smoothing or compute_loss_func computes its own loss from the logits"
         if not self._position_mask and fused_head(self.model) is None:
-            return (f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask and "
-                    "its LM head is not a plain bias-free nn.Linear")  # fmt: skip
+            return (
+                f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask and "
+                "its LM head is not a plain bias-free nn.Linear"
+            )
         return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

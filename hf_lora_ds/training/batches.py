@@ -34,8 +34,10 @@ def prepare_batches(
     if batching == "packed":
         train_dataset = _packed(train_dataset, args.max_length, "training")
         if train_dataset is not None:
-            print0(f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
-                   f"tokens, {train_dataset.fill():.3f} of the rows filled")
+            print0(
+                f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
+                f"tokens, {train_dataset.fill():.3f} of the rows filled"
+            )
         if isinstance(eval_dataset, dict):
             eval_dataset = {name: _packed(data, args.max_length, name) for name, data in eval_dataset.items()}
         else:
@@ -55,6 +57,8 @@ def _packed(dataset: Any, capacity: int, name: str) -> Any:
     if dataset is None or isinstance(dataset, PackedDataset):
         return dataset
     if not hasattr(dataset, "lengths"):
-        raise ValueError(f"--batching packed packs by the samples' lengths, and the {name} dataset "
-                         f"({type(dataset).__name__}) has no 'lengths': pass a ChatSFTDataset")  # fmt: skip
+        raise ValueError(
+            f"--batching packed packs by the samples' lengths, and the {name} dataset "
+            f"({type(dataset).__name__}) has no 'lengths': pass a ChatSFTDataset"
+        )
     return PackedDataset(dataset, capacity)

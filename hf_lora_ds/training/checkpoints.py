@@ -95,8 +95,10 @@ def lost_ranks(output_dir: str | os.PathLike) -> Iterator[None]:
         gone = next((text for text in _PEER_GONE if text in str(err)), None)
         if gone is None:
             raise
-        raise RankLostError(f"another rank of this run stopped (its connection: {gone}; the launcher's report says "
-                            f"which and why); {_resume_hint(output_dir)}") from err  # fmt: skip
+        raise RankLostError(
+            f"another rank of this run stopped (its connection: {gone}; the launcher's report says "
+            f"which and why); {_resume_hint(output_dir)}"
+        ) from err
 
 
 def _resume_hint(output_dir: str | os.PathLike) -> str:
@@ -230,7 +232,9 @@ def resolve_resume_checkpoint(
         )
     ranks_note = check_resume_world_size(checkpoint, world_size, deepspeed_config)
     if not is_complete_checkpoint(checkpoint):
-        note = (f"resume: from {value}, which has no {COMPLETE_MARKER}: it was written by another tool or cut short "
-                f"by a kill; use 'auto' to pick the latest checkpoint known to be complete{ranks_note}")
+        note = (
+            f"resume: from {value}, which has no {COMPLETE_MARKER}: it was written by another tool or cut short "
+            f"by a kill; use 'auto' to pick the latest checkpoint known to be complete{ranks_note}"
+        )
         return ResumePoint(value, note, bool(ranks_note))
     return ResumePoint(value, f"resume: from {value}{ranks_note}", bool(ranks_note))

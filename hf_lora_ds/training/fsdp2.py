@@ -52,5 +52,3 @@ def full_adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     return get_model_state_dict(model, options=options)
-
-

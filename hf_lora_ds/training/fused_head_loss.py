@@ -55,7 +55,9 @@ class FusedHeadLoss(torch.autograd.Function):
         hidden, targets, log_normalisers = ctx.saved_tensors
         weight, rows = ctx.weight, ctx.rows
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None  # fmt: skip
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
         for start in range(0, hidden.shape[0], rows):
             chunk = slice(start, start + rows)
             probabilities = F.linear(hidden[chunk], weight).float().sub_(log_normalisers[chunk, None]).exp_()

@@ -36,8 +36,13 @@ __all__ = ["gathered_module_by_module", "init_batches", "wrap_as_initialised"]
 Batch = dict[str, torch.Tensor]
 
 
-def wrap_as_initialised(model: torch.nn.Module, config: LoraConfig, args: SFTTrainingArguments, dataset: Any,
-                        collator: Callable[[list], Batch] | None) -> PeftModel:  # fmt: skip
+def wrap_as_initialised(
+    model: torch.nn.Module,
+    config: LoraConfig,
+    args: SFTTrainingArguments,
+    dataset: Any,
+    collator: Callable[[list], Batch] | None,
+) -> PeftModel:
     """``model`` wrapped with ``config``'s adapter, started as ``args.lora_init`` says (a PeftModel is kept as it
     is). ``dataset`` and ``collator`` are the run's; EVA and CorDA read ``args.lora_init_samples`` of its samples."""
     if isinstance(model, PeftModel):
@@ -55,15 +60,18 @@ def wrap_as_initialised(model: torch.nn.Module, config: LoraConfig, args: SFTTra
     return model
 
 
-def init_batches(dataset: Any, collator: Callable[[list], Batch] | None, samples: int, batch_size: int,
-                 seed: int) -> list[Batch]:  # fmt: skip
+def init_batches(
+    dataset: Any, collator: Callable[[list], Batch] | None, samples: int, batch_size: int, seed: int
+) -> list[Batch]:
     """``samples`` of the dataset's samples drawn with ``seed`` (the same on every rank), in batches the run's
     collator builds."""
     if collator is None:
         raise ValueError("--lora_init eva and corda run the base over training samples: pass data_collator")
     chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:samples].tolist()
-    return [dict(collator([dataset[i] for i in chosen[start:start + batch_size]]))
-            for start in range(0, len(chosen), batch_size)]
+    return [
+        dict(collator([dataset[i] for i in chosen[start : start + batch_size]]))
+        for start in range(0, len(chosen), batch_size)
+    ]
 
 
 @contextmanager
@@ -84,8 +92,11 @@ def gathered_module_by_module(model: torch.nn.Module) -> Iterator[None]:
         open_gathers[module].pop().close()
 
     owners = [module for module in model.modules() if next(module.parameters(recurse=False), None) is not None]
-    handles = [hook for module in owners
-               for hook in (module.register_forward_pre_hook(gather), module.register_forward_hook(release))]  # fmt: skip
+    handles = [
+        hook
+        for module in owners
+        for hook in (module.register_forward_pre_hook(gather), module.register_forward_hook(release))
+    ]
     try:
         yield
     finally:
@@ -108,8 +119,13 @@ def eva_pass(model: PeftModel, batches: list[Batch]) -> None:
     """PEFT's EVA: incremental SVDs of every adapted layer's inputs (supervised positions only, PEFT's default),
     cycling over ``batches`` until the top components settle; ranks move to where the explained variance is."""
     with gathered_module_by_module(model):
-        initialize_lora_eva_weights(model, dataloader=batches, forward_fn=_decoder_forward,
-                                    gather_distributed_inputs=False, show_progress_bar=False)  # fmt: skip
+        initialize_lora_eva_weights(
+            model,
+            dataloader=batches,
+            forward_fn=_decoder_forward,
+            gather_distributed_inputs=False,
+            show_progress_bar=False,
+        )
 
 
 @torch.no_grad()
@@ -125,6 +141,7 @@ def corda_pass(model: torch.nn.Module, config: LoraConfig, samples: list[Batch])
         with gather_params_ctx(module.weight, modifier_rank=None):
             eigens = corda.collect_eigens_for_layer(module, config)
         rank = config.r
-        module.eigens = corda.CordaEigens(S_WC=eigens.S_WC[:rank].clone(), U_WC=eigens.U_WC[:, :rank].clone(),
-                                          V_WC=eigens.V_WC[:, :rank].clone())  # fmt: skip
+        module.eigens = corda.CordaEigens(
+            S_WC=eigens.S_WC[:rank].clone(), U_WC=eigens.U_WC[:, :rank].clone(), V_WC=eigens.V_WC[:, :rank].clone()
+        )
         del module.covariance_matrix, module.sample_count

@@ -25,8 +25,9 @@ __all__ = ["create_lora_optimizer"]
 def create_lora_optimizer(model: PeftModel, args: TrainingArguments) -> torch.optim.Optimizer:
     """The optimizer ``args.lora_optimizer`` names (``loraplus`` or ``lorafa``) for ``model``'s adapter."""
     if args.lora_optimizer == "lorafa":
-        return create_lorafa_optimizer(model, r=args.lora_rank, lora_alpha=args.lora_alpha, lr=args.learning_rate,
-                                       weight_decay=args.weight_decay)  # fmt: skip
+        return create_lorafa_optimizer(
+            model, r=args.lora_rank, lora_alpha=args.lora_alpha, lr=args.learning_rate, weight_decay=args.weight_decay
+        )
     optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     kwargs.pop("lr", None)
     return create_loraplus_optimizer(

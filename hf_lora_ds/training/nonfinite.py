@@ -148,8 +148,9 @@ class NonFiniteGuard:
             return loss * float("nan")
         raise NonFiniteLossError(self._message("training loss", loss, step))
 
-    def check_grad_norm(self, grad_norm: torch.Tensor | float | None, model: torch.nn.Module, step: int,
-                        under_deepspeed: bool) -> None:  # fmt: skip
+    def check_grad_norm(
+        self, grad_norm: torch.Tensor | float | None, model: torch.nn.Module, step: int, under_deepspeed: bool
+    ) -> None:
         """Called once per optimizer step, after the backward passes and before ``optimizer.step()``. Stop mode:
         raise ``NonFiniteGradientError`` on every rank when the norm is not finite. Skip mode: drop the step (no
         gradient left for the optimizer; DeepSpeed has dropped it already) and count it."""

@@ -67,10 +67,12 @@ def deepspeed_gradient_divisor(deepspeed_config: dict, world_size: int, sequence
     if zero.stage < 3:
         return data_parallel_size(world_size, sequence_parallel_size)
     if not zero.reduce_scatter:
-        raise UserError(f"--sequence_parallel_size {sequence_parallel_size} with ZeRO-3 and reduce_scatter false: "
-                        "DeepSpeed then scales gradients differently for small and large parameters; drop "
-                        "reduce_scatter from the DeepSpeed config (its default, true, is what sequence parallelism "
-                        "is tested with)")  # fmt: skip
+        raise UserError(
+            f"--sequence_parallel_size {sequence_parallel_size} with ZeRO-3 and reduce_scatter false: "
+            "DeepSpeed then scales gradients differently for small and large parameters; drop "
+            "reduce_scatter from the DeepSpeed config (its default, true, is what sequence parallelism "
+            "is tested with)"
+        )
     return world_size
 
 

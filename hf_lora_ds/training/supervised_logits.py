@@ -39,8 +39,16 @@ from torch.utils.checkpoint import checkpoint
 from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.training.fused_head_loss import fused_head_loss
 
-__all__ = ["CHUNK_ELEMENTS", "accepts_position_mask", "fused_head", "head_computes_loss", "normalised_loss", "shifted_labels",
-           "supervised_cross_entropy", "supervised_rows"]  # fmt: skip
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "accepts_position_mask",
+    "fused_head",
+    "head_computes_loss",
+    "normalised_loss",
+    "shifted_labels",
+    "supervised_cross_entropy",
+    "supervised_rows",
+]
 
 # fp32 logits per cross-entropy chunk (128 MiB): above this, each chunk's upcast and log-softmax are recomputed in
 # backward instead of being kept, so the loss never holds more than one chunk's fp32 copy of the logits.

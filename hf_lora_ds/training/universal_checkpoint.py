@@ -117,5 +117,3 @@ def enable_universal_loading(checkpoint: str | os.PathLike, deepspeed_config: di
         raise UserError(f"converting {checkpoint} to a DeepSpeed universal checkpoint in {universal} failed: {problem}")
     deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
     return universal
-
-

@@ -23,9 +23,14 @@ SCRIPT = REPO / "bench" / "gpu" / "run_acceptance.py"
 @pytest.mark.slow
 def test_the_cpu_dry_run_passes_every_stage(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--work",
-                           str(work)], cwd=tmp_path, env=launch_env(), capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--work", str(work)],
+        cwd=tmp_path,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     results = json.loads((out / "gpu_acceptance.json").read_text())
     stages = results["stages"]
     assert done.returncode == 0, json.dumps({k: v.get("error") for k, v in stages.items()}, indent=1)[-6000:]
@@ -46,8 +51,14 @@ def test_the_cpu_dry_run_passes_every_stage(tmp_path):
 
 
 def _acceptance(tmp_path, stages: list[str], deadline_s: float = 450.0) -> run_acceptance.Acceptance:
-    options = Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), tiny=True, device="cpu",
-                        stages=stages, deadline_s=deadline_s)  # fmt: skip
+    options = Namespace(
+        out=str(tmp_path / "out"),
+        work=str(tmp_path / "work"),
+        tiny=True,
+        device="cpu",
+        stages=stages,
+        deadline_s=deadline_s,
+    )
     return run_acceptance.Acceptance(options)
 
 
@@ -100,8 +111,10 @@ def test_a_timed_out_stage_leaves_no_process_behind(tmp_path):
     acceptance = _acceptance(tmp_path, [])
     pid_file = tmp_path / "grandchild.pid"
     grandchild = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-    launcher = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
-                f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")  # fmt: skip
+    launcher = (
+        f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)"
+    )
     with pytest.raises(run_acceptance.StageError, match="timed out"):
         acceptance.command("launcher", [sys.executable, "-c", launcher], timeout=3)
     assert not _alive(int(pid_file.read_text()))

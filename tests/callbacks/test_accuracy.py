@@ -10,19 +10,25 @@ from transformers import TrainerCallback
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback, log_accuracy_end_points
 from hf_lora_ds.eval import Generation, evaluator
 
-RECORDS = [{"messages": [{"role": "user", "content": f"{x}="}, {"role": "assistant", "content": f"{x}"}]}
-           for x in range(3)]  # fmt: skip
+RECORDS = [
+    {"messages": [{"role": "user", "content": f"{x}="}, {"role": "assistant", "content": f"{x}"}]} for x in range(3)
+]
 
 
 def test_each_evaluation_is_scored_logged_and_written(monkeypatch, make_trainer, qwen_style_tokenizer, tmp_path):
     answers = iter(["0", "1", "x", "0", "1", "2"])  # first evaluation 2/3 right, second 3/3
-    monkeypatch.setattr(evaluator, "generate", lambda model, tokenizer, prompts, **kwargs: [
-        Generation(next(answers), 1, True) for _ in prompts])  # fmt: skip
+    monkeypatch.setattr(
+        evaluator,
+        "generate",
+        lambda model, tokenizer, prompts, **kwargs: [Generation(next(answers), 1, True) for _ in prompts],
+    )
     trainer = make_trainer(eval_strategy="steps", eval_steps=2)
     callback = AnswerAccuracyCallback(qwen_style_tokenizer, RECORDS, "exact_match", predictions_dir=str(tmp_path))
     callback.attach(trainer)
     trainer.train()
-    logged = [(entry["step"], entry["eval_accuracy"]) for entry in trainer.state.log_history if "eval_accuracy" in entry]
+    logged = [
+        (entry["step"], entry["eval_accuracy"]) for entry in trainer.state.log_history if "eval_accuracy" in entry
+    ]
     assert logged == [(2, 2 / 3), (4, 1.0)]
     assert [entry["step"] for entry in callback.history] == [2, 4]
     written = [json.loads(line) for line in (tmp_path / "predictions_step2.jsonl").read_text().splitlines()]

@@ -18,8 +18,15 @@ from hf_lora_ds.training.checkpoints import (
 
 def test_trainer_saves_carry_the_marker(tiny_model, tmp_path):
     """With a real Trainer: the marker follows each save and lists the files Trainer wrote, its own included."""
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, save_steps=1, per_device_train_batch_size=2,
-                             use_cpu=True, report_to="none", disable_tqdm=True)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        save_steps=1,
+        per_device_train_batch_size=2,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+    )
     ids = torch.randint(3, tiny_model.config.vocab_size, (4, 8), generator=torch.Generator().manual_seed(0))
     dataset = [{"input_ids": row, "labels": row} for row in ids]
     Trainer(model=tiny_model, args=args, train_dataset=dataset, callbacks=[CheckpointCompletionCallback()]).train()
@@ -50,8 +57,13 @@ def test_the_marker_is_written_only_after_every_rank_finished(tmp_path):
     checkpoint.mkdir()
     for rank, should_save in ((1, False), (0, True)):
         barrier = Barrier(checkpoint)
-        args = SimpleNamespace(distributed_state=barrier, output_dir=str(tmp_path), should_save=should_save,
-                               world_size=2, process_index=rank)  # fmt: skip
+        args = SimpleNamespace(
+            distributed_state=barrier,
+            output_dir=str(tmp_path),
+            should_save=should_save,
+            world_size=2,
+            process_index=rank,
+        )
         CheckpointCompletionCallback().on_save(args, SimpleNamespace(global_step=3), None)
         assert barrier.reached == [False], f"rank {rank}"
         assert (checkpoint / COMPLETE_MARKER).exists() == should_save

@@ -31,10 +31,19 @@ def two_rank_run(tiny_model_dir, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("SWANLAB_MODE", "SWANLAB_API_KEY")}
     env.update(OMP_NUM_THREADS="1", SWANLAB_ROOT=str(output_dir / "swanlab-home"))
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-        str(SCRIPT), str(tiny_model_dir), str(output_dir),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(SCRIPT),
+        str(tiny_model_dir),
+        str(output_dir),
+    ]
     result = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     history = json.loads((output_dir / "log_history.json").read_text())

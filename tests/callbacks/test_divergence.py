@@ -29,34 +29,65 @@ def test_signs():
     assert signs([4.0, float("nan"), 4.1, 13.0], [0.5] * 4)[3][0] == "loss"  # a skipped NaN step is no history
 
 
-DIVERGING = ["--eval_file", "", "--logging_steps", "1", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
-             "--per_device_train_batch_size", "8"]  # fmt: skip
+DIVERGING = [
+    "--eval_file",
+    "",
+    "--logging_steps",
+    "1",
+    "--warmup_steps",
+    "0",
+    "--lr_scheduler_type",
+    "constant",
+    "--per_device_train_batch_size",
+    "8",
+]
 GRADIENT_STOPS = "gradient norm is exactly 0 after non-zero steps (the adapter stopped learning)"
 
 
-@pytest.mark.parametrize("learning_rate,sign", [
-    ("1e6", re.escape(GRADIENT_STOPS)),  # the loss stays finite (4.3 -> 5.7), the gradient norm 0 from step 2 on
-    ("3", r"training loss 1\d\.\d+ is over 3x its running median 4\.\d+"),  # 4.3 -> 14, then back to ~7
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "learning_rate,sign",
+    [
+        ("1e6", re.escape(GRADIENT_STOPS)),  # the loss stays finite (4.3 -> 5.7), the gradient norm 0 from step 2 on
+        ("3", r"training loss 1\d\.\d+ is over 3x its running median 4\.\d+"),  # 4.3 -> 14, then back to ~7
+    ],
+)
 def test_diverging_run_warns_and_records_the_step(tmp_path, capsys, learning_rate, sign):
     """The demo at a learning rate that diverges without a NaN."""
     run_sft.main([*DIVERGING, "--max_steps", "4", "--learning_rate", learning_rate, "--output_dir", str(tmp_path)])
     warnings = [line for line in capsys.readouterr().out.splitlines() if "divergence at step" in line]
     assert len(warnings) == 1
-    assert re.fullmatch(rf"warning: divergence at step 2: {sign}; lower --learning_rate \(or raise --warmup_steps\) "
-                        r"\(--on_divergence stop ends the run here\)", warnings[0]), warnings[0]  # fmt: skip
+    assert re.fullmatch(
+        rf"warning: divergence at step 2: {sign}; lower --learning_rate \(or raise --warmup_steps\) "
+        r"\(--on_divergence stop ends the run here\)",
+        warnings[0],
+    ), warnings[0]
     history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
     assert [entry["divergence_step"] for entry in history if "divergence_step" in entry] == [2]
 
 
 def test_on_divergence_stop(tmp_path, capsys):
     with pytest.raises(SystemExit) as leaving:
-        run_cli(lambda: run_sft.main([*DIVERGING, "--max_steps", "4", "--learning_rate", "1e6",
-                                                 "--output_dir", str(tmp_path), "--on_divergence", "stop"]))
+        run_cli(
+            lambda: run_sft.main(
+                [
+                    *DIVERGING,
+                    "--max_steps",
+                    "4",
+                    "--learning_rate",
+                    "1e6",
+                    "--output_dir",
+                    str(tmp_path),
+                    "--on_divergence",
+                    "stop",
+                ]
+            )
+        )
     assert leaving.value.code == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]  # not after the bar
-    assert error == [f"error: divergence at step 2: {GRADIENT_STOPS}; lower --learning_rate (or raise --warmup_steps); "
-                     "stopped by --on_divergence stop, no complete checkpoint yet"]  # fmt: skip
+    assert error == [
+        f"error: divergence at step 2: {GRADIENT_STOPS}; lower --learning_rate (or raise --warmup_steps); "
+        "stopped by --on_divergence stop, no complete checkpoint yet"
+    ]
 
 
 def test_the_stop_names_the_last_complete_checkpoint(tmp_path):
@@ -68,6 +99,9 @@ def test_the_stop_names_the_last_complete_checkpoint(tmp_path):
     guard = DivergenceCallback("stop")
     state = SimpleNamespace(global_step=5, log_history=[{"loss": 4.0}])
     guard.on_log(SimpleNamespace(output_dir=str(tmp_path)), state, None, logs={"loss": 4.0, "grad_norm": 0.5})
-    with pytest.raises(DivergenceError, match=rf"stopped by --on_divergence stop, last complete checkpoint: "
-                       rf"{tmp_path}/checkpoint-2$"):  # fmt: skip
+    with pytest.raises(
+        DivergenceError,
+        match=rf"stopped by --on_divergence stop, last complete checkpoint: "
+        rf"{tmp_path}/checkpoint-2$",
+    ):
         guard.on_log(SimpleNamespace(output_dir=str(tmp_path)), state, None, logs={"loss": 40.0, "grad_norm": 0.5})

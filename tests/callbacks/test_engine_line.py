@@ -25,15 +25,25 @@ def test_single_process_run_prints_and_records_its_engine(tiny_model, qwen_style
 
 
 def record(**overrides) -> dict:
-    return {"engine": "DDP", "world_size": 2, "backend": "gloo", "weights_dtype": "float32",
-            "mixed_precision": "no", **overrides}  # fmt: skip
+    return {
+        "engine": "DDP",
+        "world_size": 2,
+        "backend": "gloo",
+        "weights_dtype": "float32",
+        "mixed_precision": "no",
+        **overrides,
+    }
 
 
-@pytest.mark.parametrize(("asked", "flags"), [("FSDP2", {"fsdp": "full_shard"}), ("DeepSpeed", {"deepspeed": "x.json"})])
+@pytest.mark.parametrize(
+    ("asked", "flags"), [("FSDP2", {"fsdp": "full_shard"}), ("DeepSpeed", {"deepspeed": "x.json"})]
+)
 def test_an_engine_not_honoured_stops_the_run(asked, flags):
     trainer = SimpleNamespace(args=SimpleNamespace(**{"deepspeed": None, "fsdp": None, **flags}))
-    with pytest.raises(EngineMismatchError, match=f"asked for {asked}, but the run would train with engine: DDP, "
-                       "world size 2, backend gloo"):  # fmt: skip
+    with pytest.raises(
+        EngineMismatchError,
+        match=f"asked for {asked}, but the run would train with engine: DDP, world size 2, backend gloo",
+    ):
         check_engine_honoured(trainer, record())
 
 
@@ -68,21 +78,33 @@ class DeepSpeedEngine(torch.nn.Module):
 
 
 def test_the_deepspeed_line_reads_optimizer_and_parameter_offload_each_from_its_own_config():
-    trainer = SimpleNamespace(model_wrapped=DeepSpeedEngine(), model=torch.nn.Linear(2, 2),
-                              accelerator=SimpleNamespace(num_processes=1))  # fmt: skip
+    trainer = SimpleNamespace(
+        model_wrapped=DeepSpeedEngine(), model=torch.nn.Linear(2, 2), accelerator=SimpleNamespace(num_processes=1)
+    )
     line = engine_line(engine_record(trainer))
-    assert line == ("engine: DeepSpeed ZeRO-3 (offload optimizer cpu), world size 1, backend none, weights float32, "
-                    "mixed precision no")
+    assert line == (
+        "engine: DeepSpeed ZeRO-3 (offload optimizer cpu), world size 1, backend none, weights float32, "
+        "mixed precision no"
+    )
 
 
 def test_sequence_parallelism_is_on_the_line_and_must_be_what_was_asked():
     """The 2-rank line is checked on the launches of tests/e2e/test_sequence_parallel.py."""
     asked = SimpleNamespace(args=SimpleNamespace(deepspeed="x.json", fsdp=None, sequence_parallel_size=2))
-    split = record(engine="DeepSpeed", zero_stage=2, offload_optimizer="none", offload_parameters="none",
-                   sequence_parallel=2, world_size=4)  # fmt: skip
+    split = record(
+        engine="DeepSpeed",
+        zero_stage=2,
+        offload_optimizer="none",
+        offload_parameters="none",
+        sequence_parallel=2,
+        world_size=4,
+    )
     check_engine_honoured(asked, split)
-    assert engine_line(split).startswith("engine: DeepSpeed ZeRO-2, sequence parallel 2 (Ulysses; 2 data-parallel "
-                                         "groups), world size 4")  # fmt: skip
-    with pytest.raises(EngineMismatchError, match="--sequence_parallel_size 2, but the run would train with engine: "
-                       "DeepSpeed ZeRO-2, world size 4"):  # fmt: skip
+    assert engine_line(split).startswith(
+        "engine: DeepSpeed ZeRO-2, sequence parallel 2 (Ulysses; 2 data-parallel groups), world size 4"
+    )
+    with pytest.raises(
+        EngineMismatchError,
+        match="--sequence_parallel_size 2, but the run would train with engine: DeepSpeed ZeRO-2, world size 4",
+    ):
         check_engine_honoured(asked, {**split, "sequence_parallel": 1})

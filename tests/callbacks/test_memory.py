@@ -17,7 +17,9 @@ from tests.callbacks.callback_helpers import MIB, FakeAllocator
 def traced(monkeypatch, tmp_path):
     """A callback on the fake allocator: train begins at 100 MiB, an eval inside it spikes to 500 MiB."""
     fake = FakeAllocator()
-    monkeypatch.setattr(memory_tracker, "device_memory_api", lambda: fake)  # hf_lora_ds.training.memory_tracker: the one tracker
+    monkeypatch.setattr(
+        memory_tracker, "device_memory_api", lambda: fake
+    )  # hf_lora_ds.training.memory_tracker: the one tracker
     callback = MemoryTraceCallback(print_blocks=False)
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     state, control = TrainerState(), TrainerControl()

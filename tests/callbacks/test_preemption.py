@@ -37,10 +37,35 @@ def sft_argv(tiny_model_dir, tmp_path_factory):
     train.write_text(json.dumps(RECORDS, ensure_ascii=False), encoding="utf-8")
 
     def argv(out: Path, *extra: str) -> list[str]:
-        return ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--eval_file", "",
-                "--output_dir", str(out), "--dataset_cache_dir", str(root / "cache"), "--max_steps", "4",
-                "--per_device_train_batch_size", "8", "--learning_rate", "1e-2", "--save_strategy", "no",
-                "--logging_steps", "1", "--lora_dropout", "0", "--report_to", "none", "--disable_tqdm", "true", *extra]  # fmt: skip
+        return [
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--train_file",
+            str(train),
+            "--eval_file",
+            "",
+            "--output_dir",
+            str(out),
+            "--dataset_cache_dir",
+            str(root / "cache"),
+            "--max_steps",
+            "4",
+            "--per_device_train_batch_size",
+            "8",
+            "--learning_rate",
+            "1e-2",
+            "--save_strategy",
+            "no",
+            "--logging_steps",
+            "1",
+            "--lora_dropout",
+            "0",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            *extra,
+        ]
 
     return argv
 
@@ -69,7 +94,9 @@ def test_signal_saves_a_complete_checkpoint_and_auto_resumes(sft_argv, uninterru
     expected, got = uninterrupted, load_file(out / "adapter_model.safetensors")
     assert expected.keys() == got.keys()
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            got[name], expected[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 class FailAtStep(TrainerCallback):

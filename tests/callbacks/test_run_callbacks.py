@@ -17,9 +17,18 @@ from hf_lora_ds.callbacks import (
 )
 from tests.trainer.test_lora_sft_trainer import RECORDS, make_trainer
 
-ORDER = [LearningRateWatch, PreemptionCallback, EngineCallback, DivergenceCallback, SourceCountsLog,
-         AnswerAccuracyCallback, MemoryTraceCallback, ThroughputCallback, CheckpointCompletionCallback,
-         RunReportCallback]  # fmt: skip
+ORDER = [
+    LearningRateWatch,
+    PreemptionCallback,
+    EngineCallback,
+    DivergenceCallback,
+    SourceCountsLog,
+    AnswerAccuracyCallback,
+    MemoryTraceCallback,
+    ThroughputCallback,
+    CheckpointCompletionCallback,
+    RunReportCallback,
+]
 
 
 def ours(trainer) -> list[type]:

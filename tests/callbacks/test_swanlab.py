@@ -110,13 +110,17 @@ def test_default_project_is_a_name_swanlab_accepts(model, project):
     assert default_swanlab_project(model) == project
 
 
-def test_accuracy_series_runs_from_before_to_after(no_swanlab_key, make_trainer, qwen_style_tokenizer, monkeypatch,
-                                                    tmp_path):  # fmt: skip
+def test_accuracy_series_runs_from_before_to_after(
+    no_swanlab_key, make_trainer, qwen_style_tokenizer, monkeypatch, tmp_path
+):
     """eval/accuracy holds the evaluation during training and, as its end points, before at step 0 and after at the
     last step: one curve from the base model to the tuned one."""
     answers = iter(["0", "x", "x", "0", "1", "2"])  # steps 3 and 4 (Trainer evaluates the last step too): 1/3, 3/3
-    monkeypatch.setattr(evaluator, "generate", lambda model, tokenizer, prompts, **kwargs: [
-        Generation(next(answers), 1, True) for _ in prompts])  # fmt: skip
+    monkeypatch.setattr(
+        evaluator,
+        "generate",
+        lambda model, tokenizer, prompts, **kwargs: [Generation(next(answers), 1, True) for _ in prompts],
+    )
     trainer = make_trainer(report_to="swanlab", eval_strategy="steps", eval_steps=3)
     AnswerAccuracyCallback(qwen_style_tokenizer, RECORDS, "exact_match").attach(trainer)
     use_swanlab(trainer, log_dir=str(tmp_path / "swanlog"))

@@ -39,9 +39,16 @@ def test_flops_per_token_matches_torch_flop_counter(seq_len):
     attention, whose matmuls it sees). The formula leaves out what the first layer's frozen weights skip in backward
     (no input gradient is needed below them), measured at under 3% here; dropping the attention term (-28% at 128
     tokens) or charging the frozen base as trainable (+45%) is far outside 5%."""
-    config = Qwen2Config(vocab_size=320, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         attn_implementation="eager")  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=4, target_modules="all-linear"))
     input_ids = torch.randint(0, config.vocab_size, (2, seq_len))
@@ -159,8 +166,10 @@ def test_packed_rows_and_their_sequence_parallel_shards_count_padding_as_padding
     counter = throughput._TokenCounter()
     counter.pad_token_id = 0
     training = SimpleNamespace(training=True)
-    ids, positions = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]]), torch.tensor([[0, 1, 0, 1, 0, 1],
-                                                                                              [0, 1, 2, 0, 1, 2]])  # fmt: skip
+    ids, positions = (
+        torch.tensor([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]]),
+        torch.tensor([[0, 1, 0, 1, 0, 1], [0, 1, 2, 0, 1, 2]]),
+    )
     counter(training, (), {"input_ids": ids, "position_ids": positions})
     counts = counter.take(torch.device("cpu"))
     assert (counts["real"], counts["padded"], counts["sequences"]) == (10, 12, 4)

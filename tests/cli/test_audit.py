@@ -23,8 +23,16 @@ def test_audit_cli_takes_a_mixture_of_sources(tiny_model_dir, tmp_path, capsys):
 
     a = write_records(tmp_path / "a.jsonl", RECORDS)
     datasets.Dataset.from_list([{"question": "1=", "answer": "0 + 1"}] * 2).save_to_disk(tmp_path / "b_dir")
-    main(["--train_file", f"{a}:3,{tmp_path / 'b_dir'}:2", "--model_name_or_path", str(tiny_model_dir),
-          "--columns", "prompt=question,response=answer"])
+    main(
+        [
+            "--train_file",
+            f"{a}:3,{tmp_path / 'b_dir'}:2",
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--columns",
+            "prompt=question,response=answer",
+        ]
+    )
     out = capsys.readouterr().out
     assert f"data: 5 samples from 2 source(s) ({a}: 3, {tmp_path / 'b_dir'}: 2)" in out
     assert f"--- source {a} ---\nsamples:                          3" in out
@@ -42,10 +50,26 @@ def test_a_file_where_a_directory_is_needed_is_refused_as_run_sft_refuses_it(fla
 
 def test_the_audit_says_what_the_lora_variant_does(tiny_model_dir, tmp_path, capsys):
     data = write_records(tmp_path / "train.jsonl", RECORDS)
-    main(["--train_file", str(data), "--model_name_or_path", str(tiny_model_dir), "--lora_init", "corda",
-          "--lora_init_samples", "64", "--lora_dropout", "0", "--lora_optimizer", "loraplus"])  # fmt: skip
-    assert ("LoRA init corda; a pass over 64 training samples before step 1; adapter converted at the end to plain "
-            "LoRA of rank 16 for the original base; LoRA+: B at 16x the learning rate of A") in capsys.readouterr().out
+    main(
+        [
+            "--train_file",
+            str(data),
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--lora_init",
+            "corda",
+            "--lora_init_samples",
+            "64",
+            "--lora_dropout",
+            "0",
+            "--lora_optimizer",
+            "loraplus",
+        ]
+    )
+    assert (
+        "LoRA init corda; a pass over 64 training samples before step 1; adapter converted at the end to plain "
+        "LoRA of rank 16 for the original base; LoRA+: B at 16x the learning rate of A"
+    ) in capsys.readouterr().out
 
 
 def test_audit_shows_samples_with_their_trained_spans(tiny_model_dir, tmp_path, capsys):
@@ -72,7 +96,8 @@ def test_audit_reads_dataset_info_entries_named_by_dataset(tiny_model_dir, tmp_p
     folder = tmp_path / "data"
     folder.mkdir()
     write_records(folder / "sums.jsonl", [{"q": "1=", "a": "0 + 1", "note": "x"}])
-    (folder / "dataset_info.json").write_text(json.dumps({"sums": {"file_name": "sums.jsonl",
-                                                                   "columns": {"prompt": "q", "response": "a"}}}))
+    (folder / "dataset_info.json").write_text(
+        json.dumps({"sums": {"file_name": "sums.jsonl", "columns": {"prompt": "q", "response": "a"}}})
+    )
     main(["--train_file", str(folder), "--dataset", "sums", "--model_name_or_path", str(tiny_model_dir)])
     assert "data: 1 samples from 1 source(s) (sums: 1); unused fields: note (1 record)" in capsys.readouterr().out

@@ -15,8 +15,18 @@ from hf_lora_ds.cli import doctor
 from tests.e2e.launching import REPO, launch_env
 
 SECTIONS = ("== versions", "== devices", "== distributed", "== speed", "== LoRA run")
-CHECKS = ("python", *doctor.REQUIRED, "hf_lora_ds", "cpu", "accelerators", "attention", "torch.distributed",
-          "deepspeed ops", "matmul peak", "lora run")  # fmt: skip
+CHECKS = (
+    "python",
+    *doctor.REQUIRED,
+    "hf_lora_ds",
+    "cpu",
+    "accelerators",
+    "attention",
+    "torch.distributed",
+    "deepspeed ops",
+    "matmul peak",
+    "lora run",
+)
 
 
 # The path finder, blind to one top-level module: to every import and find_spec it is not installed.
@@ -35,8 +45,9 @@ runpy.run_module("hf_lora_ds.doctor", run_name="__main__")
 def _blocked_doctor(module: str) -> subprocess.CompletedProcess:
     """``python -m hf_lora_ds.doctor`` in a fresh interpreter where ``module`` is not installed."""
     code = _BLOCKER.format(module=module)
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=launch_env(), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_healthy_machine_gets_every_section_and_exit_0(capsys):

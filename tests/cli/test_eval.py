@@ -57,8 +57,21 @@ def test_compare_prints_before_and_after_and_writes_files(
 
 
 def test_single_eval_without_adapter(capsys, tmp_path, varied_model_dir, sum_records_file):
-    assert main(["--model_name_or_path", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "3",
-                 "--output_dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--model_name_or_path",
+                str(varied_model_dir),
+                "--data",
+                str(sum_records_file),
+                "--max_samples",
+                "3",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     predictions = read_jsonl(tmp_path / "predictions_eval.jsonl")
     assert [p["index"] for p in predictions] == [0, 1, 2]  # --max_samples keeps the first 3
     report = json.loads((tmp_path / "eval_report.json").read_text())["eval"]
@@ -121,14 +134,30 @@ def test_paths_are_checked_before_the_model_loads(capsys, tmp_path, sum_records_
     model = ["--model_name_or_path", str(tmp_path / "no-model"), "--data", str(sum_records_file)]
     assert _cli_error(capsys, [*model, "--adapter", str(afile)]) == (
         f"error: --adapter {afile}: is a file, not an adapter directory; pass the directory that holds "
-        "adapter_config.json\n")  # fmt: skip
+        "adapter_config.json\n"
+    )
     assert _cli_error(capsys, [*model, "--adapter", str(empty)]).startswith(
-        f"error: --adapter {empty}: the directory has no adapter_config.json, so it is not a saved PEFT adapter")
+        f"error: --adapter {empty}: the directory has no adapter_config.json, so it is not a saved PEFT adapter"
+    )
     assert _cli_error(capsys, [*model, "--output_dir", str(afile)]) == (
-        f"error: --output_dir {afile}: {afile} is a file, not a directory; choose another path\n")
+        f"error: --output_dir {afile}: {afile} is a file, not a directory; choose another path\n"
+    )
 
 
 def test_the_old_model_flag_still_works_with_a_note(capsys, tmp_path, varied_model_dir, sum_records_file):
-    assert main(["--model", str(varied_model_dir), "--data", str(sum_records_file), "--max_samples", "1",
-                 "--max_new_tokens", "2"]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(varied_model_dir),
+                "--data",
+                str(sum_records_file),
+                "--max_samples",
+                "1",
+                "--max_new_tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "--model is deprecated; use --model_name_or_path" in capsys.readouterr().err

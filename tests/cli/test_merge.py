@@ -24,7 +24,9 @@ def _logits(model, tokenizer, prompt: str) -> torch.Tensor:
 
 def test_cli_writes_a_model_matching_base_plus_adapter(tiny_model_dir, trained_adapter, tmp_path, capsys):
     out = tmp_path / "merged"
-    assert main(["--model_name_or_path", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]) == 0
+    assert (
+        main(["--model_name_or_path", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(out)]) == 0
+    )
     assert "max abs logit diff" in capsys.readouterr().out
     assert list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
     assert not (out / "adapter_config.json").exists()  # a plain HF model, loadable without peft
@@ -46,7 +48,11 @@ def test_empty_adapter_fails_with_the_cause(tiny_model_dir, trained_adapter, tmp
     weights = {name: torch.empty(0) for name in load_file(broken / "adapter_model.safetensors")}
     save_file(weights, broken / "adapter_model.safetensors")
     with pytest.raises(SystemExit) as exited:
-        run_cli(lambda: main(["--model_name_or_path", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]))
+        run_cli(
+            lambda: main(
+                ["--model_name_or_path", str(tiny_model_dir), "--adapter", str(broken), "--out", str(tmp_path / "out")]
+            )
+        )
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "empty" in err and err.count("\n") == 1, err
@@ -73,13 +79,35 @@ def test_paths_are_checked_before_anything_is_loaded(tmp_path, trained_adapter, 
     base = ["--model_name_or_path", str(tmp_path / "no-base")]
     cases = {
         (f"--adapter {afile}: is a file, not an adapter directory"): ["--adapter", str(afile), "--out", str(empty)],
-        (f"--adapter {empty}: the directory has no adapter_config.json"): ["--adapter", str(empty), "--out", str(empty)],
-        (f"--out {afile}: {afile} is a file, not a directory"): ["--adapter", str(trained_adapter), "--out", str(afile)],
+        (f"--adapter {empty}: the directory has no adapter_config.json"): [
+            "--adapter",
+            str(empty),
+            "--out",
+            str(empty),
+        ],
+        (f"--out {afile}: {afile} is a file, not a directory"): [
+            "--adapter",
+            str(trained_adapter),
+            "--out",
+            str(afile),
+        ],
         (f"--gguf {empty}: is a directory; pass the GGUF file to write"): [
-            "--adapter", str(trained_adapter), "--out", str(tmp_path / "out"), "--gguf", str(empty)],
+            "--adapter",
+            str(trained_adapter),
+            "--out",
+            str(tmp_path / "out"),
+            "--gguf",
+            str(empty),
+        ],
         (f"--gguf {afile}/m.gguf: {afile} is a file, not a directory"): [
-            "--adapter", str(trained_adapter), "--out", str(tmp_path / "out"), "--gguf", str(afile / "m.gguf")],
-    }  # fmt: skip
+            "--adapter",
+            str(trained_adapter),
+            "--out",
+            str(tmp_path / "out"),
+            "--gguf",
+            str(afile / "m.gguf"),
+        ],
+    }
     for message, argv in cases.items():
         with pytest.raises(SystemExit) as leaving:
             run_cli(lambda argv=argv: main([*base, *argv]))

@@ -57,15 +57,21 @@ def test_json_has_a_row_per_configuration_and_checkpointing(capsys):
 
 def test_yaml_file_plans_like_the_same_flags(tmp_path, capsys):
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"model_name_or_path": MODEL_7B, "max_length": 1024, "lora_rank": 32,
-                                      "per_device_train_batch_size": 4}))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {"model_name_or_path": MODEL_7B, "max_length": 1024, "lora_rank": 32, "per_device_train_batch_size": 4}
+        )
+    )
     from_file = plan_json([str(config), "--world_size", "2", "--device", "gpu", "--device_memory", "24GiB"], capsys)
-    from_flags = plan_json(["--model_name_or_path", MODEL_7B, "--lora_rank", "32", "--world_size", "2", *GPU_FLAGS],
-                           capsys)  # fmt: skip
+    from_flags = plan_json(
+        ["--model_name_or_path", MODEL_7B, "--lora_rank", "32", "--world_size", "2", *GPU_FLAGS], capsys
+    )
     assert from_file == from_flags
     rank8 = plan_json(["--model_name_or_path", MODEL_7B, "--world_size", "2", *GPU_FLAGS], capsys)
-    assert row(from_file, "none", True)["device_items"]["LoRA weights"] == 4 * row(rank8, "none", True)[
-        "device_items"]["LoRA weights"]  # fmt: skip
+    assert (
+        row(from_file, "none", True)["device_items"]["LoRA weights"]
+        == 4 * row(rank8, "none", True)["device_items"]["LoRA weights"]
+    )
 
 
 def test_14b_on_two_32gb_gpus_needs_zero3(capsys):
@@ -95,8 +101,16 @@ def test_train_file_lengths_are_used(tiny_model_dir, tmp_path, capsys):
     """With data and a tokenizer the worst batch is the data's, not max_length's: a smaller estimate."""
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"instruction": "2+3", "output": "5"}) + "\n" for _ in range(8)))
-    argv = ["--model_name_or_path", str(tiny_model_dir), "--max_length", "512", "--use_cpu", "true",
-            "--dataset_cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    argv = [
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--max_length",
+        "512",
+        "--use_cpu",
+        "true",
+        "--dataset_cache_dir",
+        str(tmp_path / "cache"),
+    ]
     unknown = row(plan_json(argv, capsys), "none", False)["device_items"]
     real = row(plan_json([*argv, "--train_file", str(data)], capsys), "none", False)["device_items"]
     assert real["logits and loss"] < unknown["logits and loss"] / 20
@@ -130,8 +144,12 @@ def test_deepspeed_configs_are_checked_against_the_world(tmp_path):
 
 @pytest.mark.slow
 def test_cli_error_is_one_line_with_exit_code_2():
-    done = subprocess.run([sys.executable, "-m", "hf_lora_ds.plan", "--model_name_or_path", MODEL_7B,
-                           "--device_memory", "32 potatoes"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_lora_ds.plan", "--model_name_or_path", MODEL_7B, "--device_memory", "32 potatoes"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: --device_memory '32 potatoes'")
     assert "Traceback" not in done.stderr
@@ -169,8 +187,20 @@ def test_a_sequence_too_long_for_one_device_is_planned_split(capsys):
     """Qwen2.5-7B at 32,768 tokens on 8 x 24 GiB: no configuration holds a whole sequence per GPU, so the DeepSpeed
     configurations come again at each sequence-parallel size the world and the 28 heads (4 key/value) allow, and the
     first that fits is recommended with the flag to pass."""
-    argv = ["--model_name_or_path", MODEL_7B, "--world_size", "8", "--device", "gpu", "--device_memory", "24GiB",
-            "--max_length", "32768", "--per_device_train_batch_size", "1"]  # fmt: skip
+    argv = [
+        "--model_name_or_path",
+        MODEL_7B,
+        "--world_size",
+        "8",
+        "--device",
+        "gpu",
+        "--device_memory",
+        "24GiB",
+        "--max_length",
+        "32768",
+        "--per_device_train_batch_size",
+        "1",
+    ]
     rows = plan_json(argv, capsys)
     assert not any(r["fits"] for r in rows if r["sequence_parallel"] == 1)
     assert sorted({r["sequence_parallel"] for r in rows}) == [1, 2, 4]  # 8 does not divide 28 heads
@@ -191,5 +221,7 @@ def test_python_m_plan_max_length_32768_names_the_devices_that_split_it(capsys):
     main(["--max_length", "32768", "--device", "gpu", "--device_memory", "8GiB"])
     out = capsys.readouterr().out
     assert "Nothing fits" in out
-    assert "With 4 devices, one sequence split over all of them (--sequence_parallel_size 4 --deepspeed stage0): " \
-           "ds_configs/stage0.json + SP 4 with gradient checkpointing" in out  # fmt: skip
+    assert (
+        "With 4 devices, one sequence split over all of them (--sequence_parallel_size 4 --deepspeed stage0): "
+        "ds_configs/stage0.json + SP 4 with gradient checkpointing" in out
+    )

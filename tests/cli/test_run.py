@@ -27,9 +27,22 @@ def sum_files(tmp_path):
 
 def demo_flags(tiny_model_dir, sum_files, out):
     train, evaluation = sum_files
-    return ["--model_name_or_path", str(tiny_model_dir), "--train_file", train, "--eval_file", evaluation,
-            "--output_dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", "8",
-            "--dataset_cache_dir", str(out / "cache")]
+    return [
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--train_file",
+        train,
+        "--eval_file",
+        evaluation,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "8",
+        "--dataset_cache_dir",
+        str(out / "cache"),
+    ]
 
 
 def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, capsys):
@@ -45,7 +58,8 @@ def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, 
         assert (report[phase]["num_correct"], report[phase]["accuracy"]) == (correct, correct / 6)
         assert all(p["correct"] == (p["reason"] is None) for p in predictions)  # a wrong answer says why
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "report.html"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     printed = capsys.readouterr().out
     assert "mask audit: 32 samples" in printed and "before" in printed and "after" in printed
     coverage = "layers   attention  mlp\n0-1      4/4        3/3\n"
@@ -65,7 +79,9 @@ def test_packed_batching_trains_rows_of_several_samples(tiny_model_dir, sum_file
     assert "packed: 32 samples in " in printed
     rows = int(printed.split("packed: 32 samples in ")[1].split()[0])
     assert rows <= 32 // 4
-    logged = {k: v for entry in json.loads((out / "trainer_state.json").read_text())["log_history"] for k, v in entry.items()}
+    logged = {
+        k: v for entry in json.loads((out / "trainer_state.json").read_text())["log_history"] for k, v in entry.items()
+    }
     assert logged["throughput/run_padding_efficiency"] == 1.0
     assert logged["throughput/run_tokens"] > 2 * 4 * 50  # two rows of 4+ samples of 50+ tokens
 
@@ -73,8 +89,14 @@ def test_packed_batching_trains_rows_of_several_samples(tiny_model_dir, sum_file
 def test_config_file_overrides_only_what_it_sets(tiny_model_dir, sum_files, tmp_path):
     out = tmp_path / "cfg"
     train, evaluation = sum_files
-    config = {"model_name_or_path": str(tiny_model_dir), "train_file": train, "eval_file": evaluation,
-              "output_dir": str(out), "max_steps": 3, "lora_rank": 4}
+    config = {
+        "model_name_or_path": str(tiny_model_dir),
+        "train_file": train,
+        "eval_file": evaluation,
+        "output_dir": str(out),
+        "max_steps": 3,
+        "lora_rank": 4,
+    }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     args = run_sft.parse_args([str(path)])
@@ -112,9 +134,16 @@ def test_mixture_of_sharegpt_and_a_saved_dataset_from_yaml(tiny_model_dir, tmp_p
     saved = tmp_path / "saved"
     datasets.Dataset.from_list([{"question": f"{x}=", "answer": f"{x} + 0"} for x in range(8)]).save_to_disk(saved)
     out = tmp_path / "mix"
-    config = {"model_name_or_path": str(tiny_model_dir), "eval_file": None, "output_dir": str(out),
-              "train_file": [{"path": str(chat), "weight": 3}, f"{saved}:1"], "columns": "prompt=question,response=answer",
-              "max_steps": 1, "per_device_train_batch_size": 4, "dataset_cache_dir": str(out / "cache")}
+    config = {
+        "model_name_or_path": str(tiny_model_dir),
+        "eval_file": None,
+        "output_dir": str(out),
+        "train_file": [{"path": str(chat), "weight": 3}, f"{saved}:1"],
+        "columns": "prompt=question,response=answer",
+        "max_steps": 1,
+        "per_device_train_batch_size": 4,
+        "dataset_cache_dir": str(out / "cache"),
+    }
     path = tmp_path / "mix.yaml"
     path.write_text(yaml.safe_dump(config))
     run_sft.main([str(path)])

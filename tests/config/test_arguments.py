@@ -30,8 +30,22 @@ def resolved(argv):
 
 
 def test_cli_flags(train_file, tmp_path):
-    args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
-                  "--lora_rank", "4", "--lora_target_modules", "q_proj,v_proj", "--assistant_turns", "last"])
+    args = parse(
+        [
+            "--model_name_or_path",
+            "m",
+            "--train_file",
+            train_file,
+            "--output_dir",
+            str(tmp_path),
+            "--lora_rank",
+            "4",
+            "--lora_target_modules",
+            "q_proj,v_proj",
+            "--assistant_turns",
+            "last",
+        ]
+    )
     assert (args.lora_rank, args.lora_target_modules, args.assistant_turns) == (4, "q_proj,v_proj", "last")
 
 
@@ -64,8 +78,11 @@ def test_config_file(train_file, tmp_path, suffix):
         (["--sharegpt_roles", "bot=robot"], ValueError, "--sharegpt_roles bot=robot: unknown role 'robot'"),
         (["--lora_init", "pissa", "--load_in_4bit"], ValueError, "--lora_init pissa with --load_in_4bit"),
         (["--lora_init", "loftq"], ValueError, "--lora_init loftq fits the adapter to the 4-bit quantisation error"),
-        (["--lora_optimizer", "lorafa", "--deepspeed", "ds_configs/stage2.json"], ValueError,
-         r"--lora_optimizer lorafa with ZeRO stage 2 \(.*stage2.json\)"),
+        (
+            ["--lora_optimizer", "lorafa", "--deepspeed", "ds_configs/stage2.json"],
+            ValueError,
+            r"--lora_optimizer lorafa with ZeRO stage 2 \(.*stage2.json\)",
+        ),
     ],
 )
 def test_invalid_combinations_say_what_to_change(train_file, tmp_path, extra, error, pattern, no_launcher):
@@ -87,8 +104,20 @@ def test_auto_dtype_is_float32_without_a_bf16_gpu(train_file, tmp_path, monkeypa
 
 
 def test_bfloat16_weights_turn_on_bf16_training(train_file, tmp_path):
-    args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
-                  "--dtype", "bfloat16", "--use_cpu", "True"])
+    args = parse(
+        [
+            "--model_name_or_path",
+            "m",
+            "--train_file",
+            train_file,
+            "--output_dir",
+            str(tmp_path),
+            "--dtype",
+            "bfloat16",
+            "--use_cpu",
+            "True",
+        ]
+    )
     assert args.bf16 and str(args.torch_dtype) == "torch.bfloat16"
 
 
@@ -111,8 +140,12 @@ def test_auto_dtype_on_a_cuda_device(train_file, tmp_path):
 
 
 def test_yaml_list_of_sources_becomes_the_mixture_flag(train_file, tmp_path):
-    config = {"model_name_or_path": "m", "output_dir": str(tmp_path), "columns": "prompt=q",
-              "train_file": [{"path": train_file, "weight": 0.7}, "org/set:zh:0.3"]}
+    config = {
+        "model_name_or_path": "m",
+        "output_dir": str(tmp_path),
+        "columns": "prompt=q",
+        "train_file": [{"path": train_file, "weight": 0.7}, "org/set:zh:0.3"],
+    }
     (args,) = HfArgumentParser(SFTTrainingArguments).parse_dict(config)
     assert args.train_file == f"{train_file}:0.7,org/set:zh:0.3"
 
@@ -130,8 +163,19 @@ FSDP2_CONFIG = str(__import__("hf_lora_ds.resources", fromlist=["FSDP_CONFIGS"])
     ids=["qlora", "deepspeed", "missing-config"],
 )
 def test_fsdp_combinations_refused_before_loading(train_file, tmp_path, flags, message, no_launcher):
-    argv = ["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
-            "--fsdp", "full_shard", "--fsdp_config", FSDP2_CONFIG, *flags]  # fmt: skip
+    argv = [
+        "--model_name_or_path",
+        "m",
+        "--train_file",
+        train_file,
+        "--output_dir",
+        str(tmp_path),
+        "--fsdp",
+        "full_shard",
+        "--fsdp_config",
+        FSDP2_CONFIG,
+        *flags,
+    ]
     with pytest.raises(ValueError, match=message):
         resolved(argv)
 
@@ -140,5 +184,17 @@ def test_fsdp_combinations_refused_before_loading(train_file, tmp_path, flags, m
 def test_fsdp_offload_refused_without_an_accelerator(train_file, tmp_path, no_launcher):
     offload = FSDP2_CONFIG.replace("fsdp2.json", "fsdp2_offload.json")
     with pytest.raises(ValueError, match="FSDP cpu_offload moves parameters from an accelerator"):
-        resolved(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path),
-               "--fsdp", "full_shard", "--fsdp_config", offload])  # fmt: skip
+        resolved(
+            [
+                "--model_name_or_path",
+                "m",
+                "--train_file",
+                train_file,
+                "--output_dir",
+                str(tmp_path),
+                "--fsdp",
+                "full_shard",
+                "--fsdp_config",
+                offload,
+            ]
+        )

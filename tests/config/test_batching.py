@@ -9,18 +9,28 @@ from hf_lora_ds.config.batching import is_flash_attention, resolve_batching
 
 @pytest.mark.parametrize(
     ("batching", "attention", "resolved"),
-    [("auto", None, "padded"), ("auto", "sdpa", "padded"), ("auto", "eager", "padded"),
-     ("auto", "flash_attention_2", "padding_free"), ("auto", "flash_attention_3", "padding_free"),
-     ("packed", "sdpa", "packed"), ("padded", "flash_attention_2", "padded"), ("padding_free", None, "padding_free")],
-)  # fmt: skip
+    [
+        ("auto", None, "padded"),
+        ("auto", "sdpa", "padded"),
+        ("auto", "eager", "padded"),
+        ("auto", "flash_attention_2", "padding_free"),
+        ("auto", "flash_attention_3", "padding_free"),
+        ("packed", "sdpa", "packed"),
+        ("padded", "flash_attention_2", "padded"),
+        ("padding_free", None, "padding_free"),
+    ],
+)
 def test_auto_is_padding_free_with_flash_attention_only(batching, attention, resolved):
     assert resolve_batching(batching, attention) == resolved
     assert resolve_batching(resolved, attention) == resolved  # resolving again changes nothing
 
 
 def test_the_attention_kind():
-    assert [name for name in (None, "sdpa", "eager", "flash_attention_2", "kernels-community/flash-attn")
-            if is_flash_attention(name)] == ["flash_attention_2", "kernels-community/flash-attn"]  # fmt: skip
+    assert [
+        name
+        for name in (None, "sdpa", "eager", "flash_attention_2", "kernels-community/flash-attn")
+        if is_flash_attention(name)
+    ] == ["flash_attention_2", "kernels-community/flash-attn"]
 
 
 def test_the_run_s_arguments_hold_batching_resolved(tmp_path):

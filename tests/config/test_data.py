@@ -7,17 +7,29 @@ from hf_lora_ds.errors import UserError
 
 
 def values(**changes):
-    return SimpleNamespace(**{"train_file": "a.jsonl", "eval_file": None, "preprocessing_num_workers": None,
-                              "max_length": 16, "batching": "auto", "pad_to_multiple_of": None, "use_cache": False,
-                              **changes})
+    return SimpleNamespace(
+        **{
+            "train_file": "a.jsonl",
+            "eval_file": None,
+            "preprocessing_num_workers": None,
+            "max_length": 16,
+            "batching": "auto",
+            "pad_to_multiple_of": None,
+            "use_cache": False,
+            **changes,
+        }
+    )
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"train_file": None}, "--train_file is required"),
-    ({"max_length": 1}, "--max_length must be at least 2"),
-    ({"batching": "packed", "use_cache": True}, "--batching packed needs --use_cache False"),
-    ({"preprocessing_num_workers": 0}, "--preprocessing_num_workers must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"train_file": None}, "--train_file is required"),
+        ({"max_length": 1}, "--max_length must be at least 2"),
+        ({"batching": "packed", "use_cache": True}, "--batching packed needs --use_cache False"),
+        ({"preprocessing_num_workers": 0}, "--preprocessing_num_workers must be a positive integer"),
+    ],
+)
 def test_bad_data_values_name_the_flag(changes, message):
     check_data_fields(values())
     with pytest.raises(UserError, match=message):

@@ -68,31 +68,67 @@ def test_dict_and_base64_are_accepted():
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"zero_optimisation": {"stage": 2}}, r"unknown key 'zero_optimisation' \(did you mean 'zero_optimization'\?\)"),
-        ({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_save": True}},
-         r"unknown key 'zero_optimization.stage3_gather_16bit_weights_on_save' \(did you mean "
-         r"'zero_optimization.stage3_gather_16bit_weights_on_model_save'\?\)"),
-        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_mem": True}}},
-         r"unknown key 'zero_optimization.offload_optimizer.pin_mem' \(did you mean .*pin_memory'\?\)"),
+        (
+            {"zero_optimisation": {"stage": 2}},
+            r"unknown key 'zero_optimisation' \(did you mean 'zero_optimization'\?\)",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_save": True}},
+            r"unknown key 'zero_optimization.stage3_gather_16bit_weights_on_save' \(did you mean "
+            r"'zero_optimization.stage3_gather_16bit_weights_on_model_save'\?\)",
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_mem": True}}},
+            r"unknown key 'zero_optimization.offload_optimizer.pin_mem' \(did you mean .*pin_memory'\?\)",
+        ),
         ({"zero_optimization": {"stage": 4}}, r"zero_optimization.stage is 4; use 0, 1, 2 or 3"),
         ({"zero_optimization": {"stage": "3"}}, r"zero_optimization.stage is '3'"),
-        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
-         r"offload_optimizer.device is 'gpu'; use one of \['none', 'cpu', 'nvme'\]"),
-        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
-         r"offload_optimizer without an 'optimizer' section.*\"type\": \"AdamW\""),
-        ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
-         r"offload_param needs ZeRO stage 3 \(stage is 2\)"),
-        ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}},
-         r"offload_optimizer needs ZeRO stage 1, 2 or 3 \(stage is 0\)"),
-        ({"train_micro_batch_size_per_gpu": 8}, r"train_micro_batch_size_per_gpu is 8 but --per_device_train_batch_size "
-         r"is 4; set train_micro_batch_size_per_gpu to \"auto\" .* or pass --per_device_train_batch_size 8"),
-        ({"gradient_accumulation_steps": 2}, r"gradient_accumulation_steps is 2 but --gradient_accumulation_steps is 1"),
-        ({"train_batch_size": 16}, r"train_batch_size is 16 but --per_device_train_batch_size 4 x "
-         r"--gradient_accumulation_steps 1 x 2 ranks = 8; .*or pass --gradient_accumulation_steps 2"),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}},
+            r"offload_optimizer.device is 'gpu'; use one of \['none', 'cpu', 'nvme'\]",
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+            r"offload_optimizer without an 'optimizer' section.*\"type\": \"AdamW\"",
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+            r"offload_param needs ZeRO stage 3 \(stage is 2\)",
+        ),
+        (
+            {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}, "optimizer": {"type": "AdamW"}},
+            r"offload_optimizer needs ZeRO stage 1, 2 or 3 \(stage is 0\)",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 8},
+            r"train_micro_batch_size_per_gpu is 8 but --per_device_train_batch_size "
+            r"is 4; set train_micro_batch_size_per_gpu to \"auto\" .* or pass --per_device_train_batch_size 8",
+        ),
+        (
+            {"gradient_accumulation_steps": 2},
+            r"gradient_accumulation_steps is 2 but --gradient_accumulation_steps is 1",
+        ),
+        (
+            {"train_batch_size": 16},
+            r"train_batch_size is 16 but --per_device_train_batch_size 4 x "
+            r"--gradient_accumulation_steps 1 x 2 ranks = 8; .*or pass --gradient_accumulation_steps 2",
+        ),
     ],
-    ids=["top-level-typo", "zero-typo", "offload-typo", "stage-4", "stage-str", "offload-device", "offload-no-optimizer",
-         "offload-param-stage", "offload-stage-0", "micro-batch", "accumulation", "train-batch-world"],
-)  # fmt: skip
+    ids=[
+        "top-level-typo",
+        "zero-typo",
+        "offload-typo",
+        "stage-4",
+        "stage-str",
+        "offload-device",
+        "offload-no-optimizer",
+        "offload-param-stage",
+        "offload-stage-0",
+        "micro-batch",
+        "accumulation",
+        "train-batch-world",
+    ],
+)
 def test_each_problem_names_the_key_and_the_fix(config, message):
     with pytest.raises(UserError, match=message):
         _check(config, micro=4, accumulation=1, world=2)

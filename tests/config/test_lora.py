@@ -6,12 +6,15 @@ from hf_lora_ds.config.lora import check_lora_fields
 from hf_lora_ds.errors import UserError
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"lora_rank": 0}, "--lora_rank must be a positive integer"),
-    ({"lora_alpha": 0}, "--lora_alpha must be positive"),
-    ({"lora_dropout": 1.0}, r"--lora_dropout must be in \[0, 1\)"),
-    ({"lora_target_modules": " , "}, "--lora_target_modules is empty"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"lora_rank": 0}, "--lora_rank must be a positive integer"),
+        ({"lora_alpha": 0}, "--lora_alpha must be positive"),
+        ({"lora_dropout": 1.0}, r"--lora_dropout must be in \[0, 1\)"),
+        ({"lora_target_modules": " , "}, "--lora_target_modules is empty"),
+    ],
+)
 def test_lora_values_name_the_flag(changes, message):
     valid = {"lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_modules": "all-linear"}
     check_lora_fields(SimpleNamespace(**valid))

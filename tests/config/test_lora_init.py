@@ -14,7 +14,9 @@ def test_what_each_init_needs():
     inits = {name: parse_lora_init(name) for name in NAMES}
     assert [name for name, init in inits.items() if init.rewrites_base] == ["pissa", "pissa_niter_3", "olora", "corda"]
     assert {name: init.data_pass for name, init in inits.items() if init.data_pass} == {
-        "eva": DataPass.EVA, "corda": DataPass.CORDA}  # fmt: skip
+        "eva": DataPass.EVA,
+        "corda": DataPass.CORDA,
+    }
     assert [name for name, init in inits.items() if init.loftq] == ["loftq"]
     assert [name for name, init in inits.items() if init.needs_even_rank] == ["orthogonal"]
     assert [name for name, init in inits.items() if init.plain] == ["default"]
@@ -23,9 +25,15 @@ def test_what_each_init_needs():
 
 @pytest.mark.parametrize(
     ("name", "peft_value"),
-    [("default", True), ("loftq", True), ("gaussian", "gaussian"), ("pissa_niter_4", "pissa_niter_4"),
-     ("eva", "eva"), ("corda", "corda")],
-)  # fmt: skip
+    [
+        ("default", True),
+        ("loftq", True),
+        ("gaussian", "gaussian"),
+        ("pissa_niter_4", "pissa_niter_4"),
+        ("eva", "eva"),
+        ("corda", "corda"),
+    ],
+)
 def test_peft_s_value(name, peft_value):
     assert parse_lora_init(name).peft_value == peft_value
 

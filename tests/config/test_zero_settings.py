@@ -12,9 +12,14 @@ from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 
 @pytest.mark.parametrize(
     ("name", "stage", "optimizer", "params"),
-    [("stage0", 0, "none", "none"), ("stage2", 2, "none", "none"), ("stage2_offload", 2, "cpu", "none"),
-     ("stage3", 3, "none", "none"), ("stage3_offload", 3, "cpu", "cpu")],
-)  # fmt: skip
+    [
+        ("stage0", 0, "none", "none"),
+        ("stage2", 2, "none", "none"),
+        ("stage2_offload", 2, "cpu", "none"),
+        ("stage3", 3, "none", "none"),
+        ("stage3_offload", 3, "cpu", "cpu"),
+    ],
+)
 def test_the_shipped_configs(name, stage, optimizer, params):
     zero = ZeroSettings.of(json.loads((DEEPSPEED_CONFIGS / f"{name}.json").read_text()))
     assert (zero.stage, zero.optimizer_device, zero.param_device) == (stage, optimizer, params)
@@ -23,8 +28,14 @@ def test_the_shipped_configs(name, stage, optimizer, params):
 
 def test_no_deepspeed_and_sections_without_a_device():
     assert ZeroSettings.of(None) == ZeroSettings.of({}) == ZeroSettings(0, "none", "none")
-    config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "none"}, "offload_optimizer": {},
-                                    "reduce_scatter": False}}  # fmt: skip
+    config = {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": {"device": "none"},
+            "offload_optimizer": {},
+            "reduce_scatter": False,
+        }
+    }
     zero = ZeroSettings.of(config)
     assert (zero.offloads_params, zero.offloads_optimizer, zero.reduce_scatter) == (False, False, False)
 

@@ -8,8 +8,14 @@ from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 
 RECORDS = [
     {"instruction": "12=", "output": "王大丫丫的回答是--->3 + 9"},
-    {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"},
-                  {"role": "user", "content": "Tell me a joke about cats."}, {"role": "assistant", "content": "cats."}]},
+    {
+        "messages": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke about cats."},
+            {"role": "assistant", "content": "cats."},
+        ]
+    },
     {"instruction": "1=", "output": "0 + 1"},
 ]
 
@@ -94,10 +100,14 @@ def test_length_grouped_order_depends_on_seed_and_epoch_only():
     sampler.set_epoch(1)
     assert list(sampler) == second
 
-
     def spread(order):  # mean longest - shortest length within a batch of 4
-        return sum(max(lengths[j] for j in order[i : i + 4]) - min(lengths[j] for j in order[i : i + 4])
-                   for i in range(0, 64, 4)) / 16  # fmt: skip
+        return (
+            sum(
+                max(lengths[j] for j in order[i : i + 4]) - min(lengths[j] for j in order[i : i + 4])
+                for i in range(0, 64, 4)
+            )
+            / 16
+        )
 
     assert spread(first) < spread(torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()) / 2
 

@@ -15,44 +15,64 @@ from tests.data.peer_records import END, build, chatml, expect, labels_of, sampl
 
 
 def test_openai_text_parts_are_joined_in_order_and_trained_as_a_string(chatml_tokenizer, tmp_path):
-    record = {"messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a joke"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "cats"}, {"type": "text", "text": "."}]},
-    ]}  # fmt: skip
+    record = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a joke"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "cats"}, {"type": "text", "text": "."}]},
+        ]
+    }
     text = chatml(("user", "Tell me a joke"), ("assistant", "cats."))
     assert sample(build([record], chatml_tokenizer, tmp_path)) == expect(chatml_tokenizer, text, ["cats." + END])
 
 
 def test_llamafactory_v1_value_parts_with_reasoning_and_tool_calls():
     call = {"name": "get_weather", "arguments": {"city": "Paris"}}
-    record = {"messages": [
-        {"role": "user", "content": [{"type": "text", "value": "Weather?"}], "loss_weight": 0.0},
-        {"role": "assistant", "content": [{"type": "reasoning", "value": "Look it up."},
-                                          {"type": "tool_calls", "value": json.dumps(call)}], "loss_weight": 1.0},
-        {"role": "tool", "content": [{"type": "text", "value": "sunny"}]},
-        {"role": "assistant", "content": [{"type": "text", "value": "Sunny."}], "loss_weight": 1},
-    ]}  # fmt: skip
+    record = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "value": "Weather?"}], "loss_weight": 0.0},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "reasoning", "value": "Look it up."},
+                    {"type": "tool_calls", "value": json.dumps(call)},
+                ],
+                "loss_weight": 1.0,
+            },
+            {"role": "tool", "content": [{"type": "text", "value": "sunny"}]},
+            {"role": "assistant", "content": [{"type": "text", "value": "Sunny."}], "loss_weight": 1},
+        ]
+    }
     messages = [drop_parts(message) for message in to_conversation(record, "r")["messages"]]
     assert messages[0] == {"role": "user", "content": "Weather?"}
-    assert messages[1] == {"role": "assistant", "content": "", "reasoning_content": "Look it up.",
-                           "tool_calls": [{"type": "function", "function": call}]}  # fmt: skip
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look it up.",
+        "tool_calls": [{"type": "function", "function": call}],
+    }
     assert messages[3] == {"role": "assistant", "content": "Sunny."}
 
 
 @pytest.mark.parametrize(
     ("part", "message"),
     [
-        ({"type": "image_url", "image_url": {"url": "x.png"}},
-         r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image_url' part; only text parts can be trained"),
+        (
+            {"type": "image_url", "image_url": {"url": "x.png"}},
+            r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image_url' part; only text parts can be trained",
+        ),
         ({"type": "input_audio", "input_audio": {}}, r"field 'messages\[0\].content\[1\]': a 'input_audio' part"),
         ({"type": "text"}, r"field 'messages\[0\].content\[1\]': a 'text' part needs 'text' \(or 'value'\)"),
         ({"type": "text", "text": 5}, r"field 'messages\[0\].content\[1\].text' must be a string, got int"),
         ("plain", r"field 'messages\[0\].content\[1\]' must be a part object"),
     ],
-)  # fmt: skip
+)
 def test_a_part_that_is_not_text_is_refused_in_one_line_naming_it(part, message):
-    record = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]},
-                           {"role": "assistant", "content": "A cat."}]}  # fmt: skip
+    record = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]},
+            {"role": "assistant", "content": "A cat."},
+        ]
+    }
     with pytest.raises(DataError, match=message) as err:
         to_conversation(record, "f, line 2")
     assert "\n" not in str(err.value)

@@ -116,7 +116,9 @@ def test_truncation_to_zero_supervised_tokens_drops_or_raises(chatml_tokenizer, 
     prompt_len = len(ids(chatml_tokenizer, "<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n"))
     ds = build(records, chatml_tokenizer, tmp_path, max_length=prompt_len)
     assert ds.num_dropped == 1 and len(ds) == 1
-    assert ds[0]["input_ids"][: prompt_len - 1] == ids(chatml_tokenizer, "<|im_start|>user\n1=<|im_end|>\n<|im_start|>assistant\n")
+    assert ds[0]["input_ids"][: prompt_len - 1] == ids(
+        chatml_tokenizer, "<|im_start|>user\n1=<|im_end|>\n<|im_start|>assistant\n"
+    )
     with pytest.raises(DataError, match=r"record 0: sample 0 has no supervised token .*max_length"):
         build(records, chatml_tokenizer, tmp_path, max_length=prompt_len, on_empty_labels="error")
 
@@ -128,13 +130,22 @@ def test_tokenized_samples_are_cached(chatml_tokenizer, tmp_path):
     assert len(cached) == 1
     build(records, chatml_tokenizer, tmp_path)
     assert list(tmp_path.glob("chat_sft-*.arrow")) == cached
-    build(records, chatml_tokenizer, tmp_path, max_length=len(ids(chatml_tokenizer, '<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n')) + 2)
+    build(
+        records,
+        chatml_tokenizer,
+        tmp_path,
+        max_length=len(ids(chatml_tokenizer, "<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n")) + 2,
+    )
     assert len(list(tmp_path.glob("chat_sft-*.arrow"))) == 2
 
 
 def _with_template(tokenizer, template):
-    clone = tokenizer.__class__(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|im_end|>",
-                                pad_token="<|endoftext|>", chat_template=template)
+    clone = tokenizer.__class__(
+        tokenizer_object=tokenizer.backend_tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=template,
+    )
     return clone
 
 
@@ -146,8 +157,10 @@ def test_template_that_rewrites_content_is_refused(chatml_tokenizer, tmp_path):
 
 
 def test_template_without_end_of_turn_token_is_refused(chatml_tokenizer, tmp_path):
-    plain = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}" \
-            "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+    plain = (
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+    )
     with pytest.raises(TemplateError, match="never learn to stop"):
         build([{"instruction": "1=", "output": "0 + 1"}], _with_template(chatml_tokenizer, plain), tmp_path)
 
@@ -163,13 +176,23 @@ def test_template_that_rewrites_history_trains_each_turn_in_its_own_text(chatml_
     )
     tokenizer = _with_template(chatml_tokenizer, history)
     ds = build([MULTI_TURN], tokenizer, tmp_path)
-    first = [("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", False), ("Bonjour!<|im_end|>", True),
-             ("\n", False)]
-    second = [("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
-               "<|im_start|>user\nTell me a joke<|im_end|>\n<|im_start|>assistant\n", False),
-              ("cats.<|im_end|>", True), ("\n", False)]
+    first = [
+        ("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", False),
+        ("Bonjour!<|im_end|>", True),
+        ("\n", False),
+    ]
+    second = [
+        (
+            "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+            "<|im_start|>user\nTell me a joke<|im_end|>\n<|im_start|>assistant\n",
+            False,
+        ),
+        ("cats.<|im_end|>", True),
+        ("\n", False),
+    ]
     assert [(ds[i]["input_ids"], ds[i]["labels"]) for i in range(len(ds))] == [
-        expected(tokenizer, first), expected(tokenizer, second)
+        expected(tokenizer, first),
+        expected(tokenizer, second),
     ]
     last = build([MULTI_TURN], tokenizer, tmp_path, assistant_turns="last")
     assert len(last) == 1 and (last[0]["input_ids"], last[0]["labels"]) == expected(tokenizer, second)
@@ -185,6 +208,8 @@ def test_file_inputs_json_jsonl_parquet(chatml_tokenizer, tmp_path):
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records[:1]))
     datasets.Dataset.from_list(records[:1]).to_parquet(str(tmp_path / "d.parquet"))
     from_list = build(records, chatml_tokenizer, tmp_path)
-    assert [s["labels"] for s in build(tmp_path / "d.json", chatml_tokenizer, tmp_path)] == [s["labels"] for s in from_list]
+    assert [s["labels"] for s in build(tmp_path / "d.json", chatml_tokenizer, tmp_path)] == [
+        s["labels"] for s in from_list
+    ]
     for name in ("d.jsonl", "d.parquet"):
         assert build(tmp_path / name, chatml_tokenizer, tmp_path)[0] == from_list[0]

@@ -13,20 +13,29 @@ from tests.data.peer_records import END, chatml, expect, sample
 
 # Records as LLaMA-Factory's data README writes each formatting, under its own column names.
 ALPACA = {"q": "Tell me a joke", "extra": "", "a": "cats.", "sys": "Be brief.", "hist": [["Hello", "Bonjour!"]]}
-SHAREGPT = {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"}],
-            "system_prompt": "Be brief."}  # fmt: skip
+SHAREGPT = {
+    "messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"}],
+    "system_prompt": "Be brief.",
+}
 INFO = {
-    "my_alpaca": {"file_name": "alpaca.json",
-                  "columns": {"prompt": "q", "query": "extra", "response": "a", "system": "sys", "history": "hist"}},
-    "my_chat": {"file_name": "chat.jsonl", "formatting": "sharegpt",
-                "columns": {"messages": "messages", "system": "system_prompt"},
-                "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                         "assistant_tag": "assistant"}},
+    "my_alpaca": {
+        "file_name": "alpaca.json",
+        "columns": {"prompt": "q", "query": "extra", "response": "a", "system": "sys", "history": "hist"},
+    },
+    "my_chat": {
+        "file_name": "chat.jsonl",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "system": "system_prompt"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    },
     "demo_dpo": {"file_name": "dpo.json", "ranking": True, "columns": {"prompt": "instruction", "chosen": "chosen"}},
     "hub": {"hf_hub_url": "someone/data"},
-    "vision": {"file_name": "mllm.json", "formatting": "sharegpt",
-               "columns": {"messages": "messages", "images": "images"}},
-}  # fmt: skip
+    "vision": {
+        "file_name": "mllm.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+    },
+}
 
 
 @pytest.fixture
@@ -40,8 +49,13 @@ def data_dir(tmp_path):
 
 
 def test_entries_are_read_with_their_columns_and_tags(data_dir, chatml_tokenizer, tmp_path):
-    alpaca_text = chatml(("system", "Be brief."), ("user", "Hello"), ("assistant", "Bonjour!"),
-                         ("user", "Tell me a joke"), ("assistant", "cats."))  # fmt: skip
+    alpaca_text = chatml(
+        ("system", "Be brief."),
+        ("user", "Hello"),
+        ("assistant", "Bonjour!"),
+        ("user", "Tell me a joke"),
+        ("assistant", "cats."),
+    )
     chat_text = chatml(("system", "Be brief."), ("user", "Hello"), ("assistant", "Bonjour!"))
     for location in (data_dir / "dataset_info.json", data_dir):  # the file or its folder
         loaded = load_data(str(location), cache_dir=tmp_path, dataset="my_alpaca, my_chat")
@@ -56,14 +70,17 @@ def test_entries_are_read_with_their_columns_and_tags(data_dir, chatml_tokenizer
 @pytest.mark.parametrize(
     ("names", "message"),
     [
-        (None, r"dataset_info.json: LLaMA-Factory's dataset_info.json, not a data file; name the entries to train on "
-               r"with --dataset NAME\[,NAME\] \(entries: demo_dpo, hub, my_alpaca, my_chat, vision\)"),
+        (
+            None,
+            r"dataset_info.json: LLaMA-Factory's dataset_info.json, not a data file; name the entries to train on "
+            r"with --dataset NAME\[,NAME\] \(entries: demo_dpo, hub, my_alpaca, my_chat, vision\)",
+        ),
         ("nope", r"dataset_info.json: no entry 'nope' \(--dataset\); entries: demo_dpo"),
         ("demo_dpo", r"entry 'demo_dpo': a ranking \(preference\) dataset, not SFT data"),
         ("hub", r"entry 'hub': hf_hub_url 'someone/data': no hub is reached from here"),
         ("vision", r"entry 'vision': columns.images: multimodal \(images\) data"),
     ],
-)  # fmt: skip
+)
 def test_entries_that_cannot_be_served_are_refused_in_one_line_naming_the_entry(data_dir, tmp_path, names, message):
     with pytest.raises(DataError, match=message) as err:
         load_data(str(data_dir), cache_dir=tmp_path, dataset=names)

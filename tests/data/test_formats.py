@@ -66,7 +66,10 @@ def test_sharegpt_with_system_exact_labels(chatml_tokenizer, tmp_path):
     input_ids, labels = expected(
         chatml_tokenizer,
         [
-            ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", False),
+            (
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+                False,
+            ),
             ("Bonjour!<|im_end|>", True),
             ("\n", False),
         ],
@@ -93,7 +96,11 @@ def test_tool_call_conversation_trains_the_call_not_the_result(tools_tokenizer, 
 
 def test_openai_style_string_arguments_and_sharegpt_tools_give_the_same_sample(tools_tokenizer, tmp_path):
     string_args = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [TOOL_MESSAGES[0], {"role": "assistant", "content": None, "tool_calls": [string_args]}, *TOOL_MESSAGES[2:]]
+    messages = [
+        TOOL_MESSAGES[0],
+        {"role": "assistant", "content": None, "tool_calls": [string_args]},
+        *TOOL_MESSAGES[2:],
+    ]
     ds = build([{"messages": messages, "tools": [TOOL]}, SHAREGPT_TOOLS], tools_tokenizer, tmp_path)
     input_ids, labels = expected(tools_tokenizer, tool_pieces())
     assert [ds[0]["labels"], ds[1]["labels"]] == [labels, labels]
@@ -124,8 +131,12 @@ def test_column_mapping_reads_other_layouts(chatml_tokenizer, tmp_path):
             r"^src, line 3: field 'conversations\[1\].value': tool call is not valid JSON",
         ),
         (
-            {"messages": [TOOL_MESSAGES[0], {"role": "assistant", "tool_calls": [
-                {"function": {"name": "f", "arguments": '{"city": Paris}'}}]}]},
+            {
+                "messages": [
+                    TOOL_MESSAGES[0],
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"city": Paris}'}}]},
+                ]
+            },
             r"^src, line 3: field 'messages\[1\].tool_calls\[0\].function.arguments': tool call is not valid JSON",
         ),
         (
@@ -162,7 +173,10 @@ def test_bad_records_name_source_record_and_field(record, message):
         ({"role": "user", "content": ["hi"]}, r"^r: field 'messages\[0\].content\[0\]' must be a part object"),
         ({"role": "user", "content": 3}, r"^r: field 'messages\[0\].content' must be a string, got int"),
         ({"role": "user", "content": " "}, r"^r: field 'messages\[0\].content' is empty$"),
-        ({"role": "user", "content": "hi", "reasoning_content": "x"}, r"^r: field 'messages\[0\].reasoning_content': only"),
+        (
+            {"role": "user", "content": "hi", "reasoning_content": "x"},
+            r"^r: field 'messages\[0\].reasoning_content': only",
+        ),
     ],
 )
 @pytest.mark.parametrize("later_turns", ["plain", "tool calls", "tools listed"])
@@ -179,19 +193,34 @@ def test_a_bad_turn_gets_one_message_whatever_the_other_turns_hold(bad_turn, mes
 @pytest.mark.parametrize(
     ("columns", "record", "message"),
     [
-        ({"reasoning": "thought"}, {"instruction": "q", "output": "a", "thought": ["a", "list"]},
-         r"^r: field 'thought' must be a string, got list"),
-        ({"prompt": "question", "response": "answer"}, {"question": "q", "answer": 3},
-         r"^r: field 'answer' must be a string, got int"),
-        ({"messages": "dialog"}, {"dialog": [{"role": "user", "content": 7}]},
-         r"^r: field 'dialog\[0\].content' must be a string, got int"),
-        ({"conversations": "turns", "system": "persona"}, {"turns": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "persona": 1},
-         r"^r: field 'persona' must be a string, got int"),
-        ({"tools": "functions"}, {"instruction": "q", "output": "a", "functions": "{"},
-         r"^r: field 'functions' is not valid JSON"),
+        (
+            {"reasoning": "thought"},
+            {"instruction": "q", "output": "a", "thought": ["a", "list"]},
+            r"^r: field 'thought' must be a string, got list",
+        ),
+        (
+            {"prompt": "question", "response": "answer"},
+            {"question": "q", "answer": 3},
+            r"^r: field 'answer' must be a string, got int",
+        ),
+        (
+            {"messages": "dialog"},
+            {"dialog": [{"role": "user", "content": 7}]},
+            r"^r: field 'dialog\[0\].content' must be a string, got int",
+        ),
+        (
+            {"conversations": "turns", "system": "persona"},
+            {"turns": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "persona": 1},
+            r"^r: field 'persona' must be a string, got int",
+        ),
+        (
+            {"tools": "functions"},
+            {"instruction": "q", "output": "a", "functions": "{"},
+            r"^r: field 'functions' is not valid JSON",
+        ),
     ],
     ids=["reasoning", "response", "messages", "sharegpt-system", "tools"],
-)  # fmt: skip
+)
 def test_a_bad_value_in_a_mapped_column_names_the_users_column(columns, record, message):
     with pytest.raises(DataError, match=message):
         to_conversation(record, "r", options=FormatOptions(columns=columns))
@@ -221,13 +250,25 @@ from tests.data.peer_records import END, chatml, expect, sample  # noqa: E402
 def test_trl_conversational_prompt_completion_trains_the_completion_only(chatml_tokenizer, tmp_path):
     """TRL: the prompt (an earlier exchange included) is context; every assistant turn of the completion is trained."""
     record = {
-        "prompt": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"},
-                   {"role": "user", "content": "Tell me a joke"}],
-        "completion": [{"role": "assistant", "content": "cats."}, {"role": "user", "content": "1="},
-                       {"role": "assistant", "content": "0 + 1"}],
-    }  # fmt: skip
-    text = chatml(("user", "Hello"), ("assistant", "Bonjour!"), ("user", "Tell me a joke"), ("assistant", "cats."),
-                  ("user", "1="), ("assistant", "0 + 1"))  # fmt: skip
+        "prompt": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke"},
+        ],
+        "completion": [
+            {"role": "assistant", "content": "cats."},
+            {"role": "user", "content": "1="},
+            {"role": "assistant", "content": "0 + 1"},
+        ],
+    }
+    text = chatml(
+        ("user", "Hello"),
+        ("assistant", "Bonjour!"),
+        ("user", "Tell me a joke"),
+        ("assistant", "cats."),
+        ("user", "1="),
+        ("assistant", "0 + 1"),
+    )
     assert sample(build([record], chatml_tokenizer, tmp_path)) == expect(
         chatml_tokenizer, text, ["cats." + END, "0 + 1" + END]
     )
@@ -244,10 +285,22 @@ def test_trl_conversational_completion_with_tool_calls(tools_tokenizer, tmp_path
 
 def test_llamafactory_alpaca_history_rounds_are_context_and_trained(chatml_tokenizer, tmp_path):
     """LLaMA-Factory's data README: history is [[query, answer], ...] of earlier rounds, whose answers are learnt."""
-    record = {"instruction": "Tell me a joke", "input": "", "output": "cats.", "system": "Be brief.",
-              "history": [["Hello", "Bonjour!"], ["1=", "0 + 1"]]}  # fmt: skip
-    text = chatml(("system", "Be brief."), ("user", "Hello"), ("assistant", "Bonjour!"), ("user", "1="),
-                  ("assistant", "0 + 1"), ("user", "Tell me a joke"), ("assistant", "cats."))  # fmt: skip
+    record = {
+        "instruction": "Tell me a joke",
+        "input": "",
+        "output": "cats.",
+        "system": "Be brief.",
+        "history": [["Hello", "Bonjour!"], ["1=", "0 + 1"]],
+    }
+    text = chatml(
+        ("system", "Be brief."),
+        ("user", "Hello"),
+        ("assistant", "Bonjour!"),
+        ("user", "1="),
+        ("assistant", "0 + 1"),
+        ("user", "Tell me a joke"),
+        ("assistant", "cats."),
+    )
     answers = ["Bonjour!" + END, "0 + 1" + END, "cats." + END]
     assert sample(build([record], chatml_tokenizer, tmp_path)) == expect(chatml_tokenizer, text, answers)
     last = build([record], chatml_tokenizer, tmp_path / "last", assistant_turns="last")
@@ -257,25 +310,40 @@ def test_llamafactory_alpaca_history_rounds_are_context_and_trained(chatml_token
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"instruction": "q", "output": "a", "history": [["only a query"]]},
-         r"^r: field 'history\[0\]' must be a \[query"),
+        (
+            {"instruction": "q", "output": "a", "history": [["only a query"]]},
+            r"^r: field 'history\[0\]' must be a \[query",
+        ),
         ({"instruction": "q", "output": "a", "history": [["q", 3]]}, r"^r: field 'history\[0\]\[1\]' must be a string"),
-        ({"prompt": [{"role": "user", "content": "q"}], "completion": "a"},
-         r"^r: field 'completion' must be a list of messages like the prompt"),
-        ({"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]},
-         r"^r: field 'completion' must be a string like the prompt"),
-        ({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "user", "content": "a"}]},
-         r"^r: field 'completion': no assistant turn"),
-        ({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "system", "content": "a"}]},
-         r"^r: field 'completion\[0\].role': a system turn may only come first"),
+        (
+            {"prompt": [{"role": "user", "content": "q"}], "completion": "a"},
+            r"^r: field 'completion' must be a list of messages like the prompt",
+        ),
+        (
+            {"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]},
+            r"^r: field 'completion' must be a string like the prompt",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "user", "content": "a"}]},
+            r"^r: field 'completion': no assistant turn",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "system", "content": "a"}]},
+            r"^r: field 'completion\[0\].role': a system turn may only come first",
+        ),
         ({"prompt": "q"}, r"^r: a 'prompt' without a 'completion' \(TRL's prompt-only kind\)"),
         ({"prompt": "q", "completion": "a", "label": False}, r"^r: field 'label': unpaired preference data"),
         ({"prompt": "q", "chosen": "a", "rejected": "b"}, r"^r: field 'chosen' holds a preference pair"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "images": ["x.png"]},
-         r"^r: field 'images' holds images \(multimodal"),
+        (
+            {
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "images": ["x.png"],
+            },
+            r"^r: field 'images' holds images \(multimodal",
+        ),
         ({"instruction": "q", "output": "a", "kto_tag": True}, r"^r: field 'kto_tag' holds a KTO label"),
     ],
-)  # fmt: skip
+)
 def test_peer_records_that_cannot_be_trained_are_refused_in_one_line(record, message):
     with pytest.raises(DataError, match=message) as err:
         to_conversation(record, "r")
@@ -285,8 +353,15 @@ def test_peer_records_that_cannot_be_trained_are_refused_in_one_line(record, mes
 def test_the_refusal_of_an_unknown_record_lists_every_accepted_kind():
     with pytest.raises(DataError) as err:
         to_conversation({"question": "q", "answer": "a"}, "r")
-    for kind in ("'messages'", "'conversations' (ShareGPT)", "alpaca", "'history'", "'prompt' and 'completion' (TRL",
-                 "'text' (TRL language modeling)", "--columns prompt=question,response=answer"):  # fmt: skip
+    for kind in (
+        "'messages'",
+        "'conversations' (ShareGPT)",
+        "alpaca",
+        "'history'",
+        "'prompt' and 'completion' (TRL",
+        "'text' (TRL language modeling)",
+        "--columns prompt=question,response=answer",
+    ):
         assert kind in str(err.value)
 
 
@@ -294,14 +369,21 @@ def test_unused_fields_and_message_keys_are_named_with_counts(chatml_tokenizer, 
     records = [
         {"instruction": "1=", "output": "0 + 1", "id": 1},
         {"instruction": "12=", "output": "3 + 9", "id": 2, "source": "web"},
-        {"messages": [{"role": "user", "content": "Hello", "name": "ann"},
-                      {"role": "assistant", "content": "Bonjour!", "name": "bot"}], "system": "unread"},
+        {
+            "messages": [
+                {"role": "user", "content": "Hello", "name": "ann"},
+                {"role": "assistant", "content": "Bonjour!", "name": "bot"},
+            ],
+            "system": "unread",
+        },
         {"conversations": [{"from": "human", "value": "Hi", "lang": "en"}, {"from": "gpt", "value": "Yo"}]},
-    ]  # fmt: skip
+    ]
     dataset = build(records, chatml_tokenizer, tmp_path)
     assert dataset.unused_fields == {"conversations[].lang": 1, "id": 2, "messages[].name": 1, "source": 1, "system": 1}
-    assert dataset.unused_note() == ("; unused fields: conversations[].lang (1 record), id (2 records), "
-                                     "messages[].name (1 record), source (1 record), system (1 record)")  # fmt: skip
+    assert dataset.unused_note() == (
+        "; unused fields: conversations[].lang (1 record), id (2 records), "
+        "messages[].name (1 record), source (1 record), system (1 record)"
+    )
     plain = build(records[:1] * 2, chatml_tokenizer, tmp_path / "b")
     assert build([{"instruction": "1=", "output": "0 + 1"}], chatml_tokenizer, tmp_path / "c").unused_note() == ""
     assert plain.unused_note() == "; unused fields: id (2 records)"
@@ -315,8 +397,12 @@ def test_a_column_mapped_field_that_goes_unused_is_named_as_the_user_wrote_it():
 
 def test_null_message_keys_are_absent_ones_not_unused_fields():
     """Arrow sources give every message every key any message of the column has, null where it had none."""
-    record = {"messages": [{"role": "user", "content": "q", "tool_call_id": None, "weight": None, "train_detail": None},
-                           {"role": "assistant", "content": "a", "name": "bot", "weight": None}]}  # fmt: skip
+    record = {
+        "messages": [
+            {"role": "user", "content": "q", "tool_call_id": None, "weight": None, "train_detail": None},
+            {"role": "assistant", "content": "a", "name": "bot", "weight": None},
+        ]
+    }
     conversation = to_conversation(record, "r")
     assert conversation["unused"] == ["messages[].name"] and "flags" not in conversation
 

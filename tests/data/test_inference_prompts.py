@@ -25,7 +25,9 @@ def without_reasoning(messages: list[dict]) -> list[dict]:
 MULTI_TURN = {"messages": without_reasoning(TWO_TURNS)}
 # A Qwen3 variant that writes no empty think block for a final turn without reasoning, while its enable_thinking=False
 # generation prompt still adds one: training would teach answers after a context inference never gives.
-NO_EMPTY_THINK = QWEN3_TEMPLATE.replace("{%- if loop.last or (not loop.last and reasoning_content) %}", "{%- if reasoning_content %}")
+NO_EMPTY_THINK = QWEN3_TEMPLATE.replace(
+    "{%- if loop.last or (not loop.last and reasoning_content) %}", "{%- if reasoning_content %}"
+)
 
 
 def dataset(records, tokenizer, tmp_path) -> ChatSFTDataset:
@@ -56,7 +58,9 @@ def test_template_whose_history_differs_from_its_inference_prompt_is_refused(qwe
     # The label rule trains each turn after its inference prompt, so a template whose rendered turn does not follow
     # that prompt is refused when the record is tokenized, naming the record and the first differing tokens.
     tokenizer = qwen3_tokenizer.__class__(
-        tokenizer_object=qwen3_tokenizer.backend_tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=qwen3_tokenizer.backend_tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
         chat_template=NO_EMPTY_THINK,
     )
     assert len(dataset([{"messages": TWO_TURNS}], tokenizer, tmp_path)) == 2  # turns with reasoning still train
@@ -64,7 +68,9 @@ def test_template_whose_history_differs_from_its_inference_prompt_is_refused(qwe
     with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 1") as err:
         dataset([{"messages": TWO_TURNS}, ALPACA], tokenizer, tmp_path)
     assert str(err.value).startswith("record 1: ")
-    assert f"token {at}: prompt ['<think>', '\\n', '\\n', '</think>'] vs rendered turn ['3', ' ', '+', ' ']" in str(err.value)
+    assert f"token {at}: prompt ['<think>', '\\n', '\\n', '</think>'] vs rendered turn ['3', ' ', '+', ' ']" in str(
+        err.value
+    )
 
 
 def test_training_ids_that_differ_from_the_inference_prompt_are_named(qwen3_tokenizer, tmp_path, monkeypatch):
@@ -81,8 +87,10 @@ def test_training_ids_that_differ_from_the_inference_prompt_are_named(qwen3_toke
     monkeypatch.setattr(inference_prompts, "sample_tokens", changed)
     with pytest.raises(TemplateError, match="inference prompt is not the start of the training text") as err:
         check_round_trip(data)
-    difference = (f"(1/3 trained turns of the first 64 records): record 1, assistant turn 1 (enable_thinking=False): "
-                  f"token {at}: prompt ['\\n', '<think>', '\\n', '\\n'] vs training text ['<|endoftext|>', '<think>', ")
+    difference = (
+        f"(1/3 trained turns of the first 64 records): record 1, assistant turn 1 (enable_thinking=False): "
+        f"token {at}: prompt ['\\n', '<think>', '\\n', '\\n'] vs training text ['<|endoftext|>', '<think>', "
+    )
     assert difference in str(err.value)
     assert round_trip(data, limit=1).failures == 0
     qwen3_tokenizer.save_pretrained(tmp_path / "tok")
@@ -104,7 +112,9 @@ def test_generation_prompt_that_is_not_the_turn_header_is_named(chatml_tokenizer
     )
     at = len(tokenizer(USER.format("12=").removesuffix("assistant\n"), add_special_tokens=False)["input_ids"])
     difference = f"(token {at}: prompt ['a', 'ss', 'istan', 't'] vs rendered turn ['b', 'o', 't', '\\n'])"
-    with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 1 as it renders it ") as err:
+    with pytest.raises(
+        TemplateError, match="generation prompt is not a prefix of assistant turn 1 as it renders it "
+    ) as err:
         dataset([ALPACA], tokenizer, tmp_path)
     assert difference in str(err.value)
 

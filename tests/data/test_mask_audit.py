@@ -11,8 +11,14 @@ from hf_lora_ds.data.sources import load_data
 RECORDS = [
     {"instruction": "12=", "output": "王大丫丫的回答是--->3 + 9"},
     {"instruction": "1=", "output": "0 + 1"},
-    {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"},
-                  {"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "cats."}]},
+    {
+        "messages": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke"},
+            {"role": "assistant", "content": "cats."},
+        ]
+    },
 ]
 
 
@@ -71,10 +77,16 @@ def test_audit_per_source_of_a_mixture(chatml_tokenizer, tmp_path):
 
 
 def test_audit_counts_what_training_flags_switched(chatml_tokenizer, tmp_path):
-    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!", "weight": 0},
-                {"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "cats."}]
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Bonjour!", "weight": 0},
+        {"role": "user", "content": "Tell me a joke"},
+        {"role": "assistant", "content": "cats."},
+    ]
     report = audit_dataset(ChatSFTDataset([*RECORDS, {"messages": messages}], chatml_tokenizer, cache_dir=tmp_path))
-    assert report.flags_line() == ("training flags: 1 turns switched off, 0 switched on; 0 tokens masked inside "
-                                   "located turns, 0 trained in turns only the flags train")  # fmt: skip
+    assert report.flags_line() == (
+        "training flags: 1 turns switched off, 0 switched on; 0 tokens masked inside "
+        "located turns, 0 trained in turns only the flags train"
+    )
     assert report.flags_line() in report.line() and report.flags_line() in str(report)
     assert audit_dataset(ChatSFTDataset(RECORDS, chatml_tokenizer, cache_dir=tmp_path)).flags_line() is None

@@ -17,8 +17,16 @@ from hf_lora_ds.resources import DEMO_DATA, DEMO_MODEL
 RECORDS = [
     {"instruction": f"{x}=", "output": "王大丫丫的回答是--->" + " + ".join(str(d) for d in range(x % 7 + 1))}
     for x in range(40)
-] + [{"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"},
-                   {"role": "user", "content": "Tell me a joke about cats."}, {"role": "assistant", "content": "cats."}]}]  # fmt: skip
+] + [
+    {
+        "messages": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke about cats."},
+            {"role": "assistant", "content": "cats."},
+        ]
+    }
+]
 
 
 @pytest.fixture
@@ -73,7 +81,9 @@ def test_collator_pads_rows_with_a_padding_sample_and_masks_each_first_label(sam
     assert batch["position_ids"][1, short:].tolist() == list(range(pad))
     assert (batch["input_ids"][1, short:] == qwen_style_tokenizer.pad_token_id).all()
     assert padding_segments(batch["input_ids"], batch["position_ids"], qwen_style_tokenizer.pad_token_id).tolist() == [
-        width - len(packed[0]["input_ids"]), pad]  # fmt: skip
+        width - len(packed[0]["input_ids"]),
+        pad,
+    ]
 
 
 def test_padding_segments_in_sequence_parallel_shards():
@@ -118,14 +128,17 @@ def test_packing_the_demo_data_fills_its_rows(tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
-    packed = PackedDataset(ChatSFTDataset(str(DEMO_DATA / "train.json"), tokenizer, max_length=512, cache_dir=tmp_path), 512)
+    packed = PackedDataset(
+        ChatSFTDataset(str(DEMO_DATA / "train.json"), tokenizer, max_length=512, cache_dir=tmp_path), 512
+    )
     collate = PackedCollator(tokenizer.pad_token_id)
     real = padded = 0
     for start in range(0, len(packed), 4):
         batch = collate([packed[i] for i in range(start, min(start + 4, len(packed)))])
         padded += batch["input_ids"].numel()
-        real += batch["input_ids"].numel() - int(padding_segments(batch["input_ids"], batch["position_ids"],
-                                                                  tokenizer.pad_token_id).sum())  # fmt: skip
+        real += batch["input_ids"].numel() - int(
+            padding_segments(batch["input_ids"], batch["position_ids"], tokenizer.pad_token_id).sum()
+        )
     assert real == sum(packed.samples.lengths)
     assert real / padded >= 0.98, real / padded
     assert packed.fill() >= 0.96 and len(packed) == 167  # 15 or 16 samples a row

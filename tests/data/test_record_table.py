@@ -18,16 +18,33 @@ CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"c
 MIXED = [
     {"instruction": "12=", "input": "", "output": "王大丫丫的回答是--->3 + 9"},
     {"instruction": "Add", "input": "1=", "output": "0 + 1", "system": "Be brief."},
-    {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!"},
-                  {"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "cats."}]},
-    {"conversations": [{"from": "human", "value": "Weather in Paris?"},
-                       {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
-                       {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "It is sunny."}],
-     "tools": json.dumps([TOOL])},
-    {"messages": [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
-                  {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "It is sunny."}],
-     "tools": [TOOL]},
-]  # fmt: skip
+    {
+        "messages": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke"},
+            {"role": "assistant", "content": "cats."},
+        ]
+    },
+    {
+        "conversations": [
+            {"from": "human", "value": "Weather in Paris?"},
+            {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+            {"from": "observation", "value": "sunny"},
+            {"from": "gpt", "value": "It is sunny."},
+        ],
+        "tools": json.dumps([TOOL]),
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+        "tools": [TOOL],
+    },
+]
 
 
 def write_jsonl(path, lines: list[str]) -> str:
@@ -126,14 +143,21 @@ def test_second_run_is_served_from_the_cache(chatml_tokenizer, tmp_path, monkeyp
 
 
 def test_every_setting_keys_the_cache(chatml_tokenizer, tmp_path):
-    path = write_jsonl(tmp_path / "train.jsonl", [json.dumps({"conversations": [
-        {"from": "human", "value": "1="}, {"from": "bot", "value": "0 + 1"}]})])  # fmt: skip
+    path = write_jsonl(
+        tmp_path / "train.jsonl",
+        [json.dumps({"conversations": [{"from": "human", "value": "1="}, {"from": "bot", "value": "0 + 1"}]})],
+    )
     cache = tmp_path / "cache"
     as_assistant = ChatSFTDataset(
         path, chatml_tokenizer, cache_dir=cache, formats=FormatOptions({}, {"bot": "assistant"})
     )
-    with_system = ChatSFTDataset(path, chatml_tokenizer, cache_dir=cache, system_prompt="Be brief.",
-                                 formats=FormatOptions({}, {"bot": "assistant"}))  # fmt: skip
+    with_system = ChatSFTDataset(
+        path,
+        chatml_tokenizer,
+        cache_dir=cache,
+        system_prompt="Be brief.",
+        formats=FormatOptions({}, {"bot": "assistant"}),
+    )
     assert with_system[0]["input_ids"] != as_assistant[0]["input_ids"]
     with pytest.raises(DataError, match="no assistant turn"):
         ChatSFTDataset(path, chatml_tokenizer, cache_dir=cache, formats=FormatOptions({}, {"bot": "user"}))

@@ -35,13 +35,21 @@ GOOD = json.dumps({"instruction": "1=", "output": "0 + 1"})
         ('{"instruction": "1=", "output": ', r"train.jsonl, line 2: malformed JSON"),
         ('{"instruction": "1="}', r"train.jsonl, line 2: missing field 'output'"),
         ('{"question": "1=", "answer": "1"}', r"train.jsonl, line 2: missing field: .*'messages'.*--columns"),
-        ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: field 'messages\[0\].role': unknown role 'robot'"),
-        ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}',
-         r"line 2: field 'messages\[1\].content' is empty"),
+        (
+            '{"messages": [{"role": "robot", "content": "hi"}]}',
+            r"line 2: field 'messages\[0\].role': unknown role 'robot'",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}',
+            r"line 2: field 'messages\[1\].content' is empty",
+        ),
         ('{"instruction": "1=", "output": 1}', r"line 2: field 'output' must be a string, got int"),
         ('{"messages": [{"role": "user", "content": "hi"}]}', r"line 2: field 'messages': no assistant turn"),
-        ('{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}, '
-         '{"role": "assistant", "content": "c"}]}', r"field 'messages\[1\].role': a system turn may only come first"),
+        (
+            '{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}, '
+            '{"role": "assistant", "content": "c"}]}',
+            r"field 'messages\[1\].role': a system turn may only come first",
+        ),
         ('["not", "an", "object"]', r"line 2: expected a JSON object, got list"),
     ],
 )
@@ -121,8 +129,13 @@ def test_blank_lines_are_skipped_and_lines_still_counted(tmp_path):
 
 def test_system_prompt_only_added_when_missing():
     assert to_messages({"instruction": "q", "output": "a"}, system_prompt="S")[0] == {"role": "system", "content": "S"}
-    record = {"messages": [{"role": "system", "content": "Mine"}, {"role": "user", "content": "q"},
-                           {"role": "assistant", "content": "a"}]}
+    record = {
+        "messages": [
+            {"role": "system", "content": "Mine"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ]
+    }
     assert to_messages(record, system_prompt="S")[0]["content"] == "Mine"
 
 

@@ -23,14 +23,26 @@ def thinking_run(qwen3_tokenizer, tmp_path):
     build_tiny_qwen2(qwen3_tokenizer).save_pretrained(model_dir)
     qwen3_tokenizer.save_pretrained(model_dir)
     records = [
-        {"messages": [{"role": "user", "content": f"{x}="},
-                      {"role": "assistant", "content": f"{x - 1} + 1", "reasoning_content": REASONING if x % 2 else ""}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"{x}="},
+                {"role": "assistant", "content": f"{x - 1} + 1", "reasoning_content": REASONING if x % 2 else ""},
+            ]
+        }
         for x in range(10, 30)
-    ]  # fmt: skip
+    ]
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(json.dumps(record) for record in records))
-    return ["--model_name_or_path", str(model_dir), "--train_file", str(train), "--eval_file", "",
-            "--dataset_cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    return [
+        "--model_name_or_path",
+        str(model_dir),
+        "--train_file",
+        str(train),
+        "--eval_file",
+        "",
+        "--dataset_cache_dir",
+        str(tmp_path / "cache"),
+    ]
 
 
 def counts(flags: list[str], tmp_path, capsys) -> dict[str, int]:
@@ -39,8 +51,9 @@ def counts(flags: list[str], tmp_path, capsys) -> dict[str, int]:
     capsys.readouterr()
     plan.main(flags)
     planned = int(re.search(r"^data: (\d+) samples", capsys.readouterr().out, re.M).group(1))
-    run_sft.main([*flags, "--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--per_device_train_batch_size",
-                  "4"])  # fmt: skip
+    run_sft.main(
+        [*flags, "--output_dir", str(tmp_path / "out"), "--max_steps", "1", "--per_device_train_batch_size", "4"]
+    )
     trained = int(re.search(r"^mask audit: (\d+) samples", capsys.readouterr().out, re.M).group(1))
     return {"audit": audited, "plan": planned, "training": trained}
 

@@ -53,20 +53,38 @@ RECORDS = [
     {"instruction": "1=", "output": "0 + 1", "system": "Own system."},
     {"instruction": "1=", "output": "0 + 1  "},
     {"instruction": "12=" * 20, "output": "3 + 9"},
-    {"system": "Be brief.", "conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Bonjour!"}]},
+    {
+        "system": "Be brief.",
+        "conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Bonjour!"}],
+    },
     {"conversations": [{"from": "human", "value": "1="}, {"from": "gpt", "value": "0 + 1"}]},
     {"messages": TOOL_MESSAGES, "tools": [TOOL]},
-    {"messages": [TOOL_MESSAGES[0], {"role": "assistant", "content": None, "tool_calls": [STRING_ARGS]},
-                  *TOOL_MESSAGES[2:]], "tools": [TOOL]},  # fmt: skip
+    {
+        "messages": [
+            TOOL_MESSAGES[0],
+            {"role": "assistant", "content": None, "tool_calls": [STRING_ARGS]},
+            *TOOL_MESSAGES[2:],
+        ],
+        "tools": [TOOL],
+    },
     SHAREGPT_TOOLS,
-    {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHi!"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHi!"},
+        ]
+    },
     {"messages": [{"role": "user", "content": "Hello"}, REASONING]},
     {"messages": TWO_TURNS},
     {"messages": TWO_TURNS[:2]},
     TOOL_CONVERSATION,
     {"messages": without_reasoning(TOOL_CONVERSATION["messages"]), "tools": TOOL_CONVERSATION["tools"]},
-    {"conversations": [{"from": "human", "value": "Hello"},
-                       {"from": "gpt", "value": "Bonjour!", "reasoning_content": "greet in French"}]},  # fmt: skip
+    {
+        "conversations": [
+            {"from": "human", "value": "Hello"},
+            {"from": "gpt", "value": "Bonjour!", "reasoning_content": "greet in French"},
+        ]
+    },
     {"instruction": "Hello", "output": "Bonjour!", "reasoning": "greet in French"},
     *MIXED,
     *map(json.loads, alpaca_lines(3)),
@@ -89,12 +107,20 @@ HISTORY = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 TRIM = CHATML_TEMPLATE.replace("message['content']", "message['content'] | trim")
-NO_END_OF_TURN = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
-                  "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")  # fmt: skip
-BOT = CHATML_TEMPLATE.replace("message['role'] + '\\n'", "(message['role'] if message['role'] != 'assistant' else 'bot') + '\\n'")
-DERIVED = {"history": ("chatml_tokenizer", HISTORY), "trim": ("chatml_tokenizer", TRIM),
-           "no_end_of_turn": ("chatml_tokenizer", NO_END_OF_TURN), "bot": ("chatml_tokenizer", BOT),
-           "qwen3_no_empty_think": ("qwen3_tokenizer", NO_EMPTY_THINK)}  # fmt: skip
+NO_END_OF_TURN = (
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+BOT = CHATML_TEMPLATE.replace(
+    "message['role'] + '\\n'", "(message['role'] if message['role'] != 'assistant' else 'bot') + '\\n'"
+)
+DERIVED = {
+    "history": ("chatml_tokenizer", HISTORY),
+    "trim": ("chatml_tokenizer", TRIM),
+    "no_end_of_turn": ("chatml_tokenizer", NO_END_OF_TURN),
+    "bot": ("chatml_tokenizer", BOT),
+    "qwen3_no_empty_think": ("qwen3_tokenizer", NO_EMPTY_THINK),
+}
 # Templates some of whose conversations are located: blind ones whose generation prompt starts the turn they write.
 LOCATED = {"chatml", "qwen_style", "tools", "history", "demo", "smollm2"}
 
@@ -110,8 +136,12 @@ def tokenizer_named(request, name: str):
     if name in DERIVED:
         fixture, template = DERIVED[name]
         base = request.getfixturevalue(fixture)
-        return base.__class__(tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>",
-                              pad_token="<|endoftext|>", chat_template=template)  # fmt: skip
+        return base.__class__(
+            tokenizer_object=base.backend_tokenizer,
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            chat_template=template,
+        )
     return request.getfixturevalue(f"{name}_tokenizer")
 
 
@@ -128,8 +158,14 @@ def assert_located_exactly(tokenizer, records, tmp_path, **options) -> int:
     blind, the conversation plain (no tools, tool calls or reasoning) and the prefix rule trains it in one text;
     the dataset has the reference's tokens and labels, and a refused record the reference's error. Returns how
     many conversations were located."""
-    encoder = _Encoder(tokenizer, None, options.get("system_prompt"), options.get("assistant_turns", "all"),
-                       FormatOptions(), options.get("thinking", ThinkingOptions()))  # fmt: skip
+    encoder = _Encoder(
+        tokenizer,
+        None,
+        options.get("system_prompt"),
+        options.get("assistant_turns", "all"),
+        FormatOptions(),
+        options.get("thinking", ThinkingOptions()),
+    )
     conversations = list(encoder.conversations(from_list(records)[:]))
     located = encoder.locator.samples(conversations)
     wanted = [reference(encoder, conversation) for conversation in conversations]
@@ -158,9 +194,7 @@ def tokens(tokenizer, sample) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("assistant_turns", ["all", "last"])
-@pytest.mark.parametrize(
-    "name", ["chatml", "qwen_style", "tools", "qwen3", *DERIVED, "demo", "smollm2"]
-)
+@pytest.mark.parametrize("name", ["chatml", "qwen_style", "tools", "qwen3", *DERIVED, "demo", "smollm2"])
 def test_located_samples_are_the_prefix_rules_on_every_test_record(request, tmp_path, name, assistant_turns):
     tokenizer = tokenizer_named(request, name)
     located = assert_located_exactly(tokenizer, RECORDS, tmp_path, assistant_turns=assistant_turns)
@@ -170,7 +204,11 @@ def test_located_samples_are_the_prefix_rules_on_every_test_record(request, tmp_
 @pytest.mark.parametrize("name", ["qwen_style", "demo", "smollm2"])
 def test_located_samples_are_the_prefix_rules_on_the_bundled_data(request, tmp_path, name):
     tokenizer = tokenizer_named(request, name)
-    records = [record for split in ("train", "eval") for record in json.loads((DATA / "sum_to_x" / f"{split}.json").read_text())]
+    records = [
+        record
+        for split in ("train", "eval")
+        for record in json.loads((DATA / "sum_to_x" / f"{split}.json").read_text())
+    ]
     assert assert_located_exactly(tokenizer, records, tmp_path) == len(records)
 
 

@@ -80,8 +80,10 @@ def test_hub_id_that_does_not_resolve_offline(monkeypatch, tmp_path):
     with pytest.raises(DataError) as err:
         load_data("someorg/no-such-set:cfg@test")
     message = str(err.value)
-    assert message.startswith("someorg/no-such-set:cfg@test: no such file or directory, and the Hub dataset "
-                              "'someorg/no-such-set' (config cfg, split test) cannot be loaded:")
+    assert message.startswith(
+        "someorg/no-such-set:cfg@test: no such file or directory, and the Hub dataset "
+        "'someorg/no-such-set' (config cfg, split test) cannot be loaded:"
+    )
     assert "\n" not in message
 
 

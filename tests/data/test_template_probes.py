@@ -55,8 +55,9 @@ def test_other_think_spellings_opened_by_the_prompt(tag):
 
 
 def test_a_template_that_raises_on_the_probes_has_no_traits():
-    tokenizer = _base().__class__(tokenizer_object=_base().backend_tokenizer,
-                                  chat_template="{{ raise_exception('needs tools') }}")  # fmt: skip
+    tokenizer = _base().__class__(
+        tokenizer_object=_base().backend_tokenizer, chat_template="{{ raise_exception('needs tools') }}"
+    )
     assert probe_template(tokenizer, ()) == TemplateTraits(None, None, None)
 
 

@@ -25,7 +25,7 @@ def test_each_assistant_reply_and_its_end_of_turn_are_the_spans(chatml_tokenizer
     assert trained(sample.text, sample.spans) == ["4<|im_end|>", "6<|im_end|>"]
     assert sample.turns == [2, 4]
     prompt = chatml_tokenizer.apply_chat_template(CHAT[:4], tokenize=False, add_generation_prompt=True)
-    assert sample.text.startswith(prompt) and sample.text[len(prompt):].startswith("6<|im_end|>")
+    assert sample.text.startswith(prompt) and sample.text[len(prompt) :].startswith("6<|im_end|>")
 
 
 def test_only_the_last_turn_when_asked(chatml_tokenizer):
@@ -36,8 +36,9 @@ def test_only_the_last_turn_when_asked(chatml_tokenizer):
 
 def test_a_template_that_rewrites_the_content_is_refused_naming_the_turn(chatml_tokenizer):
     shouting = chatml_tokenizer.chat_template.replace("message['content']", "message['content'] | upper")
-    tokenizer = chatml_tokenizer.__class__(tokenizer_object=chatml_tokenizer.backend_tokenizer,
-                                           eos_token="<|im_end|>", chat_template=shouting)  # fmt: skip
+    tokenizer = chatml_tokenizer.__class__(
+        tokenizer_object=chatml_tokenizer.backend_tokenizer, eos_token="<|im_end|>", chat_template=shouting
+    )
     with pytest.raises(TemplateError, match="changes the content of assistant turn 1"):
         render_samples(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
 
@@ -93,8 +94,10 @@ def test_a_wrapper_and_a_second_end_of_turn_token_are_trained(chatml_tokenizer):
 def test_an_error_the_template_raises_is_one_line_naming_it(chatml_tokenizer):
     needs_tools = "{{ messages[0]['content'] + tools }}"  # None without tools: a TypeError inside Jinja
     refusing = "{{ raise_exception('System role not supported') }}"
-    for template, said in [(refusing, "an exception: System role not supported"),
-                           (needs_tools, 'TypeError: can only concatenate str (not "NoneType") to str')]:  # fmt: skip
+    for template, said in [
+        (refusing, "an exception: System role not supported"),
+        (needs_tools, 'TypeError: can only concatenate str (not "NoneType") to str'),
+    ]:
         tokenizer = _with_template(chatml_tokenizer, template)
         with pytest.raises(TemplateError) as err:
             render_samples(tokenizer, CHAT[1:3])
@@ -110,8 +113,9 @@ def test_a_content_that_also_stands_in_a_header_is_found_where_the_answer_is(cha
         "{{ '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' }}{%- endif %}{%- endfor %}"
         "{%- if add_generation_prompt %}{{ '<|start|>assistant' }}{%- endif %}"
     )
-    tokenizer = _with_template(chatml_tokenizer, template, "<|start|>", "<|end|>", "<|channel|>", "<|message|>",
-                               "<|return|>")  # fmt: skip
+    tokenizer = _with_template(
+        chatml_tokenizer, template, "<|start|>", "<|end|>", "<|channel|>", "<|message|>", "<|return|>"
+    )
     turn = {"role": "assistant", "content": "assistant", "reasoning_content": "hmm"}
     (sample,) = render_samples(tokenizer, [{"role": "user", "content": "who?"}, turn])
     assert trained(sample.text, sample.spans) == [
@@ -123,10 +127,13 @@ def test_a_system_prompt_moved_elsewhere_than_the_last_user_turn_is_refused(chat
     # The Mistral v0.3 shape (system prompt in the user turn that is the last message) is trained turn by turn
     # (tests/data/test_template_shapes.py); a template that moves it into the assistant turn instead would have it
     # trained as part of the reply, so it is refused.
-    template = MISTRAL.replace("loop.last or loop_messages[loop.index0 + 1:] | selectattr('role', 'equalto', "
-                               "'user') | list | length == 0", "loop.last").replace(
+    template = MISTRAL.replace(
+        "loop.last or loop_messages[loop.index0 + 1:] | selectattr('role', 'equalto', 'user') | list | length == 0",
+        "loop.last",
+    ).replace(
         "{{ ' ' + m['content'] + '</s>' }}",
-        "{{ ' ' + (system + ' ' if loop.last and system else '') + m['content'] + '</s>' }}")  # fmt: skip
+        "{{ ' ' + (system + ' ' if loop.last and system else '') + m['content'] + '</s>' }}",
+    )
     tokenizer = _with_template(chatml_tokenizer, template, "<s>", "</s>", "[INST]", "[/INST]")
     assert tokenizer.apply_chat_template(CHAT[:3], tokenize=False).endswith("[/INST] Be brief. 4</s>")
     with pytest.raises(TemplateError, match="generation prompt is not a prefix of assistant turn 2"):
@@ -141,6 +148,9 @@ def test_ignore_index_has_one_definition():
     import hf_lora_ds
 
     package = Path(hf_lora_ds.__file__).parent
-    defining = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
-                      if re.search(r"^IGNORE_INDEX\s*=", path.read_text(encoding="utf-8"), re.M))  # fmt: skip
+    defining = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if re.search(r"^IGNORE_INDEX\s*=", path.read_text(encoding="utf-8"), re.M)
+    )
     assert defining == ["data/template_rule.py"]

@@ -42,11 +42,33 @@ SOURCES = {
     "mistral_nemo_instruct_2407": "mistralai/Mistral-Nemo-Instruct-2407 chat_template, as its GGUF's "
     "tokenizer.chat_template metadata prints it",
 }
-MISTRAL_SPECIALS = ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-                    "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]  # fmt: skip
+MISTRAL_SPECIALS = [
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+]
 TOKENS = {  # special tokens, eos, bos as each model's tokenizer_config.json has them
-    "glm4_9b_chat": (["[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
-                      "<|observation|>"], "<|endoftext|>", None),  # fmt: skip
+    "glm4_9b_chat": (
+        [
+            "[MASK]",
+            "[gMASK]",
+            "[sMASK]",
+            "<sop>",
+            "<eop>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|observation|>",
+        ],
+        "<|endoftext|>",
+        None,
+    ),
     "mixtral_8x22b_v3_default": (MISTRAL_SPECIALS, "</s>", "<s>"),
     "mistral_7b_instruct_v0_3": (MISTRAL_SPECIALS, "</s>", "<s>"),
     "mistral_nemo_instruct_2407": (MISTRAL_SPECIALS, "</s>", "<s>"),
@@ -69,24 +91,48 @@ REPLIES = {
 }
 
 SYSTEM = {"role": "system", "content": "Be brief."}
-TURNS = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "the cat sat"},
-         {"role": "user", "content": "Why so?"}, {"role": "assistant", "content": "on a mat"}]  # fmt: skip
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TURNS = [
+    {"role": "user", "content": "Hello there"},
+    {"role": "assistant", "content": "the cat sat"},
+    {"role": "user", "content": "Why so?"},
+    {"role": "assistant", "content": "on a mat"},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 RECORDS = {
     "single": {"messages": TURNS[:2]},
     "single_system": {"messages": [SYSTEM, *TURNS[:2]]},
     "multi": {"messages": TURNS},
     "multi_system": {"messages": [SYSTEM, *TURNS]},
     "alpaca": {"instruction": "Add 12 and 3", "input": "12 3", "output": "15", "system": "Be brief."},
-    "tools": {"tools": TOOLS, "messages": [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "id": "call12345",
-             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": "sunny", "tool_call_id": "call12345"},
-        {"role": "assistant", "content": "It is sunny."}]},
-}  # fmt: skip
+    "tools": {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "id": "call12345",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                    }
+                ],
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "call12345"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+    },
+}
 # The records a template itself cannot take, and the line that says so.
 REFUSED = {
     ("glm4_9b_chat", "tools"): "does not render the tool call 'get_weather' of assistant turn 1",  # no tool_calls
@@ -124,8 +170,9 @@ def ids(name: str, text: str) -> list[int]:
 
 def expected_turn(name: str, messages: list[dict], i: int) -> tuple[list[int], list[int]]:
     """Turn ``i``'s inference prompt ids (the template's render, as inference makes it) and its reply's ids."""
-    prompt = tokenizer(name).apply_chat_template(messages[:i], tools=_tools(messages), tokenize=False,
-                                                 add_generation_prompt=True)  # fmt: skip
+    prompt = tokenizer(name).apply_chat_template(
+        messages[:i], tools=_tools(messages), tokenize=False, add_generation_prompt=True
+    )
     content = "CALL" if messages[i].get("tool_calls") else messages[i]["content"]
     return ids(name, prompt), ids(name, REPLIES[name](content))
 

@@ -72,7 +72,11 @@ def test_reasoning_trained_or_masked_and_inline_think_is_the_same(qwen3_tokenize
 def test_answer_without_reasoning_gets_the_empty_think_block(qwen3_tokenizer, tmp_path, empty_think):
     record = {"instruction": "12=", "output": "3 + 9"}
     got = samples([record], qwen3_tokenizer, tmp_path, thinking=ThinkingOptions(empty_think=empty_think))
-    pieces = [(USER.format("12="), False), ("<think>\n\n</think>\n\n", empty_think == "train"), ("3 + 9<|im_end|>", True)]
+    pieces = [
+        (USER.format("12="), False),
+        ("<think>\n\n</think>\n\n", empty_think == "train"),
+        ("3 + 9<|im_end|>", True),
+    ]
     assert got == [expected(qwen3_tokenizer, [*pieces, ("\n", False)])]
 
 

@@ -41,26 +41,54 @@ NAMES = sorted(name for name in ORIGINALS if name not in LIST_CONTENT)
 DEFAULTS = ThinkingOptions()
 DEEPSEEK_CLOSE = "\n</think>\n\n"
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 RECORDS = {
-    "single": {"messages": [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "the cat sat"}]},
-    "multi_system": {"messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"},
-        {"role": "assistant", "content": "the cat sat"}, {"role": "user", "content": "Why so?"},
-        {"role": "assistant", "content": "on a mat"}]},
+    "single": {
+        "messages": [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "the cat sat"}]
+    },
+    "multi_system": {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": "the cat sat"},
+            {"role": "user", "content": "Why so?"},
+            {"role": "assistant", "content": "on a mat"},
+        ]
+    },
     "alpaca": {"instruction": "Add 12 and 3", "input": "12 3", "output": "15"},
-    "reasoning": {"messages": [
-        {"role": "user", "content": "Hello there"},
-        {"role": "assistant", "content": "the cat sat", "reasoning_content": "why how"},
-        {"role": "user", "content": "Why so?"},
-        {"role": "assistant", "content": "on a mat", "reasoning_content": "how 12 + 3"}]},
-    "tools": {"tools": TOOLS, "messages": [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "It is sunny."}]},
-}  # fmt: skip
+    "reasoning": {
+        "messages": [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": "the cat sat", "reasoning_content": "why how"},
+            {"role": "user", "content": "Why so?"},
+            {"role": "assistant", "content": "on a mat", "reasoning_content": "how 12 + 3"},
+        ]
+    },
+    "tools": {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+                ],
+            },
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+    },
+}
 
 
 @functools.cache
@@ -91,12 +119,14 @@ def expected_turn(enc: _Encoder, messages: list[dict], i: int, tools) -> tuple[l
     tokenizer, options = enc.tokenizer, enc.thinking
     reasoning = (messages[i].get("reasoning_content") or "").strip()
     on = bool(reasoning) or options.empty_think == "train"
-    prompt = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True,
-                                           enable_thinking=on)  # fmt: skip
+    prompt = tokenizer.apply_chat_template(
+        messages[:i], tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=on
+    )
     through = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False, enable_thinking=on)
     specials = sorted(tokenizer.all_special_tokens, key=len, reverse=True)
-    probe = tokenizer.apply_chat_template(messages[:i] + [{**messages[i], "reasoning_content": "PROBE"}],
-                                          tools=tools, tokenize=False, enable_thinking=on)  # fmt: skip
+    probe = tokenizer.apply_chat_template(
+        messages[:i] + [{**messages[i], "reasoning_content": "PROBE"}], tools=tools, tokenize=False, enable_thinking=on
+    )
     if not through.startswith(prompt) and probe.startswith(prompt) and "PROBE" in probe:
         through = probe.replace("PROBE", reasoning)  # Nemotron: an empty block written as <think></think>
     if not through.startswith(prompt):  # DeepSeek: history without the block the prompt opened
@@ -116,9 +146,12 @@ def expected_turn(enc: _Encoder, messages: list[dict], i: int, tools) -> tuple[l
             last += len(token)
         ends = last > answer
     if not ends:  # GLM writes no end-of-turn after a last turn: its stop token is the next turn's first
-        follow = tokenizer.apply_chat_template(messages[: i + 1] + [{"role": "tool" if messages[i].get("tool_calls")
-                                               else "user", "content": "x"}], tools=tools, tokenize=False,
-                                               enable_thinking=on)  # fmt: skip
+        follow = tokenizer.apply_chat_template(
+            messages[: i + 1] + [{"role": "tool" if messages[i].get("tool_calls") else "user", "content": "x"}],
+            tools=tools,
+            tokenize=False,
+            enable_thinking=on,
+        )
         written = messages[i]["content"] or reply[:last]  # a tool call: what the turn wrote
         token = next(t for t in specials if follow.startswith(t, follow.rfind(written) + len(written)))
         reply, last = reply + token, len(reply) + len(token)
@@ -142,8 +175,9 @@ def refusal(enc: _Encoder, record: dict, kind: str) -> str | None:
     try:
         for i in (i for i, message in enumerate(messages) if message["role"] == "assistant"):
             for on in (True, False):
-                tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, enable_thinking=on,
-                                              add_generation_prompt=True)  # fmt: skip
+                tokenizer.apply_chat_template(
+                    messages[:i], tools=tools, tokenize=False, enable_thinking=on, add_generation_prompt=True
+                )
                 tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False, enable_thinking=on)
     except Exception:
         return "raised"
@@ -154,17 +188,22 @@ def refusal(enc: _Encoder, record: dict, kind: str) -> str | None:
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            through = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False,
-                                                    enable_thinking=True)  # fmt: skip
-            prompt = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False,
-                                                   add_generation_prompt=True, enable_thinking=True)  # fmt: skip
+            through = tokenizer.apply_chat_template(
+                messages[: i + 1], tools=tools, tokenize=False, enable_thinking=True
+            )
+            prompt = tokenizer.apply_chat_template(
+                messages[:i], tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=True
+            )
             if message["reasoning_content"] not in through[len(prompt) :] and not prompt.endswith("<think>\n"):
                 return "reasoning"
     return None
 
 
-REFUSALS = {"raised": "the chat template raised", "tool call": "does not render the tool call 'get_weather'",
-            "reasoning": "does not render the reasoning"}  # fmt: skip
+REFUSALS = {
+    "raised": "the chat template raised",
+    "tool call": "does not render the tool call 'get_weather'",
+    "reasoning": "does not render the reasoning",
+}
 
 
 def check_labels(enc: _Encoder, record: dict, kind: str) -> None:
@@ -183,12 +222,18 @@ def check_labels(enc: _Encoder, record: dict, kind: str) -> None:
         for i in turns:
             prompt, target = expected_turn(enc, messages, i, tools)
             stop = len(prompt) + len(target)
-            if row_ids[: len(prompt)] == prompt and labels[len(prompt) : stop] == target and any(
-                label != IGNORE_INDEX for label in target
+            if (
+                row_ids[: len(prompt)] == prompt
+                and labels[len(prompt) : stop] == target
+                and any(label != IGNORE_INDEX for label in target)
             ):
                 found[i] += 1
-                assert row_ids[len(prompt) : stop] == [t for t in ids(enc.tokenizer, enc.tokenizer.decode(
-                    row_ids[len(prompt) : stop], skip_special_tokens=False))], "labels over other tokens"  # fmt: skip
+                assert row_ids[len(prompt) : stop] == [
+                    t
+                    for t in ids(
+                        enc.tokenizer, enc.tokenizer.decode(row_ids[len(prompt) : stop], skip_special_tokens=False)
+                    )
+                ], "labels over other tokens"
                 expected[len(prompt) : stop] = target
         assert labels == expected, "a label outside every trained turn's reply, or a reply label missing"
     assert found == {i: 1 for i in turns}, f"turns trained {found} (each must be trained once)"
@@ -200,8 +245,17 @@ def test_labels_are_the_inference_reply(name, kind):
     check_labels(encoder(name), RECORDS[kind], kind)
 
 
-THINKING = ["qwen3", "qwen3_5_think", "qwen3_8", "deepseek_r1_distill", "gptoss", "nemotron_3_nano", "glm4moe",
-            "muse_glimmer", "gemma4_v5"]  # fmt: skip
+THINKING = [
+    "qwen3",
+    "qwen3_5_think",
+    "qwen3_8",
+    "deepseek_r1_distill",
+    "gptoss",
+    "nemotron_3_nano",
+    "glm4moe",
+    "muse_glimmer",
+    "gemma4_v5",
+]
 
 
 @pytest.mark.parametrize("name", THINKING)
@@ -229,5 +283,7 @@ def test_every_trained_turn_round_trips_to_its_inference_prompt(name):
     kinds = [kind for kind, record in RECORDS.items() if refusal(enc, record, kind) is None]
     table = datasets.Dataset.from_dict({"record": [json.dumps(RECORDS[kind]) for kind in kinds], "where": kinds})
     result = round_trip(SimpleNamespace(encoder=enc, records=table))
-    turns = sum(sum(m["role"] == "assistant" for m in RECORDS[kind].get("messages", [{"role": "assistant"}])) for kind in kinds)
+    turns = sum(
+        sum(m["role"] == "assistant" for m in RECORDS[kind].get("messages", [{"role": "assistant"}])) for kind in kinds
+    )
     assert (result.turns, result.failures, result.first) == (turns, 0, None)

@@ -9,25 +9,39 @@ from hf_lora_ds.data.records import DataError
 from tests.data.peer_records import END, build, chatml, expect, labels_of, sample, trained_chars
 
 JOKE = "I'm doing very well, thank you!"
-TEXT = chatml(("system", "You are an AI assistant."), ("user", "Hello"), ("assistant", "Hello"),
-              ("user", "How are you?"), ("assistant", JOKE), ("user", "Tell me a joke"), ("assistant", "Hi there!"))
+TEXT = chatml(
+    ("system", "You are an AI assistant."),
+    ("user", "Hello"),
+    ("assistant", "Hello"),
+    ("user", "How are you?"),
+    ("assistant", JOKE),
+    ("user", "Tell me a joke"),
+    ("assistant", "Hi there!"),
+)
 
 
 def axolotl_record(**last_turn) -> dict:
     """axolotl's fine-grained example (docs/dataset-formats/conversation.qmd), with flags only where this package
     can honour them: on assistant turns."""
-    return {"conversations": [
-        {"from": "system", "value": "You are an AI assistant.", "train": False},
-        {"from": "human", "value": "Hello", "train": False},
-        {"from": "assistant", "value": "Hello", "train": True},
-        {"from": "human", "value": "How are you?"},
-        {"from": "assistant", "value": JOKE, "train_detail": [
-            {"begin_offset": 0, "end_offset": 8, "train": False},
-            {"begin_offset": 9, "end_offset": 18, "train": True},
-            {"begin_offset": 19, "end_offset": 30, "train": False}]},
-        {"from": "human", "value": "Tell me a joke"},
-        {"from": "assistant", "value": "Hi there!", **last_turn},
-    ]}  # fmt: skip
+    return {
+        "conversations": [
+            {"from": "system", "value": "You are an AI assistant.", "train": False},
+            {"from": "human", "value": "Hello", "train": False},
+            {"from": "assistant", "value": "Hello", "train": True},
+            {"from": "human", "value": "How are you?"},
+            {
+                "from": "assistant",
+                "value": JOKE,
+                "train_detail": [
+                    {"begin_offset": 0, "end_offset": 8, "train": False},
+                    {"begin_offset": 9, "end_offset": 18, "train": True},
+                    {"begin_offset": 19, "end_offset": 30, "train": False},
+                ],
+            },
+            {"from": "human", "value": "Tell me a joke"},
+            {"from": "assistant", "value": "Hi there!", **last_turn},
+        ]
+    }
 
 
 def trained_tokens(tokenizer, trained: list[bool]) -> int:
@@ -52,7 +66,8 @@ def test_axolotl_train_and_train_detail_are_honoured(chatml_tokenizer, tmp_path)
     trained = marked([("Hello" + END, "Hello" + END), (JOKE + END, " very well"), (JOKE + END, END)])
     assert sample(dataset) == labels_of(chatml_tokenizer, TEXT, trained)
     masked = trained_tokens(chatml_tokenizer, marked([(JOKE + END, JOKE)])) - trained_tokens(
-        chatml_tokenizer, marked([(JOKE + END, " very well")]))  # the content's tokens its spans switched off
+        chatml_tokenizer, marked([(JOKE + END, " very well")])
+    )  # the content's tokens its spans switched off
     assert dataset.flag_counts == {"turns_off": 1, "turns_on": 0, "tokens_masked": masked, "tokens_on": 0}
 
 
@@ -61,8 +76,16 @@ def test_a_token_straddling_a_span_edge_follows_its_first_character(chatml_token
     encoded = chatml_tokenizer(content, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     start, end = next((a, b) for a, b in encoded if b - a > 2)  # a token of several characters
     cut = start + 1  # inside it
-    record = {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": content,
-              "train_detail": [{"begin_offset": cut, "end_offset": len(content) - 1, "train": False}]}]}  # fmt: skip
+    record = {
+        "messages": [
+            {"role": "user", "content": "Hello"},
+            {
+                "role": "assistant",
+                "content": content,
+                "train_detail": [{"begin_offset": cut, "end_offset": len(content) - 1, "train": False}],
+            },
+        ]
+    }
     text = chatml(("user", "Hello"), ("assistant", content))
     ids, labels = sample(build([record], chatml_tokenizer, tmp_path))
     at = text.index(content)
@@ -70,8 +93,13 @@ def test_a_token_straddling_a_span_edge_follows_its_first_character(chatml_token
     for i in range(at + cut, at + len(content)):
         trained[i] = False
     assert (ids, labels) == labels_of(chatml_tokenizer, text, trained)
-    token = next(k for k, (a, _) in enumerate(chatml_tokenizer(text, add_special_tokens=False,
-                 return_offsets_mapping=True)["offset_mapping"]) if a == at + start)  # fmt: skip
+    token = next(
+        k
+        for k, (a, _) in enumerate(
+            chatml_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        )
+        if a == at + start
+    )
     assert labels[token] == ids[token] and labels[token + 1] == -100  # straddler trained, the next token not
 
 
@@ -82,8 +110,12 @@ def test_a_token_straddling_a_span_edge_follows_its_first_character(chatml_token
 def test_each_peers_turn_flag_switches_turns_off_and_on(key, off, on, chatml_tokenizer, tmp_path):
     """OpenAI weight, LLaMA-Factory v1 loss_weight, ms-swift loss_scale / loss, axolotl train: the first assistant
     turn switched off; with --assistant_turns last, the first switched back on by its flag (the flag wins)."""
-    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Bonjour!", key: off},
-                {"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "cats.", key: on}]
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Bonjour!", key: off},
+        {"role": "user", "content": "Tell me a joke"},
+        {"role": "assistant", "content": "cats.", key: on},
+    ]
     text = chatml(("user", "Hello"), ("assistant", "Bonjour!"), ("user", "Tell me a joke"), ("assistant", "cats."))
     dataset = build([{"messages": messages}], chatml_tokenizer, tmp_path)
     assert sample(dataset) == expect(chatml_tokenizer, text, ["cats." + END])
@@ -114,22 +146,42 @@ def test_span_training_inside_a_turn_the_flag_switches_off(chatml_tokenizer, tmp
 @pytest.mark.parametrize(
     ("message", "error"),
     [
-        ({"role": "assistant", "content": "a", "weight": 0.5},
-         r"^record 0: field 'messages\[1\].weight' is 0.5: only 0 \(not trained\) or 1 \(trained\) is supported"),
+        (
+            {"role": "assistant", "content": "a", "weight": 0.5},
+            r"^record 0: field 'messages\[1\].weight' is 0.5: only 0 \(not trained\) or 1 \(trained\) is supported",
+        ),
         ({"role": "assistant", "content": "a", "loss_scale": 2}, r"field 'messages\[1\].loss_scale' is 2: only 0"),
         ({"role": "assistant", "content": "a", "train": "yes"}, r"field 'messages\[1\].train' must be true or false"),
-        ({"role": "assistant", "content": "a", "train": True, "weight": 0},
-         r"field 'messages\[1\]': contradictory training flags \(train=True, weight=0\)"),
-        ({"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 1, "end_offset": 3, "train": True}]},
-         r"field 'messages\[1\].train_detail\[0\]': offsets 1-3 \(inclusive\) are outside the content's 3 characters"),
-        ({"role": "assistant", "content": "abc", "train_detail": [
-            {"begin_offset": 0, "end_offset": 1, "train": True}, {"begin_offset": 1, "end_offset": 2, "train": False}]},
-         r"field 'messages\[1\].train_detail': spans overlap \(at character 1\)"),
-        ({"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 0, "end_offset": 1}]},
-         r"field 'messages\[1\].train_detail\[0\]' needs integer begin_offset and end_offset and a boolean train"),
+        (
+            {"role": "assistant", "content": "a", "train": True, "weight": 0},
+            r"field 'messages\[1\]': contradictory training flags \(train=True, weight=0\)",
+        ),
+        (
+            {
+                "role": "assistant",
+                "content": "abc",
+                "train_detail": [{"begin_offset": 1, "end_offset": 3, "train": True}],
+            },
+            r"field 'messages\[1\].train_detail\[0\]': offsets 1-3 \(inclusive\) are outside the content's 3 characters",
+        ),
+        (
+            {
+                "role": "assistant",
+                "content": "abc",
+                "train_detail": [
+                    {"begin_offset": 0, "end_offset": 1, "train": True},
+                    {"begin_offset": 1, "end_offset": 2, "train": False},
+                ],
+            },
+            r"field 'messages\[1\].train_detail': spans overlap \(at character 1\)",
+        ),
+        (
+            {"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 0, "end_offset": 1}]},
+            r"field 'messages\[1\].train_detail\[0\]' needs integer begin_offset and end_offset and a boolean train",
+        ),
         ({"role": "assistant", "content": "a", "weight": 0}, r"^record 0: no assistant turn is trained"),
     ],
-)  # fmt: skip
+)
 def test_flags_that_cannot_be_honoured_exactly_are_refused_in_one_line(message, error, chatml_tokenizer, tmp_path):
     record = {"messages": [{"role": "user", "content": "q"}, message]}
     with pytest.raises(DataError, match=error) as err:
@@ -147,11 +199,22 @@ def test_a_flag_that_would_train_a_user_turn_is_refused_and_one_that_keeps_it_of
 
 def test_flags_keep_to_their_turn_when_a_system_turn_is_put_first(chatml_tokenizer, tmp_path):
     """ShareGPT's record-level system and --system_prompt both insert a turn before the flagged ones."""
-    record = {"system": "Be brief.", "conversations": [
-        {"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Bonjour!", "weight": 0},
-        {"from": "human", "value": "Tell me a joke"}, {"from": "gpt", "value": "cats."}]}  # fmt: skip
-    text = chatml(("system", "Be brief."), ("user", "Hello"), ("assistant", "Bonjour!"), ("user", "Tell me a joke"),
-                  ("assistant", "cats."))  # fmt: skip
+    record = {
+        "system": "Be brief.",
+        "conversations": [
+            {"from": "human", "value": "Hello"},
+            {"from": "gpt", "value": "Bonjour!", "weight": 0},
+            {"from": "human", "value": "Tell me a joke"},
+            {"from": "gpt", "value": "cats."},
+        ],
+    }
+    text = chatml(
+        ("system", "Be brief."),
+        ("user", "Hello"),
+        ("assistant", "Bonjour!"),
+        ("user", "Tell me a joke"),
+        ("assistant", "cats."),
+    )
     assert sample(build([record], chatml_tokenizer, tmp_path)) == expect(chatml_tokenizer, text, ["cats." + END])
     del record["system"]
     prompted = build([record], chatml_tokenizer, tmp_path / "b", system_prompt="Be brief.")

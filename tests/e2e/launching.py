@@ -32,9 +32,20 @@ CONFIGS = sorted(path.stem for path in (REPO / "ds_configs").glob("*.json"))
 LAUNCH_TIMEOUT_S = 600
 SFT_STEPS, SFT_PER_DEVICE = 4, 4  # sft_args' short run
 _INHERITED_LAUNCH_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
-)  # fmt: skip
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "MV2_COMM_WORLD_SIZE",
+)
 
 
 def free_port() -> int:
@@ -61,8 +72,17 @@ def launcher(kind: str, nproc: int = 1, accelerate_config: str | Path | None = N
     if kind == "accelerate":
         config = Path(accelerate_config)
         config = config if config.suffix else REPO / "accelerate_configs" / f"{config}.yaml"
-        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                "--num_processes", str(nproc), "--main_process_port", port]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config),
+            "--num_processes",
+            str(nproc),
+            "--main_process_port",
+            port,
+        ]
     if kind == "deepspeed":
         return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port", port]
     if kind == "torchrun":
@@ -76,15 +96,40 @@ def launcher(kind: str, nproc: int = 1, accelerate_config: str | Path | None = N
 def sft_args(model_dir: Path, data: dict[str, Path], out: Path, *extra: str, eval_file: bool = True) -> list[str]:
     """A short run: 4 steps of 4 samples per rank at a learning rate that lowers the loss within those steps."""
     return [
-        "--model_name_or_path", str(model_dir), "--train_file", str(data["train"]),
-        "--eval_file", str(data["eval"]) if eval_file else "", "--output_dir", str(out),
-        "--dataset_cache_dir", str(out.parent / "dataset-cache"),
-        "--max_steps", str(SFT_STEPS), "--per_device_train_batch_size", str(SFT_PER_DEVICE),
-        "--per_device_eval_batch_size", "8",
-        "--learning_rate", "2e-2", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
-        "--logging_steps", "1", "--save_strategy", "no", "--seed", "0", "--report_to", "none",
-        "--disable_tqdm", "true", *extra,
-    ]  # fmt: skip
+        "--model_name_or_path",
+        str(model_dir),
+        "--train_file",
+        str(data["train"]),
+        "--eval_file",
+        str(data["eval"]) if eval_file else "",
+        "--output_dir",
+        str(out),
+        "--dataset_cache_dir",
+        str(out.parent / "dataset-cache"),
+        "--max_steps",
+        str(SFT_STEPS),
+        "--per_device_train_batch_size",
+        str(SFT_PER_DEVICE),
+        "--per_device_eval_batch_size",
+        "8",
+        "--learning_rate",
+        "2e-2",
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--seed",
+        "0",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        *extra,
+    ]
 
 
 @dataclass
@@ -98,8 +143,9 @@ class Launch:
 def start(command: list[str], log) -> subprocess.Popen:
     """The launcher in a session of its own: a timed-out test kills its ranks with it (killing the launcher alone
     leaves them running, and a rank killed inside DeepSpeed's op build leaves the build's lock for the next test)."""
-    return subprocess.Popen(command, cwd=REPO, env=launch_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=REPO, env=launch_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def wait_or_kill(process: subprocess.Popen, timeout: float) -> int:
@@ -152,8 +198,10 @@ def run_two_nodes(kind: str, args: list[str], log_dir: Path, timeout: int = LAUN
                 kill_group(node)
             log.close()
     seconds, now = time.perf_counter() - begin, time.time()
-    return [Launch(code, (log_dir / f"node{rank}.log").read_text(errors="replace"), seconds, now)
-            for rank, code in enumerate(codes)]  # fmt: skip
+    return [
+        Launch(code, (log_dir / f"node{rank}.log").read_text(errors="replace"), seconds, now)
+        for rank, code in enumerate(codes)
+    ]
 
 
 def variant_args(variants: dict[str, str]) -> list[str]:
@@ -193,8 +241,10 @@ def world_lines(log: str) -> list[str]:
 
 
 def rank_samples(out: Path, world_size: int) -> list[list[tuple[int, ...]]]:
-    return [[tuple(ids) for ids in json.loads((out / f"e2e_samples_rank{rank}.json").read_text())]
-            for rank in range(world_size)]  # fmt: skip
+    return [
+        [tuple(ids) for ids in json.loads((out / f"e2e_samples_rank{rank}.json").read_text())]
+        for rank in range(world_size)
+    ]
 
 
 def recorded_steps(out: Path, world_size: int) -> list[dict]:
@@ -245,8 +295,9 @@ def check_whole_job(out: Path, log: str, world_size: int, num_samples: int = 6) 
     assert table[2].split()[0] == "accuracy" and len(table[2].split()) == 3, table[:3]
     report = eval_report(out)
     assert set(report) == {"before", "after"}
-    assert all(report[phase]["num_samples"] == num_samples and report[phase]["world_size"] == world_size
-               for phase in report)  # fmt: skip
+    assert all(
+        report[phase]["num_samples"] == num_samples and report[phase]["world_size"] == world_size for phase in report
+    )
     assert table[2].split()[1:] == [f"{report[phase]['accuracy']:.3f}" for phase in ("before", "after")], table[2]
     assert 'alt="accuracy before and after"' in (out / "report.html").read_text(encoding="utf-8")
 

@@ -33,8 +33,10 @@ _HOST_KEY_ALIAS = "hf-lora-ds-loopback-sshd"
 
 def ssh_tools() -> dict[str, str]:
     """The programs the hostfile path needs, or a skip that names the missing ones."""
-    found = {name: shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
-             for name in ("sshd", "ssh", "ssh-keygen", "pdsh")}  # fmt: skip
+    found = {
+        name: shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
+        for name in ("sshd", "ssh", "ssh-keygen", "pdsh")
+    }
     missing = sorted(name for name, path in found.items() if path is None)
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (apt-get install openssh-server pdsh; .ci/run does)")
@@ -79,8 +81,9 @@ def loopback_sshd(root: Path) -> Iterator[dict[str, str]]:
     ssh.chmod(0o755)
 
     log = open(root / "sshd.log", "w")
-    sshd = subprocess.Popen([tools["sshd"], "-D", "-e", "-f", str(root / "sshd_config")],
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    sshd = subprocess.Popen(
+        [tools["sshd"], "-D", "-e", "-f", str(root / "sshd_config")], stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         _wait_for_port(port, sshd, root / "sshd.log")
         yield {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -42,8 +42,9 @@ CASES = {
 def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model_dir, sum_data, tmp_path):
     out = tmp_path / "out"
     in_run_eval = ["--eval_strategy", "steps", "--eval_steps", "2"] if config == "zero3" else []
-    args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", "2", "--save_strategy", "steps",
-                    "--save_steps", "2", *in_run_eval)  # fmt: skip
+    args = sft_args(
+        tiny_model_dir, sum_data, out, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", *in_run_eval
+    )
     launch = run(launcher("accelerate", 2, config) + [str(ENTRY)] + args, tmp_path / "run.log")
     check_ok(launch)
     check_whole_job(out, launch.log, world_size=2)
@@ -71,8 +72,10 @@ def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model
 # ds_configs/stage3_offload.json. A --deepspeed flag that disagrees with the Accelerate config is refused at the same
 # boundary before loading; its message, from the variables accelerate exports, is tested in
 # tests/launch/test_accelerate_launch.py.
-REFUSED_4BIT = ("--load_in_4bit with a DeepSpeed config that offloads parameters (DeepSpeed ZeRO-3, offload optimizer "
-                "cpu, parameters cpu)")  # fmt: skip
+REFUSED_4BIT = (
+    "--load_in_4bit with a DeepSpeed config that offloads parameters (DeepSpeed ZeRO-3, offload optimizer "
+    "cpu, parameters cpu)"
+)
 
 
 @pytest.mark.slow

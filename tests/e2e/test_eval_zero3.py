@@ -44,9 +44,24 @@ def answering_model(tmp_path_factory):
 def test_zero3_two_ranks_eval_accuracy_matches_one_process(answering_model, tmp_path):
     model_dir, data = answering_model
     out = tmp_path / "out"
-    args = sft_args(model_dir, data, out, "--deepspeed", "ds_configs/stage3.json", "--learning_rate", "3e-3",
-                    "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "steps", "--save_steps", "2")
-    launch = run(launcher("deepspeed", 2) + [str(RUN_SFT)] + args, tmp_path / "launch.log")  # fmt: skip
+    args = sft_args(
+        model_dir,
+        data,
+        out,
+        "--deepspeed",
+        "ds_configs/stage3.json",
+        "--learning_rate",
+        "3e-3",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+    )
+    launch = run(launcher("deepspeed", 2) + [str(RUN_SFT)] + args, tmp_path / "launch.log")
     check_ok(launch)
 
     history = trainer_state(out)["log_history"]
@@ -58,8 +73,19 @@ def test_zero3_two_ranks_eval_accuracy_matches_one_process(answering_model, tmp_
 
     def one_process(name: str, adapter: list[str]) -> tuple[dict, list[dict]]:
         single = tmp_path / f"single-{name}"
-        command = ["--model_name_or_path", str(model_dir), *adapter, "--task", "sum_to_x", "--data", str(data["eval"]),
-                   "--batch_size", "8", "--output_dir", str(single)]  # fmt: skip
+        command = [
+            "--model_name_or_path",
+            str(model_dir),
+            *adapter,
+            "--task",
+            "sum_to_x",
+            "--data",
+            str(data["eval"]),
+            "--batch_size",
+            "8",
+            "--output_dir",
+            str(single),
+        ]
         assert eval_main(command) == 0
         summary = json.loads((single / "eval_report.json").read_text())["eval"]
         assert summary["world_size"] == 1

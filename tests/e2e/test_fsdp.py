@@ -32,9 +32,25 @@ from tests.e2e.launching import (
 
 
 def _launch(tiny_model_dir, sum_data, out, log, *extra, evaluated: bool = False):
-    args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", "3", "--nan_grad_rank", "1", "--nan_grad_step", "2",
-                    "--on_nonfinite", "skip", "--save_strategy", "steps", "--save_steps", "1", *extra,
-                    eval_file=evaluated)  # fmt: skip
+    args = sft_args(
+        tiny_model_dir,
+        sum_data,
+        out,
+        "--max_steps",
+        "3",
+        "--nan_grad_rank",
+        "1",
+        "--nan_grad_step",
+        "2",
+        "--on_nonfinite",
+        "skip",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        *extra,
+        eval_file=evaluated,
+    )
     return run(launcher("torchrun", 2) + [str(ENTRY)] + args, log)
 
 

@@ -49,16 +49,30 @@ def accelerate_config(tmp_path: Path, state_dict_type: str, efficient: bool, **f
     """The shipped ``accelerate_configs/fsdp2.yaml`` as a CPU user runs it: ``use_cpu: true``, and the values asked."""
     config = yaml.safe_load((REPO / "accelerate_configs" / "fsdp2.yaml").read_text())
     config["use_cpu"] = True
-    config["fsdp_config"].update(fsdp_state_dict_type=state_dict_type, fsdp_cpu_ram_efficient_loading=efficient,
-                                 **{f"fsdp_{key}": value for key, value in fsdp.items()})  # fmt: skip
+    config["fsdp_config"].update(
+        fsdp_state_dict_type=state_dict_type,
+        fsdp_cpu_ram_efficient_loading=efficient,
+        **{f"fsdp_{key}": value for key, value in fsdp.items()},
+    )
     path = tmp_path / f"fsdp2-{state_dict_type}-{efficient}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 def launch(state_dict_type: str, out: Path, tiny_model_dir, sum_data, tmp_path, *extra, evaluated: bool = False):
-    args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", str(STEPS), "--save_strategy", "steps",
-                    "--save_steps", "2", *extra, eval_file=evaluated)  # fmt: skip
+    args = sft_args(
+        tiny_model_dir,
+        sum_data,
+        out,
+        "--max_steps",
+        str(STEPS),
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        *extra,
+        eval_file=evaluated,
+    )
     command = launcher("accelerate", 2, accelerate_config(tmp_path, state_dict_type, RUNS[state_dict_type]))
     return run(command + [str(ENTRY)] + args, tmp_path / f"{out.name}.log")
 
@@ -114,12 +128,16 @@ def test_parameter_offload_is_refused_in_one_line_on_a_cpu(tiny_model_dir, sum_d
     QLoRA refusal is the same check's, tests/launch/test_arguments.py)."""
     config = accelerate_config(tmp_path, "FULL_STATE_DICT", False, offload_params=True)
     out = tmp_path / "out"
-    refused = run(launcher("accelerate", 2, config) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out,
-                  eval_file=False), tmp_path / "refused.log")  # fmt: skip
+    refused = run(
+        launcher("accelerate", 2, config) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out, eval_file=False),
+        tmp_path / "refused.log",
+    )
     assert refused.returncode != 0
     errors = printed_lines(refused.log, "error: ")
-    assert errors == ["error: FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
-                      "has none: drop cpu_offload (fsdp_configs/fsdp2.json)"], refused.log[-3000:]  # fmt: skip
+    assert errors == [
+        "error: FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
+        "has none: drop cpu_offload (fsdp_configs/fsdp2.json)"
+    ], refused.log[-3000:]
     # The launcher reports the failed ranks with a traceback of its own; the ranks themselves print none.
     assert not re.search(r"^\[rank\d\]: Traceback", refused.log, flags=re.MULTILINE), refused.log[-3000:]
     assert "engine:" not in refused.log and not out.exists(), "refused only after the model was loaded"

@@ -67,7 +67,7 @@ def launch_runs(root) -> dict[tuple[str, int], dict[str, str]]:
             **{config: config_flag(config) for config in CONFIGS},
             "auto": "--deepspeed auto",
             "stage3_all_checkpointed": f"--deepspeed {stage3_every_parameter_partitioned(root)} "
-                                       "--activation_checkpointing true",
+            "--activation_checkpointing true",
         },
         ("deepspeed", 1): {"stage3_offload": config_flag("stage3_offload")},
         ("torchrun", 2): {"ddp": "", "stage3": config_flag("stage3"), "auto": "--deepspeed auto"},
@@ -76,7 +76,7 @@ def launch_runs(root) -> dict[tuple[str, int], dict[str, str]]:
             "stage2_file": f"--deepspeed {stage2}",
             "stage2_base64": f"--deepspeed {base64.urlsafe_b64encode(stage2.read_bytes()).decode()}",
         },
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")

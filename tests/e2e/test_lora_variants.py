@@ -28,8 +28,20 @@ LEARNING_RATE = 2e-3
 
 def launch_variants(kind: str, variants: dict[str, str], sum_data, tmp_path):
     out = tmp_path / kind
-    args = sft_args(BASE, sum_data, out, "--max_steps", "2", "--learning_rate", str(LEARNING_RATE), "--lora_dropout", "0",
-                    "--lora_init_samples", "16", eval_file=False)  # fmt: skip
+    args = sft_args(
+        BASE,
+        sum_data,
+        out,
+        "--max_steps",
+        "2",
+        "--learning_rate",
+        str(LEARNING_RATE),
+        "--lora_dropout",
+        "0",
+        "--lora_init_samples",
+        "16",
+        eval_file=False,
+    )
     choices = [option for name, extra in variants.items() for option in ("--variant", f"{name}:{extra}")]
     launch = run(launcher(kind, 2) + [str(ENTRY), "--record_logits", *choices] + args, tmp_path / f"{kind}.log")
     check_ok(launch)
@@ -44,10 +56,16 @@ def check_saved_adapter(out, rank: int, quantized: bool = False) -> dict:
     config = json.loads((out / "adapter_config.json").read_text())
     assert (config["r"], config["init_lora_weights"], config["eva_config"]) == (rank, True, None)
     recorded = torch.load(out / "e2e_logits.pt")
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                      bnb_4bit_compute_dtype=torch.float32, bnb_4bit_quant_storage=torch.float32)  # fmt: skip
-    base = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32, device_map={"": "cpu"},
-                                                quantization_config=quantization if quantized else None)  # fmt: skip
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.float32,
+        bnb_4bit_quant_storage=torch.float32,
+    )
+    base = AutoModelForCausalLM.from_pretrained(
+        BASE, dtype=torch.float32, device_map={"": "cpu"}, quantization_config=quantization if quantized else None
+    )
     with torch.no_grad():
         logits = PeftModel.from_pretrained(base, str(out)).eval()(input_ids=recorded["input_ids"]).logits
     scale = recorded["logits"].abs().max()
@@ -57,15 +75,20 @@ def check_saved_adapter(out, rank: int, quantized: bool = False) -> dict:
 
 def test_deepspeed_variants(sum_data, tmp_path):
     pytest.importorskip("bitsandbytes")
-    out, log = launch_variants("deepspeed", {
-        "pissa": f"--lora_init pissa --deepspeed stage3 --eval_file {sum_data['eval']}",
-        "olora": "--lora_init olora --deepspeed stage3",
-        "eva": "--lora_init eva --deepspeed stage3",
-        "corda": "--lora_init corda --deepspeed stage3",
-        "loftq": "--lora_init loftq --load_in_4bit --deepspeed stage3",
-        "loraplus": "--lora_optimizer loraplus --loraplus_lr_ratio 8 --deepspeed stage2",
-        "lorafa": "--lora_optimizer lorafa --deepspeed stage0",
-    }, sum_data, tmp_path)  # fmt: skip
+    out, log = launch_variants(
+        "deepspeed",
+        {
+            "pissa": f"--lora_init pissa --deepspeed stage3 --eval_file {sum_data['eval']}",
+            "olora": "--lora_init olora --deepspeed stage3",
+            "eva": "--lora_init eva --deepspeed stage3",
+            "corda": "--lora_init corda --deepspeed stage3",
+            "loftq": "--lora_init loftq --load_in_4bit --deepspeed stage3",
+            "loraplus": "--lora_optimizer loraplus --loraplus_lr_ratio 8 --deepspeed stage2",
+            "lorafa": "--lora_optimizer lorafa --deepspeed stage0",
+        },
+        sum_data,
+        tmp_path,
+    )
     for converted in ("pissa", "olora", "corda"):
         check_saved_adapter(out / converted, rank=16)
     assert set(eval_report(out / "pissa")) == {"before", "after"}
@@ -73,7 +96,10 @@ def test_deepspeed_variants(sum_data, tmp_path):
     check_saved_adapter(out / "loftq", rank=8, quantized=True)
     assert check_saved_adapter(out / "loraplus", rank=8)["group_lrs"] == [LEARNING_RATE, 8 * LEARNING_RATE]
     assert check_saved_adapter(out / "lorafa", rank=8)["group_lrs"] == [LEARNING_RATE]
-    for line in ("LoRA init pissa; adapter converted at the end to plain LoRA of rank 16", "LoRA init loftq",
-                 "LoRA+: B at 8x the learning rate of A", "LoRA-FA: A frozen, only B trains"):  # fmt: skip
+    for line in (
+        "LoRA init pissa; adapter converted at the end to plain LoRA of rank 16",
+        "LoRA init loftq",
+        "LoRA+: B at 8x the learning rate of A",
+        "LoRA-FA: A frozen, only B trains",
+    ):
         assert line in log
-

@@ -57,15 +57,31 @@ def test_hostfile_over_ssh(tiny_model_dir, sum_data, tmp_path, monkeypatch):
     # TORCH_EXTENSIONS_DIR too where it is set (.ci/run sets one per checkout): the ranks load the ops the session
     # fixture built, where the default cache holds another checkout's build, which ninja would rebuild (~1 min).
     env_file = tmp_path / "deepspeed_env"
-    extensions = f"TORCH_EXTENSIONS_DIR={os.environ['TORCH_EXTENSIONS_DIR']}\n" if "TORCH_EXTENSIONS_DIR" in os.environ else ""
-    env_file.write_text(f"OMP_NUM_THREADS=1\nTOKENIZERS_PARALLELISM=false\nPATH={Path(sys.executable).parent}"
-                        f"{os.pathsep}{os.environ.get('PATH', '')}\n{extensions}")  # fmt: skip
-    args = sft_args(tiny_model_dir, sum_data, out, "--deepspeed", str(REPO / "ds_configs" / "stage2.json"),
-                    eval_file=False)  # fmt: skip
+    extensions = (
+        f"TORCH_EXTENSIONS_DIR={os.environ['TORCH_EXTENSIONS_DIR']}\n" if "TORCH_EXTENSIONS_DIR" in os.environ else ""
+    )
+    env_file.write_text(
+        f"OMP_NUM_THREADS=1\nTOKENIZERS_PARALLELISM=false\nPATH={Path(sys.executable).parent}"
+        f"{os.pathsep}{os.environ.get('PATH', '')}\n{extensions}"
+    )
+    args = sft_args(
+        tiny_model_dir, sum_data, out, "--deepspeed", str(REPO / "ds_configs" / "stage2.json"), eval_file=False
+    )
     empty = args.index("--eval_file")
     args[empty : empty + 2] = ["--eval_file="]  # pdsh hands the command to a remote shell: "" would vanish there
-    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(ENTRY), *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str(hostfile),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(ENTRY),
+        *args,
+    ]
     with loopback_sshd(tmp_path / "ssh") as ssh_env:
         for name, value in {**ssh_env, "DS_ENV_FILE": str(env_file)}.items():
             monkeypatch.setenv(name, value)  # run() starts the launcher with this process's environment

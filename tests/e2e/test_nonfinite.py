@@ -29,8 +29,20 @@ def nan_launch(tiny_model_dir, sum_data, tmp_path_factory):
     """One launch, two runs (sft_entry.py --variant): ``skip``, then ``stop``, which ends the launch at its step 2."""
     root = tmp_path_factory.mktemp("nonfinite")
     variants = {"skip": "--on_nonfinite skip --save_strategy steps --save_steps 1", "stop": ""}
-    args = sft_args(tiny_model_dir, sum_data, root, "--deepspeed", str(REPO / "ds_configs" / "stage2.json"),
-                    "--max_steps", "3", "--nan_grad_rank", "1", "--nan_grad_step", "2", eval_file=False)  # fmt: skip
+    args = sft_args(
+        tiny_model_dir,
+        sum_data,
+        root,
+        "--deepspeed",
+        str(REPO / "ds_configs" / "stage2.json"),
+        "--max_steps",
+        "3",
+        "--nan_grad_rank",
+        "1",
+        "--nan_grad_step",
+        "2",
+        eval_file=False,
+    )
     launch = run(launcher("deepspeed", 2) + [str(ENTRY), *variant_args(variants)] + args, root / "launch.log")
     return root, launch, variant_logs(launch.log)
 

@@ -19,8 +19,19 @@ STEPS = 4
 @pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_sigterm_to_every_rank_then_resume_matches_an_uninterrupted_run(tiny_model_dir, sum_data, tmp_path):
     def launch(out, name, *extra):
-        args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", str(STEPS), "--lora_dropout", "0",
-                        "--deepspeed", str(REPO / "ds_configs" / "stage3.json"), *extra, eval_file=False)  # fmt: skip
+        args = sft_args(
+            tiny_model_dir,
+            sum_data,
+            out,
+            "--max_steps",
+            str(STEPS),
+            "--lora_dropout",
+            "0",
+            "--deepspeed",
+            str(REPO / "ds_configs" / "stage3.json"),
+            *extra,
+            eval_file=False,
+        )
         return run(launcher("deepspeed", 2) + [str(ENTRY)] + args, tmp_path / f"{name}.log")
 
     reference = tmp_path / "uninterrupted"

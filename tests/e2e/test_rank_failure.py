@@ -26,8 +26,11 @@ def test_a_dead_rank_ends_the_job(kind, tiny_model_dir, sum_data, tmp_path):
     extra = ["--max_steps", "200", "--kill_rank", "1", "--kill_step", "2"]  # 200 steps: minutes if nobody noticed
     if kind == "deepspeed":
         extra += ["--deepspeed", str(REPO / "ds_configs" / "stage3.json")]
-    launch = run(launcher(kind, 2) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=False),
-                 tmp_path / "launch.log", timeout=300)  # fmt: skip
+    launch = run(
+        launcher(kind, 2) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=False),
+        tmp_path / "launch.log",
+        timeout=300,
+    )
     killed = json.loads((out / "e2e_killed.json").read_text())
     assert launch.returncode != 0, launch.log[-3000:]
     assert launch.finished_at - killed["time"] < MAX_SECONDS_AFTER_KILL, launch.log[-3000:]
@@ -39,11 +42,17 @@ def test_a_dead_rank_ends_the_job(kind, tiny_model_dir, sum_data, tmp_path):
 def test_a_dead_rank_ends_a_two_node_torchrun_job(tiny_model_dir, sum_data, tmp_path):
     out = tmp_path / "out"
     extra = ["--max_steps", "200", "--kill_rank", "1", "--kill_step", "2"]
-    nodes = run_two_nodes("torchrun", [str(ENTRY), *sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=False)], tmp_path,
-                          timeout=300)  # fmt: skip
+    nodes = run_two_nodes(
+        "torchrun",
+        [str(ENTRY), *sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=False)],
+        tmp_path,
+        timeout=300,
+    )
     killed = json.loads((out / "e2e_killed.json").read_text())
     for node in nodes:
         assert node.returncode != 0, node.log[-3000:]
     assert max(node.finished_at for node in nodes) - killed["time"] < MAX_SECONDS_AFTER_KILL
-    print(f"2 torchrun nodes: exits {[node.returncode for node in nodes]}, "
-          f"{max(node.finished_at for node in nodes) - killed['time']:.1f} s after the kill")  # fmt: skip
+    print(
+        f"2 torchrun nodes: exits {[node.returncode for node in nodes]}, "
+        f"{max(node.finished_at for node in nodes) - killed['time']:.1f} s after the kill"
+    )

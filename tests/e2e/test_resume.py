@@ -40,8 +40,11 @@ STEPS = 6
 # (stage3_offload: stage 3's checkpoint layout, which offload does not change, and the offloaded optimizer's state).
 # Every shipped config is launched by tests/e2e/test_launch_matrix.py; the cases here are the distinct checkpoint
 # paths. FSDP2 over 2 CPU ranks through the shipped Accelerate config: sharded checkpoint, adapter saved whole.
-LAUNCHES = {("python", 1): ["no-deepspeed", "stage0"], ("deepspeed", 2): ["stage2", "stage3_offload"],
-            ("accelerate", 2): ["fsdp2"]}  # fmt: skip
+LAUNCHES = {
+    ("python", 1): ["no-deepspeed", "stage0"],
+    ("deepspeed", 2): ["stage2", "stage3_offload"],
+    ("accelerate", 2): ["fsdp2"],
+}
 CASES = [(kind, nproc, config) for (kind, nproc), configs in LAUNCHES.items() for config in configs]
 
 
@@ -65,8 +68,19 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
     root, done = tmp_path_factory.mktemp("resume"), {}
 
     def launch(kind: str, nproc: int, out: Path, name: str, *extra: str, evaluated: bool = False):
-        args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", str(STEPS), "--save_strategy", "steps",
-                        "--save_steps", "2", *extra, eval_file=evaluated)  # fmt: skip
+        args = sft_args(
+            tiny_model_dir,
+            sum_data,
+            out,
+            "--max_steps",
+            str(STEPS),
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "2",
+            *extra,
+            eval_file=evaluated,
+        )
         command = launcher(kind, nproc, "fsdp2" if kind == "accelerate" else None)
         return run(command + [str(ENTRY)] + args, root / f"{kind}-{name}.log")
 
@@ -83,17 +97,39 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
         for config, flags in variants.items():
             out = resumed / config
             # The last rank dies inside the save of step 4: Trainer has written checkpoint-4, the completion marker not.
-            launched = launch(kind, nproc, out, f"killed-{config}", *flags.split(), "--kill_rank", str(nproc - 1),
-                              "--kill_step", "4", "--kill_on", "save")  # fmt: skip
+            launched = launch(
+                kind,
+                nproc,
+                out,
+                f"killed-{config}",
+                *flags.split(),
+                "--kill_rank",
+                str(nproc - 1),
+                "--kill_step",
+                "4",
+                "--kill_on",
+                "save",
+            )
             killed[config] = KilledRun(
-                launched.returncode, launched.log, recorded_steps(out, nproc)[0], get_last_checkpoint(str(out)),
+                launched.returncode,
+                launched.log,
+                recorded_steps(out, nproc)[0],
+                get_last_checkpoint(str(out)),
                 {step: is_complete_checkpoint(out / f"checkpoint-{step}") for step in (2, 4)},
                 {step: (out / f"checkpoint-{step}" / COMPLETE_MARKER).exists() for step in (2, 4)},
             )
         # The resumed launch is the whole job: its accuracy before and after (the shipped FSDP2 config's, as a user
         # runs it).
-        again = launch(kind, nproc, resumed, "resumed", "--resume_from_checkpoint", "auto", *variant_args(variants),
-                       evaluated=kind == "accelerate")  # fmt: skip
+        again = launch(
+            kind,
+            nproc,
+            resumed,
+            "resumed",
+            "--resume_from_checkpoint",
+            "auto",
+            *variant_args(variants),
+            evaluated=kind == "accelerate",
+        )
         check_ok(again)
         return {"reference": reference, "resumed": resumed, "killed": killed, "logs": variant_logs(again.log)}
 
@@ -113,11 +149,16 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c}" for k, n, c in CASES])
 @pytest.mark.timeout(1800)  # the first case of a launcher waits for its 2 + configurations launches
-def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(kind, nproc, config, resumed_runs,
-                                                                        tiny_model_dir):  # fmt: skip
+def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
+    kind, nproc, config, resumed_runs, tiny_model_dir
+):
     runs = resumed_runs(kind, nproc)
-    reference, resumed, killed, log = (runs["reference"] / config, runs["resumed"] / config, runs["killed"][config],
-                                       runs["logs"][config])  # fmt: skip
+    reference, resumed, killed, log = (
+        runs["reference"] / config,
+        runs["resumed"] / config,
+        runs["killed"][config],
+        runs["logs"][config],
+    )
     assert killed.returncode != 0, killed.log[-3000:]
     assert killed.steps == {"start": 0, "completed": [1, 2, 3, 4]}
     assert killed.complete[2] and not killed.marked[4]
@@ -143,8 +184,10 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(kind, np
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], **tolerance, msg=name)
     # The same training run, not only the same end: identical losses at every step after the resume point.
-    logged = [[entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > 2]
-              for out in (reference, resumed)]  # fmt: skip
+    logged = [
+        [entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > 2]
+        for out in (reference, resumed)
+    ]
     assert len(logged[0]) == STEPS - 2
     assert logged[0] == pytest.approx(logged[1], rel=1e-5)
 

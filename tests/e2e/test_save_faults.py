@@ -28,8 +28,10 @@ ENGINES = {
 def check_one_error_line(launch: Launch, out: Path, cause: str) -> None:
     assert launch.returncode != 0, launch.log[-3000:]
     errors = printed_lines(launch.log, "error: ")
-    assert errors == [f"error: saving {out}/checkpoint-4 failed: {cause}; {out}/checkpoint-2 is the last complete "
-                      "checkpoint (--resume_from_checkpoint auto continues from it)"], launch.log[-4000:]  # fmt: skip
+    assert errors == [
+        f"error: saving {out}/checkpoint-4 failed: {cause}; {out}/checkpoint-2 is the last complete "
+        "checkpoint (--resume_from_checkpoint auto continues from it)"
+    ], launch.log[-4000:]
     assert not re.search(r"^\[rank\d\]: Traceback", launch.log, flags=re.MULTILINE), launch.log[-4000:]
     assert is_complete_checkpoint(out / "checkpoint-2")
     assert not (out / "checkpoint-4" / COMPLETE_MARKER).exists()
@@ -43,9 +45,22 @@ def test_read_only_then_full_disk_during_a_save_then_resumed(engine, small_disk,
     out = small_disk / "out"
 
     def launch(name: str, *extra: str) -> Launch:
-        args = sft_args(tiny_model_dir, sum_data, out, "--max_steps", "6", "--save_strategy", "steps", "--save_steps",
-                        "2", "--dataset_cache_dir", str(tmp_path / "cache"), *engine_flags, *extra,
-                        eval_file=False)  # fmt: skip
+        args = sft_args(
+            tiny_model_dir,
+            sum_data,
+            out,
+            "--max_steps",
+            "6",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "2",
+            "--dataset_cache_dir",
+            str(tmp_path / "cache"),
+            *engine_flags,
+            *extra,
+            eval_file=False,
+        )
         return run(launcher(launch_kind[0], 2, *launch_kind[1:]) + [str(ENTRY)] + args, tmp_path / f"{name}.log")
 
     read_only = launch("read-only", "--disk_fault", "read_only", "--disk_fault_step", "3")

@@ -51,19 +51,51 @@ def run_args(out, cache, per_device: int, accumulation: int, optimizer: str, mod
     """3 deterministic steps; ``model`` names the model and data (none: the bundled demo's, run_sft's defaults),
     then the default job's accuracy before and after."""
     return [
-        *model, "--output_dir", str(out), "--dataset_cache_dir", str(cache),
-        "--max_steps", "3", "--per_device_train_batch_size", str(per_device),
-        "--gradient_accumulation_steps", str(accumulation), "--train_sampling_strategy", "sequential",
-        "--lr_scheduler_type", "constant", "--warmup_steps", "0", "--lora_dropout", "0", "--logging_steps", "1",
-        "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", *OPTIMIZERS[optimizer],
-    ]  # fmt: skip
+        *model,
+        "--output_dir",
+        str(out),
+        "--dataset_cache_dir",
+        str(cache),
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        str(per_device),
+        "--gradient_accumulation_steps",
+        str(accumulation),
+        "--train_sampling_strategy",
+        "sequential",
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        "--lora_dropout",
+        "0",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        *OPTIMIZERS[optimizer],
+    ]
 
 
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, sum_data) -> dict[str, list[str]]:
     """SGD on the demo (what ``python run_sft.py`` trains), AdamW on the tests' tiny model (see the module)."""
-    return {"sgd": [], "adamw_clip": ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(sum_data["train"]),
-                                      "--eval_file", str(sum_data["eval"])]}  # fmt: skip
+    return {
+        "sgd": [],
+        "adamw_clip": [
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--train_file",
+            str(sum_data["train"]),
+            "--eval_file",
+            str(sum_data["eval"]),
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -85,21 +117,30 @@ def grad_norms(out) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("config", "optimizer", "per_device", "accumulation"), CASES,
-                         ids=[f"{c}-{o}-ga{a}" for c, o, _, a in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("config", "optimizer", "per_device", "accumulation"), CASES, ids=[f"{c}-{o}-ga{a}" for c, o, _, a in CASES]
+)
 @pytest.mark.timeout(1200)  # the one-process reference, trained here once per optimizer, and a launch
-def test_sequence_parallel_trains_the_one_process_adapter(config, optimizer, per_device, accumulation, one_process,
-                                                          models, tmp_path):  # fmt: skip
+def test_sequence_parallel_trains_the_one_process_adapter(
+    config, optimizer, per_device, accumulation, one_process, models, tmp_path
+):
     reference = one_process(optimizer)
     out = tmp_path / "sp2"
-    args = ["--deepspeed", config, "--sequence_parallel_size", "2",
-            *run_args(out, reference.parent / "cache", per_device, accumulation, optimizer, models[optimizer])]  # fmt: skip
+    args = [
+        "--deepspeed",
+        config,
+        "--sequence_parallel_size",
+        "2",
+        *run_args(out, reference.parent / "cache", per_device, accumulation, optimizer, models[optimizer]),
+    ]
     launch = run(launcher("torchrun", 2) + [str(RUN_SFT)] + args, tmp_path / "launch.log")
     check_ok(launch)
     print(f"SP 2 {config} {optimizer} accumulation {accumulation}: {launch.seconds:.0f} s")
     stage = config.removeprefix("stage")
     assert f"engine: DeepSpeed ZeRO-{stage}, sequence parallel 2 (Ulysses; 1 data-parallel group)" in launch.log
-    assert f"global batch 4 = {per_device} per device x {accumulation} accumulation x 1 data-parallel group" in launch.log
+    assert (
+        f"global batch 4 = {per_device} per device x {accumulation} accumulation x 1 data-parallel group" in launch.log
+    )
 
     torch.testing.assert_close(losses(out), losses(reference), rtol=1e-5, atol=0)
     torch.testing.assert_close(grad_norms(out), grad_norms(reference), rtol=1e-5, atol=0)

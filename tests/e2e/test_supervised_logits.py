@@ -28,8 +28,19 @@ from tests.e2e.launching import (
 @pytest.mark.slow
 def test_zero3_two_ranks_supervised_logits_train_as_full_logits(tiny_model_dir, sum_data, tmp_path):
     variants = {f"supervised-{flag}": f"--supervised_logits_only {flag}" for flag in ("True", "False")}
-    args = sft_args(tiny_model_dir, sum_data, tmp_path, "--deepspeed", "ds_configs/stage3.json",
-                    "--gradient_accumulation_steps", "2", "--eval_strategy", "steps", "--eval_steps", "2")  # fmt: skip
+    args = sft_args(
+        tiny_model_dir,
+        sum_data,
+        tmp_path,
+        "--deepspeed",
+        "ds_configs/stage3.json",
+        "--gradient_accumulation_steps",
+        "2",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+    )
     launch = run(launcher("deepspeed", 2) + [str(ENTRY), *variant_args(variants)] + args, tmp_path / "launch.log")
     check_ok(launch)
     runs = {}
@@ -42,10 +53,14 @@ def test_zero3_two_ranks_supervised_logits_train_as_full_logits(tiny_model_dir, 
         assert "supervised-position logits: off" not in log  # no fallback: both paths ran as asked
         assert "fused LM head loss: off" not in log  # the supervised run's head computed the loss itself
         history = trainer_state(out)["log_history"]
-        runs[name] = (losses(out), [entry["eval_loss"] for entry in history if "eval_loss" in entry],
-                      adapter_weights(out))  # fmt: skip
-    (train, evaluated, adapter), (full_train, full_evaluated, full_adapter) = (runs[f"supervised-{supervised}"]
-                                                                               for supervised in ("True", "False"))
+        runs[name] = (
+            losses(out),
+            [entry["eval_loss"] for entry in history if "eval_loss" in entry],
+            adapter_weights(out),
+        )
+    (train, evaluated, adapter), (full_train, full_evaluated, full_adapter) = (
+        runs[f"supervised-{supervised}"] for supervised in ("True", "False")
+    )
     assert len(train) == 4 and len(evaluated) == 2
     assert train == pytest.approx(full_train, rel=1e-5)
     assert evaluated == pytest.approx(full_evaluated, rel=1e-5)

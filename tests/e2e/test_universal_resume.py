@@ -41,10 +41,20 @@ def universal_runs(tiny_model_dir, sum_data, tmp_path_factory) -> tuple[Path, di
     root, resumed_logs = tmp_path_factory.mktemp("universal"), {}
 
     def launch(nproc: int, name: str, variants: dict[str, str]) -> str:
-        args = sft_args(tiny_model_dir, sum_data, root, "--save_strategy", "steps", "--save_steps", "2",
-                        "--record_engine_state", eval_file=False)  # fmt: skip
-        launched = run(launcher("deepspeed", nproc) + [str(ENTRY), *variant_args(variants)] + args,
-                       root / f"{name}.log")  # fmt: skip
+        args = sft_args(
+            tiny_model_dir,
+            sum_data,
+            root,
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "2",
+            "--record_engine_state",
+            eval_file=False,
+        )
+        launched = run(
+            launcher("deepspeed", nproc) + [str(ENTRY), *variant_args(variants)] + args, root / f"{name}.log"
+        )
         check_ok(launched)
         return launched.log
 
@@ -55,8 +65,9 @@ def universal_runs(tiny_model_dir, sum_data, tmp_path_factory) -> tuple[Path, di
         return f"--deepspeed {REPO / 'ds_configs' / f'{config}.json'} --max_steps 3 --resume_from_checkpoint auto"
 
     launch(1, "saved-1", {"stage3": saves("stage3")})
-    resumed_logs["stage3"] = variant_logs(launch(2, "saved-2-resumed-2", {"stage2": saves("stage2"),
-                                                                           "stage3": resumes("stage3")}))["stage3"]
+    resumed_logs["stage3"] = variant_logs(
+        launch(2, "saved-2-resumed-2", {"stage2": saves("stage2"), "stage3": resumes("stage3")})
+    )["stage3"]
     resumed_logs["stage2"] = variant_logs(launch(1, "resumed-1", {"stage2": resumes("stage2")}))["stage2"]
     return root, resumed_logs
 
@@ -68,8 +79,10 @@ def test_zero_checkpoint_resumes_on_another_number_of_ranks(config, saved_by, re
     root, resumed_logs = universal_runs
     out, log = root / config, resumed_logs[config]
     checkpoint = out / "checkpoint-2"
-    note = (f"resume: from {checkpoint} (latest complete checkpoint); written by {saved_by} ranks, this run has "
-            f"{resumed_by}: it is converted to a DeepSpeed universal checkpoint and re-partitioned")  # fmt: skip
+    note = (
+        f"resume: from {checkpoint} (latest complete checkpoint); written by {saved_by} ranks, this run has "
+        f"{resumed_by}: it is converted to a DeepSpeed universal checkpoint and re-partitioned"
+    )
     assert log.count(note) == 1, log[-3000:]
     assert (checkpoint / "global_step2_universal" / UNIVERSAL_MARKER).is_file()
     # Every rank starts at the checkpoint's step and trains on from there.

@@ -14,11 +14,13 @@ pytestmark = pytest.mark.slow
 
 CASES = {
     # Right for one rank (4 x 1 x 1) and wrong for two: the check must use the launcher's world size.
-    "torchrun": ({"train_batch_size": 4, "zero_optimization": {"stage": 3}},
-                 "train_batch_size is 4 but --per_device_train_batch_size 4 x --gradient_accumulation_steps 1 x "
-                 "2 ranks = 8", 1),
+    "torchrun": (
+        {"train_batch_size": 4, "zero_optimization": {"stage": 3}},
+        "train_batch_size is 4 but --per_device_train_batch_size 4 x --gradient_accumulation_steps 1 x 2 ranks = 8",
+        1,
+    ),
     "deepspeed": ({"zero_optimisation": {"stage": 3}}, "unknown key 'zero_optimisation' (did you mean", 2),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -27,8 +29,20 @@ def test_bad_deepspeed_config_under_two_ranks(kind, tiny_model_dir, sum_data, tm
     ds_config = tmp_path / "ds.json"
     ds_config.write_text(json.dumps(config))
     out = tmp_path / "out"
-    args = ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(sum_data["train"]), "--eval_file", "",
-            "--output_dir", str(out), "--per_device_train_batch_size", "4", "--deepspeed", str(ds_config)]  # fmt: skip
+    args = [
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--train_file",
+        str(sum_data["train"]),
+        "--eval_file",
+        "",
+        "--output_dir",
+        str(out),
+        "--per_device_train_batch_size",
+        "4",
+        "--deepspeed",
+        str(ds_config),
+    ]
     launch = run(launcher(kind, 2) + [str(RUN_SFT), *args], tmp_path / "launch.log")
 
     assert launch.returncode == launcher_code, launch.log[-4000:]

@@ -14,8 +14,17 @@ def result(correct: int, wrong_reasons: list[str], rss: int | None) -> EvalResul
     reasons = {r: wrong_reasons.count(r) for r in wrong_reasons}
     total = len(predictions)
     return EvalResult(
-        "sum_to_x", total, correct, correct / total, reasons, total_time_s=2.5, generation_time_s=2.0,
-        generated_tokens=100, generated_tokens_per_s=50.0, peak_host_rss_bytes=rss, predictions=predictions,
+        "sum_to_x",
+        total,
+        correct,
+        correct / total,
+        reasons,
+        total_time_s=2.5,
+        generation_time_s=2.0,
+        generated_tokens=100,
+        generated_tokens_per_s=50.0,
+        peak_host_rss_bytes=rss,
+        predictions=predictions,
     )
 
 

@@ -62,8 +62,9 @@ def test_batched_equals_one_by_one(varied_model, qwen_style_tokenizer, sum_recor
         assert g.text == expected
 
 
-def test_the_shared_prefix_is_computed_once_and_each_row_computes_its_own_tokens(varied_model, qwen_style_tokenizer,
-                                                                                sum_records):  # fmt: skip
+def test_the_shared_prefix_is_computed_once_and_each_row_computes_its_own_tokens(
+    varied_model, qwen_style_tokenizer, sum_records
+):
     tokenizer = qwen_style_tokenizer
     prompts = render(tokenizer, sum_records[:6])
     encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
@@ -71,7 +72,8 @@ def test_the_shared_prefix_is_computed_once_and_each_row_computes_its_own_tokens
     assert shared > 5, "the chat template's system prompt and header start every prompt"
     embedded = []
     hook = varied_model.get_input_embeddings().register_forward_hook(
-        lambda module, inputs, output: embedded.append(tuple(inputs[0].shape)))  # fmt: skip
+        lambda module, inputs, output: embedded.append(tuple(inputs[0].shape))
+    )
     try:
         generate(varied_model, tokenizer, prompts, batch_size=3, max_new_tokens=2)
     finally:
@@ -82,8 +84,7 @@ def test_the_shared_prefix_is_computed_once_and_each_row_computes_its_own_tokens
     assert prefills == [(3, own[0]), (3, own[3])]  # each batch: only its rows' own tokens, left-padded
 
 
-def test_beam_search_gets_no_shared_prefix_and_still_equals_one_by_one(varied_model, qwen_style_tokenizer,
-                                                                        sum_records):  # fmt: skip
+def test_beam_search_gets_no_shared_prefix_and_still_equals_one_by_one(varied_model, qwen_style_tokenizer, sum_records):
     prompts = render(qwen_style_tokenizer, sum_records[:4])
     beams = generate(varied_model, qwen_style_tokenizer, prompts, batch_size=4, max_new_tokens=4, num_beams=2)
     assert beams == generate(varied_model, qwen_style_tokenizer, prompts, batch_size=1, max_new_tokens=4, num_beams=2)
@@ -132,8 +133,9 @@ def test_the_chunked_head_gives_the_head_s_logits(varied_model, monkeypatch):
     assert torch.equal(_VocabularyChunkedHead(with_bias)(hidden), with_bias(hidden))
 
 
-def test_a_cpu_batch_generates_through_the_chunked_head_and_gets_its_head_back(varied_model, qwen_style_tokenizer,
-                                                                               sum_records):  # fmt: skip
+def test_a_cpu_batch_generates_through_the_chunked_head_and_gets_its_head_back(
+    varied_model, qwen_style_tokenizer, sum_records
+):
     head = varied_model.get_output_embeddings()
     rows_through_the_head = []
     hook = head.register_forward_hook(lambda module, inputs, output: rows_through_the_head.append(len(inputs[0])))

@@ -144,7 +144,12 @@ def test_sample_splits_off_the_final_assistant_turn_and_adds_the_system_prompt()
 
 
 def test_sample_needs_the_conversation_to_end_with_the_assistant():
-    record = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                           {"role": "user", "content": "c"}]}
+    record = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ]
+    }
     with pytest.raises(DataError, match="record 7: field 'messages': the last turn is 'user'"):
         get_task("exact_match").sample(record, where="record 7")

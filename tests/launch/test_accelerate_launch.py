@@ -40,8 +40,15 @@ FSDP2 = {
 
 
 def run_args(**overrides) -> SimpleNamespace:
-    fields = dict(deepspeed=None, fsdp=None, fsdp_config=None, gradient_accumulation_steps=1, max_grad_norm=1.0,
-                  bf16=False, fp16=False)  # fmt: skip
+    fields = dict(
+        deepspeed=None,
+        fsdp=None,
+        fsdp_config=None,
+        gradient_accumulation_steps=1,
+        max_grad_norm=1.0,
+        bf16=False,
+        fp16=False,
+    )
     return SimpleNamespace(**{**fields, **overrides})
 
 
@@ -74,8 +81,13 @@ def test_the_peft_guides_zero3_cpu_config_becomes_the_runs_deepspeed_config(laun
 
 
 def test_accelerate_config_file_pointing_at_a_shipped_config(launched, monkeypatch):
-    launched({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file",
-              "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(DEEPSPEED_CONFIGS / "stage2.json")})  # fmt: skip
+    launched(
+        {
+            "ACCELERATE_USE_DEEPSPEED": "true",
+            "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file",
+            "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(DEEPSPEED_CONFIGS / "stage2.json"),
+        }
+    )
     args = run_args()
     adopt_accelerate_launch(args)
     shipped = json.loads((DEEPSPEED_CONFIGS / "stage2.json").read_text())
@@ -86,24 +98,37 @@ def test_accelerate_config_file_pointing_at_a_shipped_config(launched, monkeypat
 def test_a_deepspeed_flag_that_disagrees_names_both(launched):
     launched(ZERO3_CPU)
     stage2_path = str(DEEPSPEED_CONFIGS / "stage2.json")
-    with pytest.raises(UserError, match=r"--deepspeed .*stage2.json \(ZeRO-2\) and the Accelerate config .*\(ZeRO-3, "
-                       r"offload optimizer cpu, parameters cpu\) disagree"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"--deepspeed .*stage2.json \(ZeRO-2\) and the Accelerate config .*\(ZeRO-3, "
+        r"offload optimizer cpu, parameters cpu\) disagree",
+    ):
         adopt_accelerate_launch(run_args(deepspeed=stage2_path, gradient_accumulation_steps=4))
 
 
 def test_a_deepspeed_flag_that_differs_in_offload_only_is_refused(launched):
     """Same ZeRO stage, no offload in the file: the user's memory plan differs all the same."""
     launched(ZERO3_CPU)
-    with pytest.raises(UserError, match=r"--deepspeed .*stage3.json \(ZeRO-3\) and the Accelerate config .*\(ZeRO-3, "
-                       r"offload optimizer cpu, parameters cpu\) disagree"):  # fmt: skip
-        adopt_accelerate_launch(run_args(deepspeed=str(DEEPSPEED_CONFIGS / "stage3.json"), gradient_accumulation_steps=4))
+    with pytest.raises(
+        UserError,
+        match=r"--deepspeed .*stage3.json \(ZeRO-3\) and the Accelerate config .*\(ZeRO-3, "
+        r"offload optimizer cpu, parameters cpu\) disagree",
+    ):
+        adopt_accelerate_launch(
+            run_args(deepspeed=str(DEEPSPEED_CONFIGS / "stage3.json"), gradient_accumulation_steps=4)
+        )
 
 
 @pytest.mark.parametrize(("optimizer", "parameters", "cpu_adam"), [("cpu", "none", True), ("none", "cpu", False)])
 def test_deepspeeds_cpu_adam_follows_the_optimizer_offload(launched, optimizer, parameters, cpu_adam):
     """Optimizer offload alone needs DeepSpeed's CPU Adam; parameter offload alone keeps Trainer's optimizer."""
-    launched({**ZERO3_CPU, "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": optimizer,
-              "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": parameters})  # fmt: skip
+    launched(
+        {
+            **ZERO3_CPU,
+            "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": optimizer,
+            "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": parameters,
+        }
+    )
     args = run_args()
     adopt_accelerate_launch(args)
     assert ZeroSettings.of(args.deepspeed) == ZeroSettings(3, optimizer, parameters)

@@ -30,14 +30,41 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
     """Parsed values as the CLI reads them, valid unless ``changes`` says otherwise."""
     train = tmp_path / "train.jsonl"
     train.write_text("{}\n")
-    values = dict(model_name_or_path="m", train_file=str(train), eval_file=None, columns=None, sharegpt_roles=None,
-                  preprocessing_num_workers=None, max_length=16, batching="auto", pad_to_multiple_of=None,
-                  use_cache=False, lora_rank=8, lora_alpha=16, lora_dropout=0.0, lora_target_modules="all-linear",
-                  output_dir=str(tmp_path / "run"), dataset_cache_dir=None, fsdp="", fsdp_config=None,
-                  lora_init="default", lora_init_samples=256, lora_optimizer="adamw", loraplus_lr_ratio=None,
-                  load_in_4bit=False, load_in_8bit=False, use_dora=False, gguf_file=None, dtype="auto", bf16=False,
-                  fp16=False, deepspeed=None, sequence_parallel_size=1, attn_implementation=None,
-                  **{name: None for name in RANGES})  # fmt: skip
+    values = dict(
+        model_name_or_path="m",
+        train_file=str(train),
+        eval_file=None,
+        columns=None,
+        sharegpt_roles=None,
+        preprocessing_num_workers=None,
+        max_length=16,
+        batching="auto",
+        pad_to_multiple_of=None,
+        use_cache=False,
+        lora_rank=8,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        lora_target_modules="all-linear",
+        output_dir=str(tmp_path / "run"),
+        dataset_cache_dir=None,
+        fsdp="",
+        fsdp_config=None,
+        lora_init="default",
+        lora_init_samples=256,
+        lora_optimizer="adamw",
+        loraplus_lr_ratio=None,
+        load_in_4bit=False,
+        load_in_8bit=False,
+        use_dora=False,
+        gguf_file=None,
+        dtype="auto",
+        bf16=False,
+        fp16=False,
+        deepspeed=None,
+        sequence_parallel_size=1,
+        attn_implementation=None,
+        **{name: None for name in RANGES},
+    )
     return SimpleNamespace(**{**values, **changes})
 
 
@@ -84,8 +111,13 @@ def test_a_file_where_a_directory_is_needed(tmp_path):
             check_fields(fields(tmp_path, **{flag: str(tmp_path / "taken")}))  # the run's own checks include it
     with pytest.raises(MissingPathError, match="--fsdp_config .*: no such file"):
         check_paths(fields(tmp_path, fsdp="full_shard", fsdp_config=str(tmp_path)))  # a directory
-    values = SimpleNamespace(report_to="none", torch_compile_backend=None,
-                             torch_compile_mode=None, attn_implementation="flash_attention_9", eval_task="sum_to_x")
+    values = SimpleNamespace(
+        report_to="none",
+        torch_compile_backend=None,
+        torch_compile_mode=None,
+        attn_implementation="flash_attention_9",
+        eval_task="sum_to_x",
+    )
     with pytest.raises(UserError, match="--attn_implementation flash_attention_9: unknown; use one of"):
         check_training_flags(values)
 
@@ -93,8 +125,16 @@ def test_a_file_where_a_directory_is_needed(tmp_path):
 def sequence_parallel(model_dir, **changes) -> SimpleNamespace:
     """The flags --sequence_parallel_size is checked against: 2 ranks of ZeRO-2 on the tiny model (4 heads, 2 key/value
     heads) with sdpa, padded batches, valid unless ``changes`` says otherwise."""
-    values = dict(sequence_parallel_size=2, deepspeed="ds_configs/stage2.json", attn_implementation=None,
-                  batching="auto", model_name_or_path=str(model_dir), gguf_file=None, trust_remote_code=False, fsdp="")  # fmt: skip
+    values = dict(
+        sequence_parallel_size=2,
+        deepspeed="ds_configs/stage2.json",
+        attn_implementation=None,
+        batching="auto",
+        model_name_or_path=str(model_dir),
+        gguf_file=None,
+        trust_remote_code=False,
+        fsdp="",
+    )
     return SimpleNamespace(**{**values, **changes})
 
 
@@ -110,15 +150,22 @@ def test_sequence_parallelism_passes_what_ulysses_can_run(tiny_model_dir):
         ({"sequence_parallel_size": 0}, 2, "--sequence_parallel_size must be a positive integer, got 0"),
         ({"deepspeed": None}, 2, "--sequence_parallel_size 2 needs DeepSpeed .*add --deepspeed stage2"),
         ({}, 3, "--sequence_parallel_size 2 with 3 rank.*must be a multiple of 2"),
-        ({"attn_implementation": "eager"}, 2, "--attn_implementation eager with --sequence_parallel_size 2: Ulysses "
-                                              "discards the attention mask"),
-        ({"batching": "packed"}, 2, "--batching packed with --sequence_parallel_size 2 and sdpa attention: Ulysses "
-                                    "drops the mask that keeps packed samples apart"),
+        (
+            {"attn_implementation": "eager"},
+            2,
+            "--attn_implementation eager with --sequence_parallel_size 2: Ulysses discards the attention mask",
+        ),
+        (
+            {"batching": "packed"},
+            2,
+            "--batching packed with --sequence_parallel_size 2 and sdpa attention: Ulysses "
+            "drops the mask that keeps packed samples apart",
+        ),
         ({"batching": "padding_free"}, 2, "--batching padding_free with --sequence_parallel_size 2"),
         ({"sequence_parallel_size": 3}, 3, "has 4 attention heads .*2 key/value heads.*use one of 2, 4"),
         ({"sequence_parallel_size": 8}, 8, "has 4 attention heads"),
     ],
-)  # fmt: skip
+)
 def test_sequence_parallelism_refused_with_one_line(tiny_model_dir, changes, world_size, message):
     with pytest.raises(UserError, match=message) as refused:
         check_ulysses(sequence_parallel(tiny_model_dir, **changes), world_size=world_size)
@@ -127,5 +174,6 @@ def test_sequence_parallelism_refused_with_one_line(tiny_model_dir, changes, wor
 
 def test_packing_under_sequence_parallelism_is_left_to_flash_attention(tiny_model_dir):
     """flash's varlen path reads the sample boundaries from the gathered position_ids itself (a GPU-only kernel)."""
-    check_ulysses(sequence_parallel(tiny_model_dir, batching="packed",
-                                              attn_implementation="flash_attention_2"), world_size=2)  # fmt: skip
+    check_ulysses(
+        sequence_parallel(tiny_model_dir, batching="packed", attn_implementation="flash_attention_2"), world_size=2
+    )

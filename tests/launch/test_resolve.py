@@ -98,5 +98,10 @@ def test_arguments_built_in_code_check_the_config_before_anything_else(tmp_path,
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"zero_optimization": {"stage": 7}}))
     with pytest.raises(UserError, match="zero_optimization.stage is 7"):
-        cli.build_run_arguments(output_dir=str(tmp_path), model_name_or_path=str(tiny_model_dir),
-                                train_file=str(config), deepspeed=str(config), report_to="none")
+        cli.build_run_arguments(
+            output_dir=str(tmp_path),
+            model_name_or_path=str(tiny_model_dir),
+            train_file=str(config),
+            deepspeed=str(config),
+            report_to="none",
+        )

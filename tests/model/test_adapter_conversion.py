@@ -29,8 +29,15 @@ def _logits(model) -> torch.Tensor:
 def _trained(model_dir, init: str, use_rslora: bool = False, alpha_pattern: dict | None = None):
     """The base wrapped with ``init``, its start, then every adapter tensor moved as training would move it."""
     torch.manual_seed(0)
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, use_rslora=use_rslora, alpha_pattern=alpha_pattern or {},
-                        target_modules="all-linear", init_lora_weights=init)  # fmt: skip
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        use_rslora=use_rslora,
+        alpha_pattern=alpha_pattern or {},
+        target_modules="all-linear",
+        init_lora_weights=init,
+    )
     model = get_peft_model(_base(model_dir), config)
     start = adapter_snapshot(model)
     with torch.no_grad():
@@ -73,8 +80,9 @@ def test_rslora_with_an_alpha_pattern_on_the_original_base_is_the_trained_model(
 
 def test_an_adapter_moved_in_one_tensor_only_is_trained(varied_model_dir, tmp_path):
     """A partly trained adapter (one module's B moved, every other tensor at its start) is not "never trained"."""
-    model = get_peft_model(_base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                               init_lora_weights="pissa"))  # fmt: skip
+    model = get_peft_model(
+        _base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights="pissa")
+    )
     start = adapter_snapshot(model)
     first_b = next(param for name, param in model.named_parameters() if ".lora_B." in name)
     with torch.no_grad():
@@ -108,7 +116,9 @@ def test_the_same_file_as_peft_s_own_conversion(varied_model_dir, tmp_path):
 
 
 def test_an_adapter_still_at_its_start_is_reported(varied_model_dir, tmp_path):
-    model = get_peft_model(_base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights="pissa"))
+    model = get_peft_model(
+        _base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights="pissa")
+    )
     model.save_pretrained(tmp_path)
     assert not write_plain_adapter(tmp_path, adapter_snapshot(model))
 
@@ -122,10 +132,13 @@ def test_the_adapter_set_back_to_its_start_is_the_original_base(varied_model_dir
 
 
 def test_every_variant_is_saved_with_a_plain_config(varied_model_dir, tmp_path):
-    model = get_peft_model(_base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj"],
-                                                               init_lora_weights="orthogonal"))  # fmt: skip
+    model = get_peft_model(
+        _base(varied_model_dir), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights="orthogonal")
+    )
     model.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "adapter_model.safetensors")
     assert write_plain_adapter(tmp_path, None)
     assert json.loads((tmp_path / "adapter_config.json").read_text())["init_lora_weights"] is True
-    assert all(torch.equal(weights[key], tensor) for key, tensor in load_file(tmp_path / "adapter_model.safetensors").items())
+    assert all(
+        torch.equal(weights[key], tensor) for key, tensor in load_file(tmp_path / "adapter_model.safetensors").items()
+    )

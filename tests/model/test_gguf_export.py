@@ -37,8 +37,9 @@ def test_exported_gguf_loads_back_with_the_same_logits_ids_and_template(tiny_dir
     loaded, loaded_tokenizer = _load(out)
     ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     assert loaded_tokenizer.chat_template == tokenizer.chat_template
-    loaded_ids = loaded_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt",
-                                                      return_dict=True)
+    loaded_ids = loaded_tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     assert torch.equal(loaded_ids["input_ids"], ids["input_ids"])
     with torch.no_grad():
         expected, got = reference(**ids).logits, loaded(**ids).logits
@@ -68,18 +69,43 @@ def test_gguf_base_to_tuned_gguf_with_run_sft_and_merge(qwen_style_tokenizer, tm
     base = export_gguf(model_dir, tmp_path / "base.gguf", "q8_0")
     records = [{"instruction": f"{x}=", "input": "", "output": f"{x - 2} + 2"} for x in range(10, 26)]
     (tmp_path / "train.json").write_text(json.dumps(records))
-    flags = ["--train_file", str(tmp_path / "train.json"), "--eval_file", "", "--output_dir", str(tmp_path / "out"),
-             "--max_steps", "2", "--per_device_train_batch_size", "4", "--dataset_cache_dir", str(tmp_path / "c")]
+    flags = [
+        "--train_file",
+        str(tmp_path / "train.json"),
+        "--eval_file",
+        "",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--dataset_cache_dir",
+        str(tmp_path / "c"),
+    ]
     run_sft.main(["--model_name_or_path", str(tmp_path), "--gguf_file", base.name, *flags])
     # The README's second command: merge onto the GGUF base, write the tuned model as GGUF too.
     merged = tmp_path / "tuned" / "model.gguf"
-    assert merge_main(["--model_name_or_path", str(base), "--adapter", str(tmp_path / "out"), "--out", str(tmp_path / "merged"),
-                       "--gguf", str(merged), "--gguf_type", "f32"]) == 0
+    assert (
+        merge_main(
+            [
+                "--model_name_or_path",
+                str(base),
+                "--adapter",
+                str(tmp_path / "out"),
+                "--out",
+                str(tmp_path / "merged"),
+                "--gguf",
+                str(merged),
+                "--gguf_type",
+                "f32",
+            ]
+        )
+        == 0
+    )
     (expected, tokenizer), (got, _) = _load(tmp_path / "merged"), _load(merged)
     ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         torch.testing.assert_close(got(**ids).logits, expected(**ids).logits)
     with pytest.raises(MissingPathError, match="--gguf_file other.gguf"):
         run_sft.main(["--model_name_or_path", str(tmp_path), "--gguf_file", "other.gguf", *flags])
-
-

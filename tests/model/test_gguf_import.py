@@ -23,7 +23,16 @@ def test_eval_cli_reads_a_gguf_model(qwen_style_tokenizer, tmp_path, capsys):
     model = export_gguf(tmp_path / "hf", tmp_path / "gguf" / "model.gguf", "f16")
     data = tmp_path / "eval.json"
     data.write_text(json.dumps([{"instruction": "7=", "input": "", "output": "5 + 2"}]))
-    argv = ["--model_name_or_path", str(model.parent), "--gguf_file", model.name, "--data", str(data), "--max_new_tokens", "4"]
+    argv = [
+        "--model_name_or_path",
+        str(model.parent),
+        "--gguf_file",
+        model.name,
+        "--data",
+        str(data),
+        "--max_new_tokens",
+        "4",
+    ]
     assert eval_main([*argv, "--output_dir", str(tmp_path / "report")]) == 0
     assert json.loads((tmp_path / "report" / "eval_report.json").read_text())["eval"]["num_samples"] == 1
     assert "accuracy" in capsys.readouterr().out

@@ -15,8 +15,16 @@ from hf_lora_ds.resources import MODEL_CONFIGS
 
 
 def model_args(path, **changes) -> SimpleNamespace:
-    values = dict(model_name_or_path=str(path), gguf_file=None, trust_remote_code=False, dtype="float32",
-                  torch_dtype=torch.float32, attn_implementation=None, load_in_4bit=False, load_in_8bit=False)  # fmt: skip
+    values = dict(
+        model_name_or_path=str(path),
+        gguf_file=None,
+        trust_remote_code=False,
+        dtype="float32",
+        torch_dtype=torch.float32,
+        attn_implementation=None,
+        load_in_4bit=False,
+        load_in_8bit=False,
+    )
     return SimpleNamespace(**{**values, **changes})
 
 

@@ -21,16 +21,27 @@ from hf_lora_ds.model.lora import (
 
 
 def _args(**overrides):
-    values = dict(lora_rank=4, lora_alpha=8, lora_dropout=0.1, lora_target_modules="all-linear", use_rslora=False,
-                  use_dora=False, lora_init="default")  # fmt: skip
+    values = dict(
+        lora_rank=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        lora_target_modules="all-linear",
+        use_rslora=False,
+        use_dora=False,
+        lora_init="default",
+    )
     return SimpleNamespace(**{**values, **overrides})
 
 
 @pytest.mark.parametrize(
     ("text", "targets"),
-    [("all-linear", "all-linear"), (" all-linear ", "all-linear"), ("q_proj,v_proj", ["q_proj", "v_proj"]),
-     (" q_proj , ,v_proj,", ["q_proj", "v_proj"])],
-)  # fmt: skip
+    [
+        ("all-linear", "all-linear"),
+        (" all-linear ", "all-linear"),
+        ("q_proj,v_proj", ["q_proj", "v_proj"]),
+        (" q_proj , ,v_proj,", ["q_proj", "v_proj"]),
+    ],
+)
 def test_targets_as_peft_takes_them(text, targets):
     assert parse_targets(text) == targets
 
@@ -67,9 +78,15 @@ def test_wrapping_adds_an_adapter_once_and_counts_what_trains(tiny_model):
 
 @pytest.mark.parametrize(
     ("init", "peft_init"),
-    [("default", True), ("gaussian", "gaussian"), ("pissa_niter_4", "pissa_niter_4"), ("olora", "olora"),
-     ("orthogonal", "orthogonal"), ("loftq", True)],
-)  # fmt: skip
+    [
+        ("default", True),
+        ("gaussian", "gaussian"),
+        ("pissa_niter_4", "pissa_niter_4"),
+        ("olora", "olora"),
+        ("orthogonal", "orthogonal"),
+        ("loftq", True),
+    ],
+)
 def test_the_init_flag_becomes_peft_s_init_lora_weights(init, peft_init):
     assert lora_config_from_args(_args(lora_init=init)).init_lora_weights == peft_init
 

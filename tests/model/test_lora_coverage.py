@@ -27,9 +27,16 @@ def coverage(model, **config):
 def tiny_moe(vocab_size: int = 64) -> Qwen2MoeForCausalLM:
     """2 layers of 4 fused experts and a shared expert, as Qwen2-MoE (and Qwen3-MoE) are built in transformers 5."""
     config = Qwen2MoeConfig(
-        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
-        shared_expert_intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        num_experts=4, num_experts_per_tok=2,
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        shared_expert_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_experts=4,
+        num_experts_per_tok=2,
     )
     return Qwen2MoeForCausalLM(config)
 
@@ -54,11 +61,16 @@ def test_layers_left_without_adapter_stop_unless_allowed(tiny_model):
     names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     partial = coverage(tiny_model, target_modules=names, layers_to_transform=[0])
     assert partial.table().splitlines()[2:] == ["0        4/4        3/3", "1        0/4        0/3"]
-    with pytest.raises(UserError, match=r"^--lora_target_modules all-linear: LoRA adapts no module of decoder layers "
-                                        r"1 \(of 2\), so they are not trained; target those modules, or pass "
-                                        r"--lora_allow_partial true"):
+    with pytest.raises(
+        UserError,
+        match=r"^--lora_target_modules all-linear: LoRA adapts no module of decoder layers "
+        r"1 \(of 2\), so they are not trained; target those modules, or pass "
+        r"--lora_allow_partial true",
+    ):
         partial.check(False, "all-linear")
-    allowed = "LoRA adapts no module of decoder layers 1 (of 2), so they are not trained (allowed by --lora_allow_partial)"
+    allowed = (
+        "LoRA adapts no module of decoder layers 1 (of 2), so they are not trained (allowed by --lora_allow_partial)"
+    )
     assert partial.check(True, "all-linear") == allowed
 
 
@@ -69,16 +81,26 @@ def test_moe_experts_skipped_by_all_linear_stop_and_targeted_experts_pass():
         "0-1      4/4        4/4        0/1",
         "left out: experts gate_up_proj/down_proj (fused)",
     ]
-    with pytest.raises(UserError, match=r"LoRA adapts the experts of 0 of the 2 MoE layers \(gate_up_proj/down_proj "
-                                        r"\(fused\) left out\), so the experts, most of the model, are not trained"):
+    with pytest.raises(
+        UserError,
+        match=r"LoRA adapts the experts of 0 of the 2 MoE layers \(gate_up_proj/down_proj "
+        r"\(fused\) left out\), so the experts, most of the model, are not trained",
+    ):
         skipped.check(False, "all-linear")
     experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
     targeted = coverage(tiny_moe(), target_modules="all-linear", target_parameters=experts)
     assert targeted.table().splitlines()[2] == "0-1      4/4        4/4        1/1"
     assert targeted.check(False, "all-linear") is None
     # PEFT reaches Mixtral's fused experts (and router) with all-linear on its own: nothing to stop there.
-    mixtral = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=8, num_hidden_layers=2,
-                            num_attention_heads=2, num_key_value_heads=1, num_local_experts=4)
+    mixtral = MixtralConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+    )
     covered = coverage(MixtralForCausalLM(mixtral), target_modules="all-linear")
     assert covered.table().splitlines()[2] == "0-1      4/4        1/1        1/1"
     assert covered.check(False, "all-linear") is None
@@ -88,7 +110,9 @@ def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_
     make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, lora_target_modules="q_proj,v_proj")
     out = capsys.readouterr().out
     assert "LoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4" in out
-    assert "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)" in out
+    assert (
+        "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)" in out
+    )
     with pytest.raises(UserError, match="LoRA adapts the experts of 0 of the 2 MoE layers"):
         make_trainer(tiny_moe(len(qwen_style_tokenizer)), qwen_style_tokenizer, tmp_path)
     make_trainer(tiny_moe(len(qwen_style_tokenizer)), qwen_style_tokenizer, tmp_path, lora_allow_partial=True)
@@ -105,8 +129,13 @@ def test_audit_shows_the_coverage_for_a_model(tiny_model_dir, tmp_path, capsys):
     argv = ["--train_file", str(tmp_path / "data.jsonl"), "--model_name_or_path", str(tiny_model_dir)]
     audit.main([*argv, "--lora_target_modules", "q_proj,v_proj"])
     out = capsys.readouterr().out
-    assert "\nLoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4        0/3\n" in out
-    assert out.rstrip().endswith("LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)")
+    assert (
+        "\nLoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4        0/3\n"
+        in out
+    )
+    assert out.rstrip().endswith(
+        "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)"
+    )
 
 
 def experts_tuned_in(tuned_layers: int, moe_layers: int, layers: int = 4) -> LoraCoverage:

@@ -59,10 +59,37 @@ def qlora_flags(out: Path, *extra: str, eval_file: str = "") -> list[str]:
     train = out.parent / "train4.json"
     records = json.loads((DATA / "sum_to_x" / "train.json").read_text(encoding="utf-8"))[:4]
     train.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-    return ["--model_name_or_path", str(BASE), "--train_file", str(train), "--eval_file", eval_file, "--output_dir", str(out),
-            "--dataset_cache_dir", str(out.parent / "cache"), "--max_steps", "6", "--per_device_train_batch_size", "4",
-            "--per_device_eval_batch_size", "4", "--learning_rate", "2e-2", "--lr_scheduler_type", "constant",
-            "--warmup_steps", "0", "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "0", *extra]  # fmt: skip
+    return [
+        "--model_name_or_path",
+        str(BASE),
+        "--train_file",
+        str(train),
+        "--eval_file",
+        eval_file,
+        "--output_dir",
+        str(out),
+        "--dataset_cache_dir",
+        str(out.parent / "cache"),
+        "--max_steps",
+        "6",
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "4",
+        "--learning_rate",
+        "2e-2",
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        "--logging_steps",
+        "1",
+        "--disable_tqdm",
+        "true",
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def losses(out: Path) -> list[float]:
@@ -117,8 +144,9 @@ def test_bitsandbytes_config_follows_the_training_dtype():
     assert (four.load_in_4bit, four.bnb_4bit_quant_type, four.bnb_4bit_use_double_quant) == (True, "nf4", True)
     assert four.bnb_4bit_compute_dtype == four.bnb_4bit_quant_storage == torch.float32
     # bf16 compute is what GPUs use; the packed weights must then be stored in bf16 too for ZeRO-3 to shard them.
-    half = quantization_config_from_args(args_for("--load_in_4bit", "--dtype", "bfloat16", "--use_cpu", "true",
-                                                  "--bnb_4bit_use_double_quant", "false"))  # fmt: skip
+    half = quantization_config_from_args(
+        args_for("--load_in_4bit", "--dtype", "bfloat16", "--use_cpu", "true", "--bnb_4bit_use_double_quant", "false")
+    )
     assert half.bnb_4bit_compute_dtype == half.bnb_4bit_quant_storage == torch.bfloat16
     assert not half.bnb_4bit_use_double_quant
     eight = quantization_config_from_args(args_for("--load_in_8bit"))
@@ -129,11 +157,12 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
+
     def find_spec(name, *args):
         return None if name == "bitsandbytes" else real_find_spec(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    with pytest.raises(ImportError, match=r'\.\[qlora\]'):
+    with pytest.raises(ImportError, match=r"\.\[qlora\]"):
         quantization_config_from_args(args_for("--load_in_4bit"))
 
 
@@ -169,8 +198,9 @@ def test_loftq_starts_at_the_full_precision_base_up_to_what_rank_r_cannot_hold()
     from hf_lora_ds.model.quantization import fit_loftq
 
     args = args_for("--load_in_4bit")
-    model = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32, quantization_config=quantization_config_from_args(args),
-                                                 device_map={"": "cpu"})  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        BASE, dtype=torch.float32, quantization_config=quantization_config_from_args(args), device_map={"": "cpu"}
+    )
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "down_proj"]))
     assert fit_loftq(model, str(BASE)) == 8
     full = load_file(BASE / "model.safetensors")

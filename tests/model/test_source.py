@@ -22,9 +22,16 @@ def model_copy_without(source, tmp_path, *patterns: str):
 
 @pytest.mark.parametrize(
     ("name", "local"),
-    [("Qwen/Qwen2.5-0.5B", False), ("gpt2", False), ("./models/qwen", True), ("/no/such/dir", True),
-     ("~/model", True), ("a/b/c", True), ("org/name/", True)],
-)  # fmt: skip
+    [
+        ("Qwen/Qwen2.5-0.5B", False),
+        ("gpt2", False),
+        ("./models/qwen", True),
+        ("/no/such/dir", True),
+        ("~/model", True),
+        ("a/b/c", True),
+        ("org/name/", True),
+    ],
+)
 def test_local_paths_are_told_from_hub_ids(name, local):
     assert looks_like_local_path(name) is local
 
@@ -46,10 +53,13 @@ def test_a_file_is_not_a_model_directory(tmp_path):
 
 @pytest.mark.parametrize(
     ("removed", "message"),
-    [(("config.json",), "has no config.json"), (("tokenizer*", "vocab*", "merges.txt"), "has no tokenizer"),
-     (("*.safetensors", "*.bin"), "has no weights")],
+    [
+        (("config.json",), "has no config.json"),
+        (("tokenizer*", "vocab*", "merges.txt"), "has no tokenizer"),
+        (("*.safetensors", "*.bin"), "has no weights"),
+    ],
     ids=["config", "tokenizer", "weights"],
-)  # fmt: skip
+)
 def test_each_missing_part_is_named(tiny_model_dir, tmp_path, removed, message):
     model = model_copy_without(tiny_model_dir, tmp_path, *removed)
     with pytest.raises(UserError, match=message):

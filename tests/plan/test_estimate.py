@@ -11,23 +11,47 @@ from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.training.fused_head_loss import CHUNK_BYTES, chunk_rows
 
 SHAPE = ModelShape(
-    frozen_params=1_000_000_000, trainable_params=10_000_000, frozen_weight_bytes=2_000_000_000,
-    largest_module_bytes=300_000_000, hidden_size=2048, vocab_size=150_000, num_layers=24, seq_len=1024,
-    first_layer_activation_bytes=40_000_000, layer_activation_bytes=50_000_000, layer_input_bytes=4_000_000,
+    frozen_params=1_000_000_000,
+    trainable_params=10_000_000,
+    frozen_weight_bytes=2_000_000_000,
+    largest_module_bytes=300_000_000,
+    hidden_size=2048,
+    vocab_size=150_000,
+    num_layers=24,
+    seq_len=1024,
+    first_layer_activation_bytes=40_000_000,
+    layer_activation_bytes=50_000_000,
+    layer_input_bytes=4_000_000,
     backward_working_bytes=30_000_000,
-)  # fmt: skip
+)
 BATCH = BatchShape(rows=2, row_tokens=1024, supervised_tokens=600)
 STAGE = {stage: DeepSpeedLayout(stage=stage) for stage in (0, 1, 2, 3)}
 NO_DEEPSPEED = DeepSpeedLayout()
 
 
-def estimate(layout=NO_DEEPSPEED, batch=BATCH, world_size=4, gc=False, supervised_only=True, accelerator=True,
-             sequence_parallel=1, shape=SHAPE):  # fmt: skip
+def estimate(
+    layout=NO_DEEPSPEED,
+    batch=BATCH,
+    world_size=4,
+    gc=False,
+    supervised_only=True,
+    accelerator=True,
+    sequence_parallel=1,
+    shape=SHAPE,
+):
     return estimate_memory(
-        shape, batch, layout, world_size=world_size, ranks_per_node=world_size, weight_bytes=2,
-        gradient_checkpointing=gc, supervised_logits_only=supervised_only, on_accelerator=accelerator,
-        runtime_bytes=500_000_000, sequence_parallel=sequence_parallel,
-    )  # fmt: skip
+        shape,
+        batch,
+        layout,
+        world_size=world_size,
+        ranks_per_node=world_size,
+        weight_bytes=2,
+        gradient_checkpointing=gc,
+        supervised_logits_only=supervised_only,
+        on_accelerator=accelerator,
+        runtime_bytes=500_000_000,
+        sequence_parallel=sequence_parallel,
+    )
 
 
 def test_only_zero3_partitions_the_frozen_weights():
@@ -99,7 +123,9 @@ def test_fsdp2_shards_every_state_and_gathers_a_unit_at_a_time():
     assert items["activations"] == estimate().device_items["activations"]  # nothing shards the batch
     offloaded = estimate(DeepSpeedLayout(fsdp=True, offload_param=True))
     assert offloaded.device_items["frozen weights"] == offloaded.device_items["optimizer states"] == 0
-    assert offloaded.host_items["sharded states (offloaded)"] == 4 * (items["frozen weights"] + 16 * SHAPE.trainable_params // 4)
+    assert offloaded.host_items["sharded states (offloaded)"] == 4 * (
+        items["frozen weights"] + 16 * SHAPE.trainable_params // 4
+    )
 
 
 def test_a_lora_init_pass_counts_where_it_exceeds_what_training_adds():
@@ -108,13 +134,31 @@ def test_a_lora_init_pass_counts_where_it_exceeds_what_training_adds():
 
     items = estimate().device_items
     training_only = sum(items[name] for name in ("gradients", "optimizer states", "activations", "logits and loss"))
-    small = estimate_memory(replace(SHAPE, init_pass_bytes=training_only // 2), BATCH, NO_DEEPSPEED, world_size=4,
-                            ranks_per_node=4, weight_bytes=2, gradient_checkpointing=False, supervised_logits_only=True,
-                            on_accelerator=True, runtime_bytes=500_000_000)  # fmt: skip
+    small = estimate_memory(
+        replace(SHAPE, init_pass_bytes=training_only // 2),
+        BATCH,
+        NO_DEEPSPEED,
+        world_size=4,
+        ranks_per_node=4,
+        weight_bytes=2,
+        gradient_checkpointing=False,
+        supervised_logits_only=True,
+        on_accelerator=True,
+        runtime_bytes=500_000_000,
+    )
     assert small.device_bytes == estimate().device_bytes
-    big = estimate_memory(replace(SHAPE, init_pass_bytes=training_only + 10**9), BATCH, NO_DEEPSPEED, world_size=4,
-                          ranks_per_node=4, weight_bytes=2, gradient_checkpointing=False, supervised_logits_only=True,
-                          on_accelerator=True, runtime_bytes=500_000_000)  # fmt: skip
+    big = estimate_memory(
+        replace(SHAPE, init_pass_bytes=training_only + 10**9),
+        BATCH,
+        NO_DEEPSPEED,
+        world_size=4,
+        ranks_per_node=4,
+        weight_bytes=2,
+        gradient_checkpointing=False,
+        supervised_logits_only=True,
+        on_accelerator=True,
+        runtime_bytes=500_000_000,
+    )
     assert big.device_items["LoRA init pass (beyond training's peak)"] == 10**9
 
 

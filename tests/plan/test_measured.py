@@ -38,8 +38,10 @@ def figures(request, tmp_path_factory) -> Iterator[dict[str, tuple[Future, Futur
     files: dict[str, tuple[Path, Path]] = {}
     for shape in dict.fromkeys(case[0] for _, case in cases):
         spec = SHAPES[shape]
-        files[shape] = (build_model_dir(spec, workdir / f"model-{shape}"),
-                        write_records(spec, workdir / f"{shape}.jsonl"))  # fmt: skip
+        files[shape] = (
+            build_model_dir(spec, workdir / f"model-{shape}"),
+            write_records(spec, workdir / f"{shape}.jsonl"),
+        )
     with ThreadPoolExecutor(2) as two_at_a_time:
         found = {}
         for case_id, (shape, config, checkpointing, _) in cases:

@@ -120,7 +120,8 @@ def test_the_lora_variant_is_counted(qwen_style_tokenizer):
     plain = measure_model_shape(config, lora(), torch.float32, 16)
     a_only = sum(4 * size for size in (32, 32, 32, 32, 32, 32, 96)) * 2  # r x in per module, 2 layers
     assert measure_model_shape(config, lora(), torch.float32, 16, train_lora_a=False).trainable_params == (
-        plain.trainable_params - a_only)
+        plain.trainable_params - a_only
+    )
     corda = LoraConfig(**{**lora().to_dict(), "init_lora_weights": "corda", "peft_type": None})
     inputs = (32, 32, 32, 32, 32, 32, 96)  # q, k, v, o, gate, up: hidden; down: intermediate
     assert measure_model_shape(config, corda, torch.float32, 16).init_pass_bytes == 2 * sum(4 * n * n for n in inputs)

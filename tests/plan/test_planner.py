@@ -35,4 +35,6 @@ def test_shipped_configurations_come_fastest_first_and_the_first_that_fits_is_re
 
 
 def row(config: str, fits: bool) -> PlanRow:
-    return PlanRow(config, False, Estimate({"weights": 2**30}, {"loading": 2**31}), fits, 2**29 if fits else -(2**29), 4)
+    return PlanRow(
+        config, False, Estimate({"weights": 2**30}, {"loading": 2**31}), fits, 2**29 if fits else -(2**29), 4
+    )

@@ -30,8 +30,19 @@ def two_32gb_gpus(monkeypatch):
 
 
 def run_args(*extra: str):
-    args, _ = parse(["--model_name_or_path", MODEL_14B, "--device_memory", "32GB", "--max_length", "1024",
-                     "--per_device_train_batch_size", "1", *extra])  # fmt: skip
+    args, _ = parse(
+        [
+            "--model_name_or_path",
+            MODEL_14B,
+            "--device_memory",
+            "32GB",
+            "--max_length",
+            "1024",
+            "--per_device_train_batch_size",
+            "1",
+            *extra,
+        ]
+    )
     args.process_index = 0
     return args
 
@@ -53,8 +64,11 @@ def test_auto_without_any_fit_names_the_smallest(two_32gb_gpus):
 def test_auto_names_the_sequence_parallel_size_that_would_fit(two_32gb_gpus):
     """14B with 32k-token samples on 2 x 32 GB: no config holds a whole sequence per GPU; auto does not change the
     global batch by picking a sequence-parallel size itself, it names one."""
-    with pytest.raises(UserError, match=r"no shipped DeepSpeed config fits; .* With --sequence_parallel_size 2, "
-                                        r"ds_configs/stage3\w*.json \+ SP 2 with gradient checkpointing: .* fits"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"no shipped DeepSpeed config fits; .* With --sequence_parallel_size 2, "
+        r"ds_configs/stage3\w*.json \+ SP 2 with gradient checkpointing: .* fits",
+    ):
         recommended_deepspeed_config(run_args("--max_length", "32768", "--gradient_checkpointing", "true"))
 
 

@@ -21,8 +21,20 @@ def test_the_table_lists_every_row_and_itemises_the_recommendation():
     rows = [row("none", False), row("stage2.json", True)]
     table = format_table(rows, rows[1])
     lines = table.splitlines()
-    assert lines[0].split() == ["configuration", "grad.", "ckpt", "per", "device", "host", "per", "node", "fits",
-                                "(margin)", "max", "batch"]  # fmt: skip
+    assert lines[0].split() == [
+        "configuration",
+        "grad.",
+        "ckpt",
+        "per",
+        "device",
+        "host",
+        "per",
+        "node",
+        "fits",
+        "(margin)",
+        "max",
+        "batch",
+    ]
     assert lines[2].startswith("no DeepSpeed") and "no (-0.50 GiB)" in lines[2]
     assert f"Recommended: {plan_line(rows[1])}" in table and "  weights: 1.00 GiB" in table
     assert "Nothing fits" in format_table(rows[:1], None)

@@ -24,7 +24,9 @@ from hf_lora_ds.plan.run_plan import plan_this_run
 from hf_lora_ds.resources import MODEL_CONFIGS
 
 MODEL = str(MODEL_CONFIGS / "qwen2.5-0.5b-instruct")
-PROFILE = SequenceProfile.from_samples([512] + [64] * 63, [32] * 64)  # one long sample: padding-free batches are shorter
+PROFILE = SequenceProfile.from_samples(
+    [512] + [64] * 63, [32] * 64
+)  # one long sample: padding-free batches are shorter
 
 
 @pytest.fixture(autouse=True)
@@ -36,17 +38,34 @@ def one_16gb_gpu(monkeypatch):
 
 
 def plan_from_flags(*flags: str):
-    args, _ = parse(["--model_name_or_path", MODEL, "--device_memory", "16GiB", "--max_length", "512",
-                     "--per_device_train_batch_size", "2", *flags])  # fmt: skip
+    args, _ = parse(
+        [
+            "--model_name_or_path",
+            MODEL,
+            "--device_memory",
+            "16GiB",
+            "--max_length",
+            "512",
+            "--per_device_train_batch_size",
+            "2",
+            *flags,
+        ]
+    )
     return plan_this_run(args, PROFILE)[0]
 
 
 BASE = PlanSettings(
     model_config=load_model_config(MODEL, False),
     lora=LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16, lora_dropout=0.05, target_modules="all-linear"),
-    dtype=torch.bfloat16, batch_size=2, profile=PROFILE, world_size=1, ranks_per_node=1, device_memory=16 * 2**30,
-    host_memory=512 * 2**30, on_accelerator=True,
-)  # fmt: skip
+    dtype=torch.bfloat16,
+    batch_size=2,
+    profile=PROFILE,
+    world_size=1,
+    ranks_per_node=1,
+    device_memory=16 * 2**30,
+    host_memory=512 * 2**30,
+    on_accelerator=True,
+)
 
 # flag -> what it means to the planner (changes to BASE, and the gradient checkpointing of the chosen row)
 MEANINGS = {

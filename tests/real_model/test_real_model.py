@@ -37,9 +37,13 @@ def test_labels_on_the_real_template_are_the_assistant_turns_and_im_end(smollm2_
     sample = ChatSFTDataset([record], tokenizer, cache_dir=tmp_path)[0]
 
     # Independent expectation: ChatML written out by hand, the default system turn first, tokenized piece by piece.
-    pieces = [(_chatml([("system", SMOLLM_SYSTEM), turns[0]]) + "<|im_start|>assistant\n", False),
-              (turns[1][1] + "<|im_end|>", True), ("\n" + _chatml([turns[2]]) + "<|im_start|>assistant\n", False),
-              (turns[3][1] + "<|im_end|>", True), ("\n", False)]
+    pieces = [
+        (_chatml([("system", SMOLLM_SYSTEM), turns[0]]) + "<|im_start|>assistant\n", False),
+        (turns[1][1] + "<|im_end|>", True),
+        ("\n" + _chatml([turns[2]]) + "<|im_start|>assistant\n", False),
+        (turns[3][1] + "<|im_end|>", True),
+        ("\n", False),
+    ]
     input_ids, labels = [], []
     for text, supervised in pieces:
         ids = tokenizer(text, add_special_tokens=False).input_ids
@@ -63,10 +67,32 @@ def trained(smollm2_dir, tmp_path_factory):
     (root / "train.json").write_text(json.dumps(_sum_records(range(10, 90)), ensure_ascii=False))
     (root / "heldout.json").write_text(json.dumps(_sum_records(range(150, 158)), ensure_ascii=False))
     out = root / "out"
-    run_sft.main(["--model_name_or_path", str(smollm2_dir), "--train_file", str(root / "train.json"),
-                  "--eval_file", "", "--output_dir", str(out), "--max_steps", "4", "--learning_rate", "2e-3",
-                  "--warmup_steps", "0", "--per_device_train_batch_size", "4", "--logging_steps", "1",
-                  "--dataset_cache_dir", str(root / "cache"), "--dtype", "float32"])
+    run_sft.main(
+        [
+            "--model_name_or_path",
+            str(smollm2_dir),
+            "--train_file",
+            str(root / "train.json"),
+            "--eval_file",
+            "",
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "4",
+            "--learning_rate",
+            "2e-3",
+            "--warmup_steps",
+            "0",
+            "--per_device_train_batch_size",
+            "4",
+            "--logging_steps",
+            "1",
+            "--dataset_cache_dir",
+            str(root / "cache"),
+            "--dtype",
+            "float32",
+        ]
+    )
     return out, root
 
 
@@ -90,8 +116,12 @@ def test_short_lora_run_lowers_the_held_out_loss(smollm2_dir, trained, adapted):
 def test_merged_model_generates_what_base_plus_adapter_generates(smollm2_dir, trained, adapted, tmp_path):
     merge_adapter(smollm2_dir, trained[0], tmp_path / "merged", dtype="float32", prompts=("7=",))  # checks logits
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{x}="}], add_generation_prompt=True,
-                                             return_tensors="pt", return_dict=True) for x in (37, 121)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{x}="}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        for x in (37, 121)
+    ]
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     for prompt in prompts:
         expected = adapted.generate(**prompt, max_new_tokens=10, do_sample=False)
@@ -101,8 +131,20 @@ def test_merged_model_generates_what_base_plus_adapter_generates(smollm2_dir, tr
 def test_eval_cli_runs_on_it(smollm2_dir, tmp_path, capsys):
     data = tmp_path / "eval.json"
     data.write_text(json.dumps(_sum_records([40, 61]), ensure_ascii=False))
-    code = eval_main(["--model_name_or_path", str(smollm2_dir), "--data", str(data),
-                      "--task", "sum_to_x", "--max_new_tokens", "8", "--output_dir", str(tmp_path / "report")])
+    code = eval_main(
+        [
+            "--model_name_or_path",
+            str(smollm2_dir),
+            "--data",
+            str(data),
+            "--task",
+            "sum_to_x",
+            "--max_new_tokens",
+            "8",
+            "--output_dir",
+            str(tmp_path / "report"),
+        ]
+    )
     assert code == 0
     report = json.loads((tmp_path / "report" / "eval_report.json").read_text())
     assert report["eval"]["num_samples"] == 2, report

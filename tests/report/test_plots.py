@@ -10,11 +10,17 @@ from hf_lora_ds.report import plots
 
 HISTORY = [
     {"step": 1, "loss": 2.0, "throughput/tokens_per_second": 100.0, "throughput/mfu": 0.2},
-    {"step": 2, "loss": 1.5, "eval_loss": 1.7, "throughput/tokens_per_second": 120.0, "throughput/mfu": 0.25,
-     "throughput/supervised_tokens_per_second": 40.0},
+    {
+        "step": 2,
+        "loss": 1.5,
+        "eval_loss": 1.7,
+        "throughput/tokens_per_second": 120.0,
+        "throughput/mfu": 0.25,
+        "throughput/supervised_tokens_per_second": 40.0,
+    },
     {"step": 3, "loss": 1.0, "throughput/tokens_per_second": 130.0},
     {"train_runtime": 12.0},  # Trainer's last entry: no step, nothing to plot
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -83,8 +89,10 @@ def test_memory_plot_stacks_the_peak_above_the_start_per_rank(drawn):
     def stats(before, peak):
         return {"cpu": {"before": before, "peak": peak}}
 
-    records = [{"phase": "load", "step": 0, "ranks": [stats(100, 50), stats(110, 40)]},
-               {"phase": "eval", "step": 4, "ranks": [stats(200, 20), stats(210, 30)]}]  # fmt: skip
+    records = [
+        {"phase": "load", "step": 0, "ranks": [stats(100, 50), stats(110, 40)]},
+        {"phase": "eval", "step": 4, "ranks": [stats(200, 20), stats(210, 30)]},
+    ]
     plots.memory_plot(records)
     (ax,) = drawn[0].axes  # one panel: only host memory was recorded
     heights = [patch.get_height() for patch in ax.patches]
@@ -95,9 +103,13 @@ def test_memory_plot_stacks_the_peak_above_the_start_per_rank(drawn):
 
 @pytest.mark.parametrize(
     ("plot", "nothing"),
-    [(plots.loss_plot, [{"train_runtime": 1.0}]), (plots.throughput_plot, [{"step": 1, "loss": 1.0}]),
-     (plots.accuracy_plot, {"before": {"accuracy": None}}), (plots.memory_plot, []),
-     (lambda history: plots.accuracy_curve_plot(history, {"after": {"accuracy": 1.0}}, 3), HISTORY)],
-)  # fmt: skip
+    [
+        (plots.loss_plot, [{"train_runtime": 1.0}]),
+        (plots.throughput_plot, [{"step": 1, "loss": 1.0}]),
+        (plots.accuracy_plot, {"before": {"accuracy": None}}),
+        (plots.memory_plot, []),
+        (lambda history: plots.accuracy_curve_plot(history, {"after": {"accuracy": 1.0}}, 3), HISTORY),
+    ],
+)
 def test_nothing_logged_is_no_plot(plot, nothing):
     assert plot(nothing) is None

@@ -65,9 +65,7 @@ def _memory_record(phase, step, peaks):
     }
 
 
-LOG_HISTORY = [
-    {"loss": 2.0 - 0.1 * step, "learning_rate": 1e-3, "step": step} for step in range(1, 11)
-] + [
+LOG_HISTORY = [{"loss": 2.0 - 0.1 * step, "learning_rate": 1e-3, "step": step} for step in range(1, 11)] + [
     {"eval_loss": 1.7, "step": 5},
     {"throughput/tokens_per_second": 900.0, "throughput/supervised_tokens_per_second": 400.0, "step": 5},
     {"throughput/padding_efficiency": 0.8, "throughput/mfu": 0.01, "step": 5},
@@ -131,8 +129,15 @@ def test_accuracy_during_training_is_drawn_beside_the_loss(tmp_path):
 
 
 def test_sizes_read_in_mib_and_gib(tmp_path):
-    report = {side: {"accuracy": 0.5, "peak_host_rss_bytes": 4088000512, "peak_accelerator_bytes": 721223680,
-                     "reasons": {"no prefix": 3}} for side in ("before", "after")}  # fmt: skip
+    report = {
+        side: {
+            "accuracy": 0.5,
+            "peak_host_rss_bytes": 4088000512,
+            "peak_accelerator_bytes": 721223680,
+            "reasons": {"no prefix": 3},
+        }
+        for side in ("before", "after")
+    }
     text = " ".join(parse(write_report(tmp_path, LOG_HISTORY, eval_report=report)).text)
     assert "3.81 GiB" in text and "687.8 MiB" in text and "4088000512" not in text
     assert "no prefix: 3" in text

@@ -91,7 +91,7 @@ def test_every_expected_config_is_shipped():
 def test_trainer_owned_keys_are_auto(path):
     raw = json.loads(path.read_text())
     literal = {key: _get(raw, key) for key in TRAINER_OWNED if _get(raw, key) not in (None, "auto")}
-    assert not literal, f"{path.name} hard-codes values TrainingArguments owns; make them \"auto\": {literal}"
+    assert not literal, f'{path.name} hard-codes values TrainingArguments owns; make them "auto": {literal}'
     assert "scheduler" not in raw, f"{path.name}: leave the scheduler to Trainer (lr_scheduler_type, warmup)"
 
 

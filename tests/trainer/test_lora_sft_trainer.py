@@ -21,14 +21,29 @@ RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x -
 def make_trainer(model, tokenizer, tmp_path, callbacks=(), **overrides):
     train_file = tmp_path / "train.json"
     train_file.write_text("[]")  # arguments only check that the file exists; the dataset below is built from records
-    options = dict(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", train_file=str(train_file),
-                   max_steps=4, per_device_train_batch_size=8, learning_rate=1e-2, report_to="none",
-                   save_strategy="no", logging_steps=1, lora_dropout=0.0)
+    options = dict(
+        output_dir=str(tmp_path / "out"),
+        model_name_or_path="tiny",
+        train_file=str(train_file),
+        max_steps=4,
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        lora_dropout=0.0,
+    )
     options.update(overrides)
     args = SFTTrainingArguments(**options)
     dataset = ChatSFTDataset(RECORDS, tokenizer, cache_dir=tmp_path)
-    return LoraSFTTrainer(model, args, train_dataset=dataset, data_collator=build_collator("padded", tokenizer),
-                          processing_class=tokenizer, callbacks=list(callbacks))
+    return LoraSFTTrainer(
+        model,
+        args,
+        train_dataset=dataset,
+        data_collator=build_collator("padded", tokenizer),
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+    )
 
 
 def test_lora_weights_change_and_base_weights_do_not(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
@@ -61,8 +76,14 @@ def test_adapter_and_tokenizer_saved_at_end(tiny_model, qwen_style_tokenizer, tm
 
 def test_gradient_checkpointing_trains_lora(tiny_model, qwen_style_tokenizer, tmp_path):
     for kwargs in ({"use_reentrant": False}, {"use_reentrant": True}):
-        trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, activation_checkpointing=True,
-                               activation_checkpointing_kwargs=kwargs)
+        trainer = make_trainer(
+            tiny_model,
+            qwen_style_tokenizer,
+            tmp_path,
+            max_steps=2,
+            activation_checkpointing=True,
+            activation_checkpointing_kwargs=kwargs,
+        )
         b = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
         trainer.train()
         assert all(not torch.equal(dict(trainer.model.named_parameters())[n], p) for n, p in b.items()), kwargs
@@ -105,8 +126,9 @@ def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, 
 
     def trainer(max_steps):
         model = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=2)
-        return make_trainer(model, qwen_style_tokenizer, tmp_path, max_steps=max_steps, save_strategy="steps",
-                            save_steps=2)  # fmt: skip
+        return make_trainer(
+            model, qwen_style_tokenizer, tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=2
+        )
 
     out = tmp_path / "out"
     trainer(4).train(resume_from_checkpoint="auto")  # nothing to resume from: a fresh start, said so
@@ -169,8 +191,11 @@ def test_an_adapter_that_never_trained_fails_the_run(tiny_model, qwen_style_toke
 
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2)
     _freeze_lora_b(trainer)
-    with pytest.raises(UntrainedAdapterError, match=r"never trained: all 14 lora_B tensors .* after 2 optimizer steps "
-                                                    r"at a learning rate up to 0\.01"):  # fmt: skip
+    with pytest.raises(
+        UntrainedAdapterError,
+        match=r"never trained: all 14 lora_B tensors .* after 2 optimizer steps "
+        r"at a learning rate up to 0\.01",
+    ):
         trainer.train()
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()  # saved all the same, for a look
 
@@ -196,8 +221,9 @@ def test_each_init_saves_an_adapter_that_gives_the_trained_model_on_the_original
     """Two steps, then the saved adapter on a copy of the base as it was loaded: the trained model's logits to fp32
     rounding (PiSSA, OLoRA and CorDA rewrote the base the run trained on; the saved adapter is converted)."""
     original = copy.deepcopy(tiny_model)
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, lora_init=init, lora_rank=4,
-                           lora_init_samples=16)  # fmt: skip
+    trainer = make_trainer(
+        tiny_model, qwen_style_tokenizer, tmp_path, max_steps=2, lora_init=init, lora_rank=4, lora_init_samples=16
+    )
     trainer.train()
     ids = torch.tensor([qwen_style_tokenizer("12=王大丫丫的回答是--->3 + 9")["input_ids"]])
     trained, base = _logits(trainer.model, ids), _logits(original, ids)
@@ -208,8 +234,9 @@ def test_each_init_saves_an_adapter_that_gives_the_trained_model_on_the_original
 
 
 def test_loraplus_trains_b_at_the_ratio_of_a(tiny_model, qwen_style_tokenizer, tmp_path):
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, lora_optimizer="loraplus",
-                           loraplus_lr_ratio=8.0)  # fmt: skip
+    trainer = make_trainer(
+        tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, lora_optimizer="loraplus", loraplus_lr_ratio=8.0
+    )
     trainer.train()
     names = {id(param): name for name, param in trainer.model.named_parameters()}
     rates = {".lora_A.": set(), ".lora_B.": set()}
@@ -222,9 +249,17 @@ def test_loraplus_trains_b_at_the_ratio_of_a(tiny_model, qwen_style_tokenizer, t
 def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
     """Built in code, without a collator: ``--batching packed`` gives rows of several samples, each restarting its
     positions, as run_sft's do (hf_lora_ds.training.batches)."""
-    args = SFTTrainingArguments(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", batching="packed",
-                                max_length=256, per_device_train_batch_size=1, max_steps=1, report_to="none",
-                                save_strategy="no", train_file=str(_empty_file(tmp_path)))  # fmt: skip
+    args = SFTTrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        model_name_or_path="tiny",
+        batching="packed",
+        max_length=256,
+        per_device_train_batch_size=1,
+        max_steps=1,
+        report_to="none",
+        save_strategy="no",
+        train_file=str(_empty_file(tmp_path)),
+    )
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
     assert isinstance(trainer.train_dataset, PackedDataset) and trainer.train_dataset.samples is dataset
@@ -236,8 +271,13 @@ def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer
 
 
 def test_the_trainer_batches_padding_free_without_a_collator(tiny_model, qwen_style_tokenizer, tmp_path):
-    args = SFTTrainingArguments(output_dir=str(tmp_path / "out"), model_name_or_path="tiny", batching="padding_free",
-                                report_to="none", train_file=str(_empty_file(tmp_path)))  # fmt: skip
+    args = SFTTrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        model_name_or_path="tiny",
+        batching="padding_free",
+        report_to="none",
+        train_file=str(_empty_file(tmp_path)),
+    )
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
     assert isinstance(trainer.data_collator, DataCollatorWithFlattening) and trainer.train_dataset is dataset

@@ -24,8 +24,9 @@ def dataset(qwen_style_tokenizer, tmp_path):
 
 
 def test_packed_packs_train_and_eval_and_builds_the_row_collator(tiny_model, qwen_style_tokenizer, dataset):
-    train, evaluation, collator = prepare_batches(_args("packed"), tiny_model, dataset, {"a": dataset}, None,
-                                                  qwen_style_tokenizer)  # fmt: skip
+    train, evaluation, collator = prepare_batches(
+        _args("packed"), tiny_model, dataset, {"a": dataset}, None, qwen_style_tokenizer
+    )
     assert isinstance(train, PackedDataset) and isinstance(evaluation["a"], PackedDataset)
     assert len(train) < len(dataset) and isinstance(collator, PackedCollator)
     assert prepare_batches(_args("packed"), tiny_model, train, None, None, qwen_style_tokenizer)[0] is train
@@ -34,7 +35,10 @@ def test_packed_packs_train_and_eval_and_builds_the_row_collator(tiny_model, qwe
 def test_what_is_given_is_kept(tiny_model, qwen_style_tokenizer, dataset):
     given = build_collator("padded", qwen_style_tokenizer)
     assert prepare_batches(_args("padded"), tiny_model, dataset, None, given, qwen_style_tokenizer) == (
-        dataset, None, given)
+        dataset,
+        None,
+        given,
+    )
 
 
 def test_packing_needs_the_samples_lengths(tiny_model, qwen_style_tokenizer):

@@ -80,14 +80,17 @@ def test_zero_checkpoints_on_another_number_of_ranks_need_a_run_that_loads_unive
     mark_checkpoint_complete(checkpoint, 2, world_size=2)
     assert not resolve_resume_checkpoint("auto", tmp_path, world_size=2).repartitioned
     assert _resolved("auto", tmp_path, world_size=2) == (
-        str(checkpoint), f"resume: from {checkpoint} (latest complete checkpoint)"
+        str(checkpoint),
+        f"resume: from {checkpoint} (latest complete checkpoint)",
     )
     zero2 = {"zero_optimization": {"stage": 2}}
     for value in ("auto", str(checkpoint)):
         path, note = _resolved(value, tmp_path, world_size=1, deepspeed_config=zero2)
         assert path == str(checkpoint) and resolve_resume_checkpoint(value, tmp_path, 1, zero2).repartitioned
-        assert note.endswith("; written by 2 ranks, this run has 1: it is converted to a DeepSpeed universal "
-                             "checkpoint and re-partitioned")  # fmt: skip
+        assert note.endswith(
+            "; written by 2 ranks, this run has 1: it is converted to a DeepSpeed universal "
+            "checkpoint and re-partitioned"
+        )
     refusals = {
         "no --deepspeed config": None,
         "ZeRO stage 0": {"zero_optimization": {"stage": 0}},
@@ -95,8 +98,9 @@ def test_zero_checkpoints_on_another_number_of_ranks_need_a_run_that_loads_unive
     }
     for reason, config in refusals.items():
         for value in ("auto", str(checkpoint)):
-            with pytest.raises(ValueError, match=f"partitioned over 2 ranks, and this run has 1;.*{reason}.*"
-                                                 "Resume with 2 ranks"):  # fmt: skip
+            with pytest.raises(
+                ValueError, match=f"partitioned over 2 ranks, and this run has 1;.*{reason}.*Resume with 2 ranks"
+            ):
                 resolve_resume_checkpoint(value, tmp_path, world_size=1, deepspeed_config=config)
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "trainer_state.json").write_text("{}")  # Trainer's own format: any world size
@@ -107,8 +111,11 @@ def test_a_rank_gone_from_a_collective_is_one_line_naming_the_last_complete_chec
     """A rank SIGKILLed inside a save leaves the survivors' next collective with gloo's "Connection reset by peer"."""
     _checkpoint(tmp_path, 2, complete=True)
     gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:4242: Connection reset by peer.")
-    with pytest.raises(RankLostError, match=rf"^another rank of this run stopped \(its connection: Connection reset by "
-                       rf"peer; .*\); {tmp_path}/checkpoint-2 is the last complete checkpoint"):  # fmt: skip
+    with pytest.raises(
+        RankLostError,
+        match=rf"^another rank of this run stopped \(its connection: Connection reset by "
+        rf"peer; .*\); {tmp_path}/checkpoint-2 is the last complete checkpoint",
+    ):
         with lost_ranks(tmp_path):
             raise gloo
     with pytest.raises(RuntimeError, match="a bug"), lost_ranks(tmp_path):

@@ -48,7 +48,9 @@ def cpu_launch_accelerator():
 def test_the_fsdp_state_given_to_a_cpu_launch_outlives_later_accelerator_states(cpu_launch_accelerator):
     """The optimizer wrapper (and others) build ``AcceleratorState()`` after the trainer's set-up; it must not turn the
     run back to MULTI_CPU, or ``get_state_dict`` and the FULL_STATE_DICT resume take FSDP1's paths."""
-    args = SimpleNamespace(fsdp="full_shard", fsdp_plugin_args={"fsdp_version": 2, "state_dict_type": "FULL_STATE_DICT"})
+    args = SimpleNamespace(
+        fsdp="full_shard", fsdp_plugin_args={"fsdp_version": 2, "state_dict_type": "FULL_STATE_DICT"}
+    )
     assert shard_on_cpu(SimpleNamespace(args=args, accelerator=cpu_launch_accelerator))
     assert AcceleratorState().distributed_type == DistributedType.FSDP
     assert cpu_launch_accelerator.is_fsdp2

@@ -21,13 +21,25 @@ RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x -
 
 @pytest.fixture
 def run_data(qwen_style_tokenizer, tmp_path):
-    return ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path), build_collator("padded", qwen_style_tokenizer)
+    return ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path), build_collator(
+        "padded", qwen_style_tokenizer
+    )
 
 
 def _args(init: str, **changes) -> SimpleNamespace:
-    values = dict(lora_init=init, lora_init_samples=16, per_device_train_batch_size=8, seed=0, lora_rank=4,
-                  lora_alpha=8, lora_dropout=0.0, lora_target_modules="all-linear", use_rslora=False, use_dora=False,
-                  model_name_or_path="tiny")  # fmt: skip
+    values = dict(
+        lora_init=init,
+        lora_init_samples=16,
+        per_device_train_batch_size=8,
+        seed=0,
+        lora_rank=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        lora_target_modules="all-linear",
+        use_rslora=False,
+        use_dora=False,
+        model_name_or_path="tiny",
+    )
     return SimpleNamespace(**{**values, **changes})
 
 
@@ -68,7 +80,9 @@ def test_corda_starts_at_the_base(tiny_model, run_data):
         model = wrap_as_initialised(tiny_model, lora_config_from_args(args), args, *run_data).eval()
         start = model(input_ids=ids).logits
     assert model.peft_config["default"].init_lora_weights == "corda"
-    assert any(layer.lora_B["default"].weight.abs().sum() > 0 for layer in model.modules() if isinstance(layer, LoraLayer))
+    assert any(
+        layer.lora_B["default"].weight.abs().sum() > 0 for layer in model.modules() if isinstance(layer, LoraLayer)
+    )
     torch.testing.assert_close(start, base, atol=1e-5 * base.abs().max().item(), rtol=0)
 
 

@@ -13,8 +13,9 @@ from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 
 
 def _args(tmp_path, optimizer: str, ratio: float | None = None) -> TrainingArguments:
-    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, weight_decay=0.1, adam_beta2=0.95,
-                             report_to="none", use_cpu=True)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path), learning_rate=1e-3, weight_decay=0.1, adam_beta2=0.95, report_to="none", use_cpu=True
+    )
     args.lora_optimizer, args.loraplus_lr_ratio, args.lora_rank, args.lora_alpha = optimizer, ratio, 4, 8
     return args
 

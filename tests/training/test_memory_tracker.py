@@ -30,8 +30,12 @@ def test_nested_phases_each_report_their_own_span_and_the_outer_keeps_the_inner_
     tracker._sampler.rss = lambda: next(readings) * MIB
     tracker.begin("train")  # 100
     tracker.begin("eval")  # 150
-    assert tracker.end("eval")["cpu"] == {"before": 150 * MIB, "consumed": 750 * MIB, "peak": 750 * MIB,
-                                          "total_peak": 900 * MIB}  # fmt: skip
+    assert tracker.end("eval")["cpu"] == {
+        "before": 150 * MIB,
+        "consumed": 750 * MIB,
+        "peak": 750 * MIB,
+        "total_peak": 900 * MIB,
+    }
     tracker.begin("train")  # open already: stays as it is, no reading taken
     assert tracker.end("train")["cpu"]["total_peak"] == 900 * MIB
     assert tracker.end("nothing open") is None

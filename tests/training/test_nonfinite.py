@@ -79,8 +79,10 @@ def test_batch_sequences_padded_and_padding_free():
     assert batch_sequences(padded) == [(5, 6, 7), (8, 9)]
     flat = {"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]])}
     assert batch_sequences(flat) == [(5, 6, 7), (8, 9)]
-    packed = {"input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 4, 3]]), "position_ids": torch.tensor([[0, 1, 2, 0],
-                                                                                                     [0, 1, 0, 1]])}  # fmt: skip
+    packed = {
+        "input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 4, 3]]),
+        "position_ids": torch.tensor([[0, 1, 2, 0], [0, 1, 0, 1]]),
+    }
     assert batch_sequences(packed) == [(5, 6, 7), (0,), (8, 9), (4, 3)]  # the padding piece matches no sample
 
 
@@ -88,14 +90,24 @@ def test_batch_sequences_padded_and_padding_free():
     "poison, error, first",
     [
         (lambda: NaNEmbeddingsAtStep(3), NonFiniteLossError, "non-finite training loss (nan) at step 3"),
-        (lambda: PoisonStep("gradient", 3), NonFiniteGradientError,
-         "non-finite gradient norm (nan) at step 3, before its update was applied"),
+        (
+            lambda: PoisonStep("gradient", 3),
+            NonFiniteGradientError,
+            "non-finite gradient norm (nan) at step 3, before its update was applied",
+        ),
     ],
     ids=["loss", "gradient_norm"],
-)  # fmt: skip
+)
 def test_nan_stops_before_its_update(poison, error, first, tiny_model, qwen_style_tokenizer, tmp_path):
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=5, save_strategy="steps",
-                           save_steps=1, train_sampling_strategy="sequential")  # fmt: skip
+    trainer = make_trainer(
+        tiny_model,
+        qwen_style_tokenizer,
+        tmp_path,
+        max_steps=5,
+        save_strategy="steps",
+        save_steps=1,
+        train_sampling_strategy="sequential",
+    )
     trainer.add_callback(poison())
     with pytest.raises(error) as raised:
         trainer.train()
@@ -118,12 +130,16 @@ def assert_weights_are_checkpoints(model, checkpoint: Path) -> None:
         torch.testing.assert_close(current[f"base_model.model.{name.removeprefix('base_model.model.')}"], value)
 
 
-
-
 @pytest.mark.parametrize("poisoned", ["loss", "gradient"])
 def test_skip_mode_drops_the_step_and_counts_it(poisoned, tiny_model, qwen_style_tokenizer, tmp_path):
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=4, on_nonfinite="skip",
-                           train_sampling_strategy="sequential")  # fmt: skip
+    trainer = make_trainer(
+        tiny_model,
+        qwen_style_tokenizer,
+        tmp_path,
+        max_steps=4,
+        on_nonfinite="skip",
+        train_sampling_strategy="sequential",
+    )
     trainer.add_callback(PoisonStep(poisoned, 2))
     after = StateAfterEachStep()
     trainer.add_callback(after)
@@ -137,24 +153,49 @@ def test_skip_mode_drops_the_step_and_counts_it(poisoned, tiny_model, qwen_style
         assert any(not torch.equal(after.weights[step][n], after.weights[step - 1][n]) for n in after.weights[0])
     assert all(torch.isfinite(value).all() for value in after.weights[4].values())
     history = trainer.state.log_history
-    assert {entry["step"]: entry["nonfinite_skipped"] for entry in history if "loss" in entry} == {1: 0, 2: 1, 3: 1, 4: 1}
+    assert {entry["step"]: entry["nonfinite_skipped"] for entry in history if "loss" in entry} == {
+        1: 0,
+        2: 1,
+        3: 1,
+        4: 1,
+    }
     assert next(entry for entry in history if "train_loss" in entry)["nonfinite_skipped"] == 1
 
 
 def test_run_sft_reports_it_as_one_line(tiny_model_dir, tmp_path, capsys):
     train = tmp_path / "train.json"
     train.write_text(json.dumps(RECORDS, ensure_ascii=False), encoding="utf-8")
-    argv = ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--eval_file", "",
-            "--output_dir", str(tmp_path / "out"), "--dataset_cache_dir", str(tmp_path / "cache"), "--max_steps", "4",
-            "--per_device_train_batch_size", "8", "--train_sampling_strategy", "sequential", "--save_strategy", "no",
-            "--disable_tqdm", "true",
-            "--report_to", "none"]  # fmt: skip
+    argv = [
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--train_file",
+        str(train),
+        "--eval_file",
+        "",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--dataset_cache_dir",
+        str(tmp_path / "cache"),
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "8",
+        "--train_sampling_strategy",
+        "sequential",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+        "--report_to",
+        "none",
+    ]
     with pytest.raises(SystemExit) as exited:
         run_cli(lambda: run_sft.main(argv, callbacks=[NaNEmbeddingsAtStep(2)]))
     assert exited.value.code == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, err[-3000:]
-    assert re.search(r"at step 2, .*indices\) \[8, 9, 10, 11, 12, 13, 14, 15\] \(.*train.json, line 1 \(record 8\)",
-                     errors[0]), errors[0]  # fmt: skip
+    assert re.search(
+        r"at step 2, .*indices\) \[8, 9, 10, 11, 12, 13, 14, 15\] \(.*train.json, line 1 \(record 8\)", errors[0]
+    ), errors[0]
     assert "no complete checkpoint in" in errors[0]

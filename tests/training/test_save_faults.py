@@ -22,8 +22,20 @@ from hf_lora_ds.errors import run_cli
 from hf_lora_ds.training.checkpoints import COMPLETE_MARKER
 from tests import REPO
 
-RUN = ["--eval_file", "", "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1",
-       "--per_device_train_batch_size", "8"]  # fmt: skip
+RUN = [
+    "--eval_file",
+    "",
+    "--max_steps",
+    "6",
+    "--save_strategy",
+    "steps",
+    "--save_steps",
+    "2",
+    "--logging_steps",
+    "1",
+    "--per_device_train_batch_size",
+    "8",
+]
 
 
 class StepCounter(TrainerCallback):
@@ -38,8 +50,10 @@ def resume_auto(output_dir: Path, capsys) -> list[int]:
     """Run on with ``auto``; the steps this process took."""
     counter = StepCounter()
     run_sft.main([*RUN, "--output_dir", str(output_dir), "--resume_from_checkpoint", "auto"], callbacks=[counter])
-    assert (f"resume: from {output_dir}/checkpoint-2 (latest complete checkpoint; skipped incomplete checkpoint-4)"
-            in capsys.readouterr().out)  # fmt: skip
+    assert (
+        f"resume: from {output_dir}/checkpoint-2 (latest complete checkpoint; skipped incomplete checkpoint-4)"
+        in capsys.readouterr().out
+    )
     return counter.steps
 
 
@@ -50,9 +64,11 @@ def test_full_disk_during_a_save(small_disk, tmp_path, capsys):
         run_cli(lambda: run_sft.main([*RUN, "--output_dir", str(output_dir)]))
     assert leaving.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: saving {output_dir}/checkpoint-4 failed: No space left on device; {output_dir}/"
-                      "checkpoint-2 is the last complete checkpoint (--resume_from_checkpoint auto continues from "
-                      "it)"]  # fmt: skip
+    assert errors == [
+        f"error: saving {output_dir}/checkpoint-4 failed: No space left on device; {output_dir}/"
+        "checkpoint-2 is the last complete checkpoint (--resume_from_checkpoint auto continues from "
+        "it)"
+    ]
     assert (output_dir / "checkpoint-2" / COMPLETE_MARKER).is_file()
     assert not (output_dir / "checkpoint-4" / COMPLETE_MARKER).exists()
     roomy = shutil.copytree(output_dir, tmp_path / "copy")  # the user frees space; here: the same files elsewhere
@@ -74,10 +90,14 @@ class ReadOnlyFromStep3(TrainerCallback):
 def test_read_only_file_system_during_a_save(small_disk, capsys):
     output_dir = small_disk / "out"
     with pytest.raises(SystemExit) as leaving:
-        run_cli(lambda: run_sft.main([*RUN, "--output_dir", str(output_dir)], callbacks=[ReadOnlyFromStep3(small_disk)]))
+        run_cli(
+            lambda: run_sft.main([*RUN, "--output_dir", str(output_dir)], callbacks=[ReadOnlyFromStep3(small_disk)])
+        )
     assert leaving.value.code == 2
-    assert (f"error: saving {output_dir}/checkpoint-4 failed: Read-only file system; {output_dir}/checkpoint-2 is the "
-            "last complete checkpoint" in capsys.readouterr().err)  # fmt: skip
+    assert (
+        f"error: saving {output_dir}/checkpoint-4 failed: Read-only file system; {output_dir}/checkpoint-2 is the "
+        "last complete checkpoint" in capsys.readouterr().err
+    )
 
 
 KILLED_IN_ON_SAVE = """
@@ -97,8 +117,13 @@ run_sft.main(sys.argv[1:], callbacks=[KillInsideSave()])
 @pytest.mark.slow
 def test_sigkill_inside_a_save(tmp_path, capsys):
     output_dir = tmp_path / "out"
-    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED_IN_ON_SAVE), *RUN, "--output_dir",
-                             str(output_dir)], cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KILLED_IN_ON_SAVE), *RUN, "--output_dir", str(output_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (output_dir / "checkpoint-4" / "adapter_model.safetensors").is_file()  # written, but never marked
     assert not (output_dir / "checkpoint-4" / COMPLETE_MARKER).exists()

@@ -28,8 +28,9 @@ RANKS_DEADLINE_S = 60  # both ranks of a case, from fork to exit; a hung collect
 
 
 def _rank(rank: int, init_file: str, work, args: tuple, results) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=30))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=timedelta(seconds=30)
+    )
     results.put((rank, work(rank, *args)))
     dist.destroy_process_group()
 
@@ -41,8 +42,9 @@ def on_two_ranks(tmp_path, work, *args) -> dict:
     context = mp.get_context("fork")
     results = context.SimpleQueue()
     init_file = tmp_path / f"init-{uuid.uuid4().hex}"  # a fresh rendezvous file per group
-    ranks = mp.start_processes(_rank, args=(str(init_file), work, args, results), nprocs=2, join=False,
-                               start_method="fork")  # fmt: skip
+    ranks = mp.start_processes(
+        _rank, args=(str(init_file), work, args, results), nprocs=2, join=False, start_method="fork"
+    )
     deadline = time.monotonic() + RANKS_DEADLINE_S
     while not ranks.join(timeout=max(deadline - time.monotonic(), 0)):
         if time.monotonic() >= deadline:
@@ -58,7 +60,9 @@ def _loss_and_gradient(rank: int, divisor: int, data_parallel: int, differentiab
     if differentiable_gather:  # transformers' deepspeed_sp_compute_loss: every rank backpropagates the whole sum
         loss = torch.stack(torch.distributed.nn.functional.all_gather(shard_loss)).sum()
     else:
-        loss = sequence_parallel_loss(shard_loss, dist.group.WORLD, deepspeed_divisor=divisor, data_parallel=data_parallel)
+        loss = sequence_parallel_loss(
+            shard_loss, dist.group.WORLD, deepspeed_divisor=divisor, data_parallel=data_parallel
+        )
     loss.backward()
     gradient = weight.grad.clone()
     dist.all_reduce(gradient)  # what DeepSpeed does with it: sum over every rank, then divide
@@ -107,7 +111,10 @@ def test_deepspeed_divides_by_the_data_parallel_size_except_zero3s_reduce_scatte
 
 
 def test_trained_tokens_of_the_shards_count_once():
-    shards = [{"shift_labels": torch.tensor([[-100, 5, 6], [7, -100, -100]])}, {"shift_labels": torch.tensor([[1, 2, -100]])}]
+    shards = [
+        {"shift_labels": torch.tensor([[-100, 5, 6], [7, -100, -100]])},
+        {"shift_labels": torch.tensor([[1, 2, -100]])},
+    ]
     assert supervised_tokens_in_shards(shards, torch.device("cpu")).item() == 5
 
 

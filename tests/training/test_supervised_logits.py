@@ -20,23 +20,34 @@ from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.training import fused_head_loss
 from hf_lora_ds.training.supervised_logits import accepts_position_mask, supervised_cross_entropy
 
-TURNS = ["Hello", "Tell me a joke about cats.", "What is the capital of France?", "Bonjour!", "Paris is.",
-         "The quick brown fox jumps over the lazy dog.", "good morning", "how can I help you today?"]  # fmt: skip
+TURNS = [
+    "Hello",
+    "Tell me a joke about cats.",
+    "What is the capital of France?",
+    "Bonjour!",
+    "Paris is.",
+    "The quick brown fox jumps over the lazy dog.",
+    "good morning",
+    "how can I help you today?",
+]
 
 
 def conversation(i: int) -> dict:
     """1-3 turn chats of varied lengths: supervised counts differ from sample to sample."""
     messages = []
     for turn in range(1 + i % 3):
-        messages += [{"role": "user", "content": TURNS[(i + turn) % len(TURNS)]},
-                     {"role": "assistant", "content": " ".join(TURNS[(i * 3 + turn) % len(TURNS)] for _ in range(1 + i % 4))}]  # fmt: skip
+        messages += [
+            {"role": "user", "content": TURNS[(i + turn) % len(TURNS)]},
+            {"role": "assistant", "content": " ".join(TURNS[(i * 3 + turn) % len(TURNS)] for _ in range(1 + i % 4))},
+        ]
     return {"messages": messages}
 
 
 RECORDS = [conversation(i) for i in range(16)]
 # Random A and B (B is zero at PEFT's default init, which would leave every lora_A gradient zero and unchecked).
-LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False,
-                  task_type="CAUSAL_LM")  # fmt: skip
+LORA = LoraConfig(
+    r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False, task_type="CAUSAL_LM"
+)
 
 
 @pytest.fixture
@@ -47,14 +58,31 @@ def dataset(qwen_style_tokenizer, tmp_path):
 def make_trainer(model, tokenizer, dataset, tmp_path, supervised: bool, batching: str = "padded", **overrides):
     train_file = tmp_path / "train.json"
     train_file.write_text("[]")
-    options = dict(output_dir=str(tmp_path / f"out-{supervised}"), model_name_or_path="tiny", train_file=str(train_file),
-                   max_steps=2, per_device_train_batch_size=4, learning_rate=5e-2, report_to="none", save_strategy="no",
-                   logging_steps=1, supervised_logits_only=supervised, use_cache=False, seed=0)  # fmt: skip
+    options = dict(
+        output_dir=str(tmp_path / f"out-{supervised}"),
+        model_name_or_path="tiny",
+        train_file=str(train_file),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=5e-2,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        supervised_logits_only=supervised,
+        use_cache=False,
+        seed=0,
+    )
     options.update(overrides)
     torch.manual_seed(0)  # the same random LoRA weights in every trainer
-    return LoraSFTTrainer(copy.deepcopy(model), SFTTrainingArguments(**options), train_dataset=dataset,
-                          eval_dataset=dataset, data_collator=build_collator(batching, tokenizer),
-                          processing_class=tokenizer, lora_config=LORA)  # fmt: skip
+    return LoraSFTTrainer(
+        copy.deepcopy(model),
+        SFTTrainingArguments(**options),
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        data_collator=build_collator(batching, tokenizer),
+        processing_class=tokenizer,
+        lora_config=LORA,
+    )
 
 
 def loss_and_lora_grads(trainer, batches):
@@ -89,8 +117,9 @@ class FusedCalls:
         monkeypatch.setattr(fused_head_loss.FusedHeadLoss, "apply", counted)
 
 
-def assert_same_loss_and_grads(tiny64, tokenizer, dataset, tmp_path, batching, micro_batches, tolerance=(1e-5, 1e-7),
-                               fused=True, **overrides):  # fmt: skip
+def assert_same_loss_and_grads(
+    tiny64, tokenizer, dataset, tmp_path, batching, micro_batches, tolerance=(1e-5, 1e-7), fused=True, **overrides
+):
     collate = build_collator(batching, tokenizer)
     samples = list(dataset)
     batches = [collate(samples[i : i + 4]) for i in range(0, 4 * micro_batches, 4)]
@@ -114,8 +143,9 @@ def tiny64(qwen_style_tokenizer):
 
 
 @pytest.mark.parametrize("batching", ["padded", "padding_free"])
-def test_loss_and_every_lora_gradient_equal_full_logits(tiny64, qwen_style_tokenizer, dataset, tmp_path, batching,
-                                                        monkeypatch):  # fmt: skip
+def test_loss_and_every_lora_gradient_equal_full_logits(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, batching, monkeypatch
+):
     """The fused head-and-loss (the default), with a budget of 8 rows per chunk (fp32: 16 bytes a logit)."""
     calls = FusedCalls(monkeypatch, budget=128 * len(qwen_style_tokenizer))
     assert_same_loss_and_grads(tiny64, qwen_style_tokenizer, dataset, tmp_path, batching, micro_batches=1)
@@ -123,8 +153,9 @@ def test_loss_and_every_lora_gradient_equal_full_logits(tiny64, qwen_style_token
 
 
 @pytest.mark.parametrize("batching", ["padded", "padding_free"])
-def test_accumulated_loss_and_gradients_equal_full_logits(tiny64, qwen_style_tokenizer, dataset, tmp_path, batching,
-                                                          monkeypatch):  # fmt: skip
+def test_accumulated_loss_and_gradients_equal_full_logits(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, batching, monkeypatch
+):
     """Three micro-batches with different supervised counts, normalised by num_items_in_batch of all three."""
     calls = FusedCalls(monkeypatch, budget=128 * len(qwen_style_tokenizer))
     assert_same_loss_and_grads(tiny64, qwen_style_tokenizer, dataset, tmp_path, batching, micro_batches=3)
@@ -132,12 +163,14 @@ def test_accumulated_loss_and_gradients_equal_full_logits(tiny64, qwen_style_tok
 
 
 @pytest.mark.parametrize("micro_batches", [1, 3])
-def test_logits_path_still_equals_full_logits(tiny64, qwen_style_tokenizer, dataset, tmp_path, micro_batches,
-                                              monkeypatch):  # fmt: skip
+def test_logits_path_still_equals_full_logits(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, micro_batches, monkeypatch
+):
     """The supervised-position logits path, kept for heads the fused loss cannot stand in for."""
     calls = FusedCalls(monkeypatch)
-    assert_same_loss_and_grads(tiny64, qwen_style_tokenizer, dataset, tmp_path, "padding_free", micro_batches,
-                               fused=False)  # fmt: skip
+    assert_same_loss_and_grads(
+        tiny64, qwen_style_tokenizer, dataset, tmp_path, "padding_free", micro_batches, fused=False
+    )
     assert calls.chunks == []
 
 
@@ -145,13 +178,26 @@ def test_training_with_accumulation_and_eval_matches_full_logits(tiny64, qwen_st
     """Trainer's own loop: logged train losses, eval losses during training and the trained adapter all equal."""
     runs = {}
     for supervised in (True, False):
-        trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, supervised, max_steps=3,
-                               gradient_accumulation_steps=2, per_device_train_batch_size=3,
-                               eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=5)  # fmt: skip
+        trainer = make_trainer(
+            tiny64,
+            qwen_style_tokenizer,
+            dataset,
+            tmp_path,
+            supervised,
+            max_steps=3,
+            gradient_accumulation_steps=2,
+            per_device_train_batch_size=3,
+            eval_strategy="steps",
+            eval_steps=1,
+            per_device_eval_batch_size=5,
+        )
         trainer.train()
         history = trainer.state.log_history
-        runs[supervised] = ([e["loss"] for e in history if "loss" in e], [e["eval_loss"] for e in history if "eval_loss" in e],
-                            {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})  # fmt: skip
+        runs[supervised] = (
+            [e["loss"] for e in history if "loss" in e],
+            [e["eval_loss"] for e in history if "eval_loss" in e],
+            {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},
+        )
     (losses, eval_losses, weights), (full_losses, full_eval_losses, full_weights) = runs[True], runs[False]
     assert len(losses) == len(eval_losses) == 3
     assert losses == pytest.approx(full_losses, rel=1e-6)
@@ -199,8 +245,9 @@ class ScaledLogitsLM(Qwen2ForCausalLM):
         return outputs
 
 
-def test_models_that_change_the_head_output_take_the_logits_path(tiny64, qwen_style_tokenizer, dataset, tmp_path,
-                                                                 capsys):  # fmt: skip
+def test_models_that_change_the_head_output_take_the_logits_path(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys
+):
     model = ScaledLogitsLM(tiny64.config)
     model.load_state_dict(tiny64.state_dict())
     batch = build_collator("padded", qwen_style_tokenizer)(list(dataset)[:4])
@@ -210,8 +257,10 @@ def test_models_that_change_the_head_output_take_the_logits_path(tiny64, qwen_st
         loss, outputs = trainer.compute_loss(trainer.model, dict(batch), return_outputs=True)
         assert outputs.logits is not None and not trainer._fused_head_loss
     notice = [line for line in capsys.readouterr().out.splitlines() if "fused LM head loss" in line]
-    assert notice == ["fused LM head loss: off, ScaledLogitsLM.forward changes the head's output; the loss uses "
-                      "supervised-position logits"]  # fmt: skip
+    assert notice == [
+        "fused LM head loss: off, ScaledLogitsLM.forward changes the head's output; the loss uses "
+        "supervised-position logits"
+    ]
     logits = full.model(**{key: value for key, value in batch.items() if key != "labels"}).logits  # scaled
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
     torch.testing.assert_close(loss, expected)
@@ -222,13 +271,15 @@ class NoPositionMaskLM(Qwen2ForCausalLM):
     boolean masks could not take one either): its head sees every position."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, **kwargs):
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               labels=labels, **kwargs)  # fmt: skip
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels, **kwargs
+        )
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "logits"])
-def test_models_without_a_position_mask_still_train_on_supervised_positions(tiny64, qwen_style_tokenizer, dataset,
-                                                                            tmp_path, fused, monkeypatch):  # fmt: skip
+def test_models_without_a_position_mask_still_train_on_supervised_positions(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, fused, monkeypatch
+):
     """The fused head selects the supervised rows itself (the first GPU run's transformers 5.17 fell back to full
     logits: 1.8x TRL's peak memory); without the fused head, the loss reads the supervised rows of full logits."""
     assert accepts_position_mask(tiny64)
@@ -240,14 +291,17 @@ def test_models_without_a_position_mask_still_train_on_supervised_positions(tiny
     assert bool(calls.chunks) is fused
 
 
-def test_models_without_a_position_mask_or_a_plain_head_fall_back_with_one_line(tiny64, qwen_style_tokenizer, dataset,
-                                                                                tmp_path, capsys):  # fmt: skip
+def test_models_without_a_position_mask_or_a_plain_head_fall_back_with_one_line(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys
+):
     model = NoPositionMaskLM(tiny64.config)
     model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
     trainer = make_trainer(model, qwen_style_tokenizer, dataset, tmp_path, True, max_steps=1)
     notice = [line for line in capsys.readouterr().out.splitlines() if "supervised-position logits" in line]
-    assert notice == ["supervised-position logits: off, NoPositionMaskLM.forward takes no boolean logits_to_keep mask "
-                      "and its LM head is not a plain bias-free nn.Linear; the loss uses full logits"]  # fmt: skip
+    assert notice == [
+        "supervised-position logits: off, NoPositionMaskLM.forward takes no boolean logits_to_keep mask "
+        "and its LM head is not a plain bias-free nn.Linear; the loss uses full logits"
+    ]
     assert not trainer.supervised_logits_only
     trainer.train()  # the standard path trains
 
@@ -271,8 +325,11 @@ def test_throughput_still_counts_supervised_tokens(tiny64, qwen_style_tokenizer,
     supervised tokens."""
     trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, max_steps=-1, num_train_epochs=1)
     trainer.train()
-    logged = [entry["throughput/run_supervised_tokens"] for entry in trainer.state.log_history
-              if "throughput/run_supervised_tokens" in entry]  # fmt: skip
+    logged = [
+        entry["throughput/run_supervised_tokens"]
+        for entry in trainer.state.log_history
+        if "throughput/run_supervised_tokens" in entry
+    ]
     assert logged == [sum(sum(label != IGNORE_INDEX for label in sample["labels"]) for sample in dataset)]
 
 
@@ -297,8 +354,17 @@ def test_gpu_padding_free_bf16_matches_full_logits(tiny64, qwen_style_tokenizer,
     if attention == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         pytest.skip("flash-attn is not installed")
     tiny64.set_attn_implementation(attention)
-    assert_same_loss_and_grads(tiny64.to(torch.bfloat16), qwen_style_tokenizer, dataset, tmp_path, "padding_free",
-                               micro_batches=2, tolerance=(2e-2, 1e-4), bf16=True, dtype="bfloat16")  # fmt: skip
+    assert_same_loss_and_grads(
+        tiny64.to(torch.bfloat16),
+        qwen_style_tokenizer,
+        dataset,
+        tmp_path,
+        "padding_free",
+        micro_batches=2,
+        tolerance=(2e-2, 1e-4),
+        bf16=True,
+        dtype="bfloat16",
+    )
 
 
 @pytest.mark.gpu
@@ -306,8 +372,17 @@ def test_gpu_padding_free_bf16_matches_full_logits(tiny64, qwen_style_tokenizer,
 def test_gpu_liger_kernel_trains_with_one_line(tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys):
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger-kernel is not installed")
-    trainer = make_trainer(tiny64.to(torch.bfloat16), qwen_style_tokenizer, dataset, tmp_path, True, max_steps=2,
-                           use_liger_kernel=True, bf16=True, dtype="bfloat16")  # fmt: skip
+    trainer = make_trainer(
+        tiny64.to(torch.bfloat16),
+        qwen_style_tokenizer,
+        dataset,
+        tmp_path,
+        True,
+        max_steps=2,
+        use_liger_kernel=True,
+        bf16=True,
+        dtype="bfloat16",
+    )
     assert not trainer.supervised_logits_only
     assert "supervised-position logits: off, --use_liger_kernel's fused linear cross-entropy" in capsys.readouterr().out
     trainer.train()

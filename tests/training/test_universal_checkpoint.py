@@ -37,9 +37,13 @@ def test_a_checkpoint_without_zero_partitions_has_no_world_size(tmp_path):
 
 @pytest.mark.parametrize(
     ("config", "why"),
-    [(None, "no --deepspeed config"), ({"zero_optimization": {"stage": 0}}, "ZeRO stage 0"), ({}, "ZeRO stage 0"),
-     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, "NVMe optimizer offload")],
-)  # fmt: skip
+    [
+        (None, "no --deepspeed config"),
+        ({"zero_optimization": {"stage": 0}}, "ZeRO stage 0"),
+        ({}, "ZeRO stage 0"),
+        ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, "NVMe optimizer offload"),
+    ],
+)
 def test_runs_that_cannot_load_a_universal_checkpoint_say_why(config, why):
     assert why in universal.universal_refusal(config)
 
@@ -81,7 +85,9 @@ def test_a_failed_conversion_is_one_user_error_and_loading_stays_off(tmp_path, m
 
     monkeypatch.setattr(ds_to_universal, "main", broken)
     config = {"zero_optimization": {"stage": 2}}
-    with pytest.raises(UserError, match=r"converting .* to a DeepSpeed universal checkpoint .* KeyError: 'param_shapes'"):
+    with pytest.raises(
+        UserError, match=r"converting .* to a DeepSpeed universal checkpoint .* KeyError: 'param_shapes'"
+    ):
         universal.enable_universal_loading(tmp_path, config, is_main_process=True)
     assert "checkpoint" not in config
 
