@@ -25,8 +25,8 @@ def deepspeed_cpu_ops():
 
     Left to the launches, the first one of each op pays a multi-minute ninja build inside its timeout, and its two
     ranks race on the same build directory. Built here, every launch loads the cached library from
-    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Tests run one after another, so this session
-    fixture is the only builder.
+    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Each pytest-xdist worker runs this fixture: the
+    first builds, the others wait on the build's lock and then load the cached library.
     """
     start = time.perf_counter()
     script = str(REPO / ".ci" / "prebuild_deepspeed_ops.sh")

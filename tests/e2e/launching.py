@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from safetensors.torch import load_file
@@ -168,6 +170,27 @@ def run(command: list[str], log_path: Path, timeout: int = LAUNCH_TIMEOUT_S) -> 
     with open(log_path, "w") as log:
         returncode = wait_or_kill(start(command, log), timeout)
     return Launch(returncode, log_path.read_text(errors="replace"), time.perf_counter() - begin, time.time())
+
+
+Launched = TypeVar("Launched")
+
+
+def once_per_key(launch: Callable[..., Launched]) -> Callable[..., Launched]:
+    """``launch(*key)`` run by the first test that asks for ``key`` and shared with the others; a failed launch
+    (AssertionError) fails every test of it without being launched again."""
+    done: dict[tuple, Launched | AssertionError] = {}
+
+    def get(*key) -> Launched:
+        if key not in done:
+            try:
+                done[key] = launch(*key)
+            except AssertionError as failure:
+                done[key] = failure
+        if isinstance(done[key], AssertionError):
+            raise done[key]
+        return done[key]
+
+    return get
 
 
 def node_launcher(kind: str, node_rank: int, port: int, log_dir: Path) -> list[str]:
@@ -326,10 +349,19 @@ def check_every_lora_b_trained(out) -> None:
     assert not untrained, f"lora_B still all zero after training: {untrained[:3]}"
 
 
-def deepspeed_shm_buffers() -> set[str]:
-    """Names of DeepSpeed's CPU allreduce buffers in /dev/shm (~69 MB of RAM each while they exist)."""
+def master_port(command: list[str]) -> str | None:
+    """The rendezvous port a launcher command names; None for ``python`` (the package then picks a free one)."""
+    for flag in ("--master_port", "--main_process_port"):
+        if flag in command:
+            return command[command.index(flag) + 1]
+    return None
+
+
+def deepspeed_shm_buffers(master_port: str) -> set[str]:
+    """Names of DeepSpeed's CPU allreduce buffers in /dev/shm (~69 MB of RAM each while they exist) of the launch on
+    ``master_port``: the name holds the port, so launches running beside it (pytest-xdist) are not counted."""
     shm = Path("/dev/shm")
-    return {path.name for path in shm.glob("deepspeed_allreduce_buffer_*")} if shm.is_dir() else set()
+    return {path.name for path in shm.glob(f"deepspeed_allreduce_buffer_*_{master_port}_*")} if shm.is_dir() else set()
 
 
 def check_own_samples(out, world_size: int, num_records: int) -> None:

