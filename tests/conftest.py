@@ -7,7 +7,11 @@ import os
 import subprocess
 
 import pytest
-import torch
+
+# Tiny models gain nothing from intra-op threads, and on a busy 2-core machine (two pytest-xdist workers, a launch's
+# ranks) threads waiting on each other ran the same steps many times slower. Processes the tests start inherit it.
+os.environ["OMP_NUM_THREADS"] = "1"
+import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
@@ -21,6 +25,8 @@ from hf_lora_ds._testing.tiny_models import (
     build_tiny_qwen2,
     train_chat_tokenizer,
 )
+
+torch.set_num_threads(1)  # torch read the variable when it was first imported, maybe before this file
 
 _CORPUS = [
     DEFAULT_SYSTEM_PROMPT,

@@ -1,21 +1,10 @@
-"""Eval fixtures: one intra-op thread, and sum-to-x records."""
+"""Eval fixtures: sum-to-x records."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads waiting on each
-    other made the same eval ~40x slower (22 s instead of 0.5 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sum_record(x: int, a: int, prompt_repeat: int = 1) -> dict[str, str]:
