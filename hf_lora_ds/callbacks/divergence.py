@@ -1,9 +1,9 @@
 """A run that diverges without ever producing a NaN, reported on one line with its step (``--on_divergence``).
 
-The non-finite guard (hf_lora_ds.training.nonfinite) sees nothing when a too-high learning rate throws the adapter into a
-region where the loss is large but finite, or where every gradient is exactly 0 (a dead adapter): at
-``--learning_rate 1e6`` the demo's loss went 4.3 -> 5.7, the gradient norm was 0 from step 2 on, and the run ended
-with exit 0 and accuracy 0. Two signs, read from each training log:
+The non-finite guard (hf_lora_ds.training.nonfinite) sees nothing when a too-high learning rate throws the adapter into
+a region where the loss is large but finite, or where every gradient is exactly 0 (a dead adapter): at
+``--learning_rate 1e6`` the demo's loss went 4.3 -> 5.7, the gradient norm was 0 from step 2 on, and the run ended with
+exit 0 and accuracy 0. Two signs, read from each training log:
 
 - the loss far above the running median of the losses logged before it (``LOSS_FACTOR`` times);
 - a gradient norm of exactly 0 after non-zero ones.

@@ -11,8 +11,8 @@ Kinds: ``gpu`` (allocated by the caching allocator, as in PEFT's block), ``gpu_r
 allocator; what ``nvidia-smi`` roughly sees) and ``cpu`` (process RSS). Stats, in MiB: ``before`` (at phase start),
 ``consumed`` (end - begin, may be negative), ``peak`` (max - begin) and ``total_peak`` (max).
 
-How peaks are found is ``hf_lora_ds.training.memory_tracker`` (the tracker the eval uses too): the allocator's high-water mark,
-folded into every open phase at each boundary, and host RSS sampled every ``sample_interval_s``.
+How peaks are found is ``hf_lora_ds.training.memory_tracker`` (the tracker the eval uses too): the allocator's
+high-water mark, folded into every open phase at each boundary, and host RSS sampled every ``sample_interval_s``.
 
 Phases: ``train`` (``on_train_begin`` → ``on_train_end``), ``eval`` (from the step that triggers it → ``on_evaluate``;
 a standalone ``trainer.evaluate()`` is only seen from its first prediction step on), ``save`` (from the step that

@@ -26,9 +26,9 @@ only trainable weights (LoRA) pay another 2 for their weight gradient, hence ~4N
 12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice that) for L layers, attention
 width d_attn = heads·head_dim and T the mean processed sequence length (padded length, or the packed sequence length).
 Recomputation from gradient checkpointing is not model FLOPs and is left out, as in PaLM; MoE layers are counted as
-dense. Peak FLOP/s: on the CPU the best matmul ever measured on this machine (cached, so a busy moment cannot set
-it; an MFU above 1 is logged as a warning naming the peak); a short matmul measurement on unknown accelerators; the dense bf16/fp16 datasheet
-figure for known NVIDIA GPUs; or ``peak_flops=`` if you know better.
+dense. Peak FLOP/s: on the CPU the best matmul ever measured on this machine (cached, so a busy moment cannot set it; an
+MFU above 1 is logged as a warning naming the peak); a short matmul measurement on unknown accelerators; the dense
+bf16/fp16 datasheet figure for known NVIDIA GPUs; or ``peak_flops=`` if you know better.
 """
 
 from __future__ import annotations

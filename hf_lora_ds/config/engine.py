@@ -14,7 +14,7 @@ __all__ = ["EngineArguments", "check_engine_fields", "parallelism_config"]
 class EngineArguments:
     """DeepSpeed (or FSDP, a TrainingArguments field) and Ulysses sequence parallelism."""
 
-    # Redeclared for its help text: "auto" is resolved from the command line by the memory plan (hf_lora_ds.launch.resolve).
+    # Redeclared for its help text: the memory plan resolves "auto" from the command line (launch.resolve).
     deepspeed: dict | str | None = field(
         default=None,
         metadata={

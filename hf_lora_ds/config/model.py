@@ -21,8 +21,8 @@ class ModelArguments:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto",
         metadata={
-            "help": "Dtype to load the base weights in. 'auto': bfloat16 on a GPU that supports it (and bf16 training), "
-            "float32 elsewhere (bf16 matmuls are slow on CPUs)."
+            "help": "Dtype to load the base weights in. 'auto': bfloat16 on a GPU that supports it (and bf16 "
+            "training), float32 elsewhere (bf16 matmuls are slow on CPUs)."
         },
     )
     trust_remote_code: bool = field(

@@ -1,14 +1,14 @@
 """The prefix rule's samples without its renders: located in a rendering of the conversation's roles.
 
-The prefix rule (``hf_lora_ds.data.template_rule.prefix_samples``) renders the conversation, and for every trained assistant
-turn the conversation up to it with the generation prompt and through it: four renders for a two-turn chat, where
-plain tokenizing renders once, each costing about a fifth of tokenizing the text. For a template blind to the
+The prefix rule (``hf_lora_ds.data.template_rule.prefix_samples``) renders the conversation, and for every trained
+assistant turn the conversation up to it with the generation prompt and through it: four renders for a two-turn chat,
+where plain tokenizing renders once, each costing about a fifth of tokenizing the text. For a template blind to the
 contents (``hf_lora_ds.data.template_blindness``: it writes them and never looks at them), each of those renders is the
 rendering of the same roles with stand-in contents, with the real contents written where the stand-ins are. So the
 prefix rule runs once per shape (the sequence of roles), on stand-ins: a skeleton, with the start and end of each
-trained turn's reply. A conversation of that shape is the skeleton with its contents in place of the stand-ins, and
-each reply is where the skeleton's is, moved by the lengths of the contents before it; the checks on what the
-template wrote (``template_rule.reply_spans``) then run on that text, exactly as the prefix rule runs them.
+trained turn's reply. A conversation of that shape is the skeleton with its contents in place of the stand-ins, and each
+reply is where the skeleton's is, moved by the lengths of the contents before it; the checks on what the template wrote
+(``template_rule.reply_spans``) then run on that text, exactly as the prefix rule runs them.
 
 That rests on the proof, so each batch renders its first conversation of each shape for real, as a check on it
 (a transformers or Jinja release that rendered otherwise would fail it): a text that differs turns the shape back

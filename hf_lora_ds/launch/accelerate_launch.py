@@ -42,7 +42,7 @@ _UNSUPPORTED = {
     "ACCELERATE_USE_XLA": "XLA",
     "ACCELERATE_USE_SAGEMAKER": "SAGEMAKER",
 }
-# Accelerate's FSDP variables -> transformers' fsdp_config keys (same meaning; transformers adds the "fsdp_" prefix back).
+# Accelerate's FSDP variables -> transformers' fsdp_config keys (transformers adds the "fsdp_" prefix back).
 _FSDP_KEYS = {
     "FSDP_VERSION": "version",
     "FSDP_OFFLOAD_PARAMS": "cpu_offload",

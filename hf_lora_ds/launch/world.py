@@ -1,10 +1,10 @@
 """Make Trainer's world size, its data sharding and DeepSpeed's world size agree, on CPU and on accelerators.
 
-Two calls, both in ``hf_lora_ds.launch.resolve.parse_run_arguments`` (the one place a run's process environment changes):
-``prepare_distributed(values)`` before ``SFTTrainingArguments`` is built (its ``TrainingArguments.__post_init__``
-builds accelerate's process state) and ``ensure_world_agreement(args)`` after it, before the model is loaded. A
-script that builds the arguments itself calls them the same way. On a GPU machine, or for a single process without
-DeepSpeed, they change nothing. What they fix, root causes first:
+Two calls, both in ``hf_lora_ds.launch.resolve.parse_run_arguments`` (the one place a run's process environment
+changes): ``prepare_distributed(values)`` before ``SFTTrainingArguments`` is built (its
+``TrainingArguments.__post_init__`` builds accelerate's process state) and ``ensure_world_agreement(args)`` after it,
+before the model is loaded. A script that builds the arguments itself calls them the same way. On a GPU machine, or for
+a single process without DeepSpeed, they change nothing. What they fix, root causes first:
 
 1. Several ranks, no accelerator (accelerate 1.15, ``PartialState.__init__`` / ``_prepare_backend``). With
    ``LOCAL_RANK`` set and ``cpu=False`` accelerate picks a backend only from an accelerator it finds (nccl, xccl,

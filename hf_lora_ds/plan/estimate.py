@@ -13,9 +13,9 @@ of the supervised rows' logits work, and adds the all-to-all buffers of one atte
 value in, the attention output back, each sent and received) plus the batches of its group that DeepSpeed's
 dataloader adapter gathers; the model states are partitioned over all ranks as before.
 
-Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.training.supervised_logits): the LM head fused with the loss over
-the supervised rows (hf_lora_ds.training.fused_head_loss), so only the hidden rows and one chunk of logits, sized from a
-memory budget, are alive at a time; with ``supervised_logits_only`` off, every position's logits and gradients.
+Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.training.supervised_logits): the LM head fused with the loss
+over the supervised rows (hf_lora_ds.training.fused_head_loss), so only the hidden rows and one chunk of logits, sized
+from a memory budget, are alive at a time; with ``supervised_logits_only`` off, every position's logits and gradients.
 
 On a CPU-only machine the "device" is the process's host memory: offload moves nothing anywhere, and the runtime
 baseline is the resident memory of a process that has imported the training stack (measured, not assumed).

@@ -164,7 +164,7 @@ def plan_with_more_devices(
     args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict
 ) -> PlanRow | None:
     """For a run nothing fits even split over its world: the smallest sequence-parallel group of devices like the
-    planned ones (machines, on a CPU) that would hold it, as that row (hf_lora_ds.plan.planner.fits_with_more_devices)."""
+    planned ones (machines, on a CPU) that would hold it, as that row (plan.planner.fits_with_more_devices)."""
     settings = _plan_settings(args, plan_args, profile)
     return fits_with_more_devices(settings, configs, runtime_bytes(settings.on_accelerator))
 

@@ -12,8 +12,9 @@ rank meets at a barrier, then the saving process writes ``checkpoint_complete.js
 present and whose files are all still there at those sizes.
 
 A ZeRO checkpoint written by another number of ranks resumes through DeepSpeed's universal checkpoint
-(hf_lora_ds.training.universal_checkpoint, converted when ``LoraSFTTrainer.train`` starts); ``resolve_resume_checkpoint`` says so in its
-note, and refuses up front, with the reason and the rank count to use, where this run cannot load one.
+(hf_lora_ds.training.universal_checkpoint, converted when ``LoraSFTTrainer.train`` starts);
+``resolve_resume_checkpoint`` says so in its note, and refuses up front, with the reason and the rank count to use,
+where this run cannot load one.
 """
 
 from __future__ import annotations
