@@ -1,22 +1,11 @@
 """LoRA variants: how the adapter starts (``--lora_init``) and how it is optimised (``--lora_optimizer``), checked
 before anything loads, and described where the run shows its adapters (the coverage table, the audit).
 
-PEFT 0.21 starts an adapter in one of three ways, and each asks something different of a run:
-
-- from nothing: ``default`` (B zero, so the model starts exactly at the base), ``gaussian``, ``orthogonal``;
-- from the base weights: ``pissa`` (and ``pissa_niter_N``, a randomized SVD), ``olora`` (QR), ``corda`` (an SVD
-  weighted by the covariance of each layer's inputs). The adapter takes the weight's principal part and the base
-  keeps the residual, so the base is rewritten: the adapter only means something on that residual until it is
-  converted back into a plain LoRA adapter for the original base (PEFT's ``subtract_mutated_init``, done by
-  hf_lora_ds.model.adapter_conversion at the end of the run);
-- from data: ``eva`` (A from the SVD of each layer's input activations; ranks redistributed by explained variance)
-  and ``corda`` run the base over training samples before step 1 (hf_lora_ds.training.lora_init).
-
-``loftq`` fits the adapter to the 4-bit quantisation error of each weight (so it needs ``--load_in_4bit``): the model
-starts nearer the full-precision base than the 4-bit one does. The trained model is the 4-bit base plus the adapter,
-so the adapter is saved as trained, for that base, as any QLoRA adapter; converted for the full-precision base it
-would still miss what rank r cannot hold of the quantisation error (measured on the demo model: further from the
-trained model's logits than the unconverted adapter on that base, 9.2 against 8.0).
+Each PEFT init asks something different of a run: from nothing (``default``, ``gaussian``, ``orthogonal``); from the
+base weights (``pissa``, ``olora``, ``corda``: the base keeps a rewritten residual, so the adapter is converted back at
+the end, hf_lora_ds.model.adapter_conversion); from data (``eva``, ``corda``: a pass over training samples before step
+1, hf_lora_ds.training.lora_init); ``loftq`` fits the 4-bit quantisation error, so it needs ``--load_in_4bit`` and its
+adapter is saved for that 4-bit base, as any QLoRA adapter (bench/README.md says why not converted).
 """
 
 from __future__ import annotations
