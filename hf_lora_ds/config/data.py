@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["DataArguments", "check_data_fields", "join_sources"]
 
@@ -133,7 +137,7 @@ class DataArguments:
     )
 
 
-def check_data_fields(args: DataArguments) -> None:
+def check_data_fields(args: RunValues) -> None:
     """Training data named, and the data and batching flags consistent (``args`` also carries ``use_cache``)."""
     if not args.train_file:
         raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
@@ -152,7 +156,7 @@ def check_data_fields(args: DataArguments) -> None:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 
 
-def join_sources(args: DataArguments) -> None:
+def join_sources(args: DataArguments | Namespace) -> None:
     """A YAML list of sources for --train_file/--eval_file becomes the comma-separated flag text."""
     for flag in ("train_file", "eval_file"):
         spec = getattr(args, flag)

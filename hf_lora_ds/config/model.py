@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["ModelArguments", "check_model_fields"]
 
@@ -43,7 +46,7 @@ class ModelArguments:
     )
 
 
-def check_model_fields(args: ModelArguments) -> None:
+def check_model_fields(args: RunValues) -> None:
     """A model named, and a weights dtype that agrees with the mixed precision flags (``args`` also carries
     TrainingArguments' ``bf16``/``fp16``)."""
     if not args.model_name_or_path:

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-def prepare_distributed(args: TrainingArguments) -> None:
+def prepare_distributed(args: TrainingArguments | Namespace) -> None:
     """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), with the
     parsed values; pair it with ``ensure_world_agreement(args)`` right after. ``use_cpu`` is resolved here, once
     (``resolve_use_cpu``). No-op for a single process on a GPU or without DeepSpeed, and for any launch on a GPU

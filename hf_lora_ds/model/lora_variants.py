@@ -15,7 +15,7 @@ from pathlib import Path
 
 from peft import LoraConfig
 
-from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config import RunValues
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft, parse_lora_init
 from hf_lora_ds.errors import UserError
 
@@ -31,7 +31,7 @@ LORA_OPTIMIZERS = ("adamw", "loraplus", "lorafa")
 DEFAULT_LORAPLUS_RATIO = 16.0  # the LoRA+ paper's recommendation (2^4) for decoder LLMs
 
 
-def check_lora_variant(args: SFTTrainingArguments) -> None:
+def check_lora_variant(args: RunValues) -> None:
     """Combinations that cannot work, refused from the flags alone (before anything loads) with one line."""
     init = parse_lora_init(args.lora_init)
     quantized = "--load_in_4bit" if args.load_in_4bit else "--load_in_8bit" if args.load_in_8bit else None
@@ -68,7 +68,7 @@ def check_lora_variant(args: SFTTrainingArguments) -> None:
     _check_lora_optimizer(args)
 
 
-def _no_full_precision_weights(args: SFTTrainingArguments) -> bool:
+def _no_full_precision_weights(args: RunValues) -> bool:
     """A GGUF base, or a local directory without safetensors (a Hub id is looked up in the Hub cache later)."""
     source = Path(str(args.model_name_or_path))
     if getattr(args, "gguf_file", None) or source.suffix == ".gguf":
@@ -76,7 +76,7 @@ def _no_full_precision_weights(args: SFTTrainingArguments) -> bool:
     return source.is_dir() and not any(source.glob("*.safetensors"))
 
 
-def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
+def _check_lora_optimizer(args: RunValues) -> None:
     if args.lora_optimizer not in LORA_OPTIMIZERS:
         raise UserError(f"--lora_optimizer {args.lora_optimizer}: unknown; use one of {', '.join(LORA_OPTIMIZERS)}")
     ratio = args.loraplus_lr_ratio
@@ -97,7 +97,7 @@ def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
 
 
 def check_lora_optimizer_engine(
-    args: SFTTrainingArguments, zero_stage: int | None, has_optimizer_section: bool, source: str
+    args: RunValues, zero_stage: int | None, has_optimizer_section: bool, source: str
 ) -> None:
     """The LoRA optimizers against the engine: DeepSpeed must take our optimizer as its client optimizer (a config
     with its own ``optimizer`` section replaces it, and with it LoRA+'s parameter groups), and LoRA-FA updates each
@@ -119,7 +119,7 @@ def check_lora_optimizer_engine(
         )
 
 
-def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -> str | None:
+def variant_line(config: LoraConfig, args: RunValues | None = None) -> str | None:
     """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA. ``args``:
     the run's flags (``lora_init``, ``lora_init_samples``, ``lora_optimizer``, ``loraplus_lr_ratio``); without them,
     what ``config`` says (an adapter built elsewhere)."""
