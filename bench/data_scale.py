@@ -242,7 +242,8 @@ def main() -> None:
         )
     print(f"{'':>38} {'peak GiB of the process tree':>37}")
     print(
-        f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} {'RSS sum':>9} {'PSS':>6} {'PSS anon':>9} {'PSS file':>9}",
+        f"{'records':>9} {'workers':>7} {'cache':>5} {'seconds':>8} {'samples/s':>10} "
+        f"{'RSS sum':>9} {'PSS':>6} {'PSS anon':>9} {'PSS file':>9}",
         flush=True,
     )
     small, large = args.records, args.large_records
@@ -275,7 +276,8 @@ def main() -> None:
     result = run_child(bad, tokenizer_dir, workdir / "cache_bad", 2)
     print(
         f"bad record at line {line:,} of {large:,}, 2 workers: error after {result['seconds']:.1f} s, "
-        f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous):\n  error: {result.get('error')}"
+        f"peak PSS {result['peak_pss_gib']:.2f} GiB ({result['peak_pss_anon_gib']:.2f} anonymous):\n"
+        f"  error: {result.get('error')}"
     )
     if args.memory_limit:
         group = memory_cgroup(args.memory_limit)

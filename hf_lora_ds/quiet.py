@@ -1,21 +1,7 @@
 """Third-party output a user of a run can do nothing about, kept out of it; everything else still shows.
 
-Each of these is matched narrowly, by its own message or import, never by category or logger level:
-
-- transformers 5 warns ``FutureWarning: `is_gradient_checkpointing` is deprecated`` every time PEFT wraps a model
-  (``PeftModel.__init__`` reads the old attribute; the planner and the adapter check wrap meta copies too). The fix
-  is PEFT's; every other FutureWarning still shows.
-- bitsandbytes, on a CPU with AVX512-BF16, logs "Failed to load CPU gemm_4bit_forward from kernels-community" when
-  imported (it falls back to its own kernel), and PEFT imports it wherever it is installed: every LoRA wrap
-  (``get_peft_model`` dispatches to its 4/8-bit layers), also on runs that quantize nothing. The filter sits on the
-  very logger that emits it: a parent logger's filters never see records its children propagate. PEFT's own import
-  (``peft/helpers.py``) is also made without bitsandbytes, so parsing a run's arguments does not pay its import;
-  hf_lora_ds.model.quantization gives the helper its module back.
-- torch 2.13 deprecates ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, which DeepSpeed's ZeRO calls at
-  every step: a FutureWarning pair per step and rank (something resets the "once" registry). The fix is DeepSpeed's.
-- DeepSpeed logs "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
-  whenever it is imported on a machine without one (the planner reads DeepSpeed's config schema on every run). The
-  run's own first line already names the device it trains on (``device cpu``).
+Each line is matched narrowly, by its own message on the logger that emits it, never by category or logger level (a
+parent logger's filters never see records its children propagate); the constants below say why each one goes.
 """
 
 from __future__ import annotations
@@ -33,9 +19,13 @@ __all__ = [
     "quiet_third_party_noise",
 ]
 
+# transformers 5 warns on every PEFT wrap (PeftModel.__init__ reads the old attribute); the fix is PEFT's.
 QUIETED_WARNING = r"`is_gradient_checkpointing` is deprecated"  # the start of transformers' message
+# torch 2.13 deprecates both; DeepSpeed's ZeRO calls them every step, a warning pair per step and rank.
 QUIETED_COLLECTIVE_WARNING = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+# DeepSpeed logs it on every import without an accelerator; the run's first line already names its device.
 QUIETED_DEEPSPEED_LOG = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+# bitsandbytes on an AVX512-BF16 CPU, on import (PEFT imports it for every LoRA wrap); it falls back to its own kernel.
 QUIETED_BITSANDBYTES_LOG = "Failed to load CPU gemm_4bit_forward from kernels-community: "  # then the import error
 # The logger that emits each line (the filter must sit on it, see the module doc) and the line, or its start.
 _QUIETED_LOGS = {

@@ -95,7 +95,10 @@ def test_the_checker_sees_a_cycle_through_a_function_level_import():
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     inside_a_function = "def check(self):\n    from hf_lora_ds.plan.run_plan import recommended_deepspeed_config\n"
     assert {"hf_lora_ds.plan", "hf_lora_ds.plan.run_plan"} <= imported_modules("hf_lora_ds.config", inside_a_function)
-    relative = "from .table import plan_line\nif TYPE_CHECKING:\n    from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer\n"
+    relative = (
+        "from .table import plan_line\n"
+        "if TYPE_CHECKING:\n    from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer\n"
+    )
     assert imported_modules("hf_lora_ds.plan.run_plan", relative) == {"hf_lora_ds.plan.table"}
 
 

@@ -1,7 +1,7 @@
 """The folders show the architecture, and the code keeps to it: imports only go down the layers below, every
-TrainerCallback lives in callbacks/, the top level stays small, and every module has its test module at the same
-path under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py; a command's ``python -m``
-shim, which defines nothing, needs none).
+TrainerCallback lives in callbacks/, the top level stays small, and every module has its test module at the same path
+under tests/ (hf_lora_ds/data/dataset.py -> tests/data/test_dataset.py, a package's __main__.py -> test_main.py; a
+command's ``python -m`` shim, which defines nothing, needs none).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def _wrap(tokenizer, quiet: bool) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if quiet:
-            quiet_third_party_noise()  # its filter goes in front of "always", as the package's goes in front of defaults
+            quiet_third_party_noise()  # its filter goes before "always", as the package's goes before defaults
         get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
         warnings.warn("some other future change", FutureWarning, stacklevel=1)
     return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]

@@ -189,7 +189,7 @@ QWEN3_TEMPLATE = r"""{%- if tools %}
     {%- if enable_thinking is defined and enable_thinking is false %}
         {{- '<think>\n\n</think>\n\n' }}
     {%- endif %}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501 (verbatim as shipped, so its long lines stay)
 # Qwen3's added (non-special) tokens that its template writes around reasoning and tool calls.
 QWEN3_ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
@@ -241,10 +241,10 @@ _TAG = re.compile(r"</?[a-z_:]+>")
 
 
 def template_tokenizer(base: PreTrainedTokenizerFast, template: str) -> PreTrainedTokenizerFast:
-    """``base``'s vocabulary with ``template`` as its chat template and the template's own tokens added, as its
-    model's tokenizer has them: turn tokens (``<|im_start|>``, ``<start_of_turn>``, ``<｜end▁of▁sentence｜>``) as
-    special tokens, tags the template also closes (``<think>``, ``<tool_call>``) as added ones. ``bos_token`` and ``eos_token`` are
-    ``<|bos|>`` and ``<|eos|>`` (the templates that write them read them from the tokenizer)."""
+    """``base``'s vocabulary with ``template`` as its chat template and the template's own tokens added, as its model's
+    tokenizer has them: turn tokens (``<|im_start|>``, ``<start_of_turn>``, ``<｜end▁of▁sentence｜>``) as special
+    tokens, tags the template also closes (``<think>``, ``<tool_call>``) as added ones. ``bos_token`` and ``eos_token``
+    are ``<|bos|>`` and ``<|eos|>`` (the templates that write them read them from the tokenizer)."""
     tokens = sorted(set(_TEMPLATE_TOKENS.findall(template)))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(base.backend_tokenizer.to_str()),
@@ -302,8 +302,8 @@ def build_tiny_qwen2(
 
 
 def build_tiny_causal_lm(arch: str, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
-    """A tiny ``arch`` ("llama" or "qwen2") model with large random weights, for round trips that must show a
-    wrong layout. Hidden 64 (whole Q8_0 blocks); Qwen2 ties its output to the embedding and has q/k/v biases, Llama does not."""
+    """A tiny ``arch`` ("llama" or "qwen2") model with large random weights, for round trips that must show a wrong
+    layout. Hidden 64 (whole Q8_0 blocks); Qwen2 ties its output to the embedding and has q/k/v biases, Llama not."""
     model = build_tiny_qwen2(tokenizer, hidden_size=64, num_hidden_layers=2)
     if arch == "llama":
         config = {k: v for k, v in model.config.to_dict().items() if k not in ("model_type", "architectures")}

@@ -1,20 +1,12 @@
-"""Every TrainerCallback of the package: the metric callbacks that work in any ``transformers.Trainer`` (memory per
-phase and rank, throughput and MFU, answer accuracy, SwanLab, the run report), and the guards and bookkeeping of a
-LoRA SFT run (preemption, the ``engine:`` line, divergence, checkpoint completion, data sources, learning rate).
+"""Every TrainerCallback of the package: metric callbacks that work in any ``transformers.Trainer`` (memory, throughput
+and MFU, answer accuracy, SwanLab, the run report) and the guards and bookkeeping of a LoRA SFT run.
 
-``LoraSFTTrainer`` attaches all of them in their order (``attach_run_callbacks``). With a plain Trainer, attach the
-metric ones yourself::
+``LoraSFTTrainer`` attaches all of them in order. With a plain Trainer, attach the metric ones yourself (``attach``
+lets them reach every ``report_to`` integration; with ``report_to="swanlab"`` call ``use_swanlab(trainer)``)::
 
-    from hf_lora_ds.callbacks import MemoryTraceCallback, RunReportCallback, ThroughputCallback
-
-    trainer = Trainer(model=model, args=args, train_dataset=train_dataset)
     MemoryTraceCallback().attach(trainer)
     ThroughputCallback().attach(trainer)
     trainer.add_callback(RunReportCallback())  # after the two above: it reads what they logged
-
-``attach`` (rather than ``Trainer(callbacks=[...])``) lets the metrics reach every ``report_to`` integration.
-With ``report_to="swanlab"``, call ``use_swanlab(trainer)``: it swaps transformers' SwanLab callback (which crashes
-with swanlab 0.10) for one that also runs offline without an API key.
 """
 
 from hf_lora_ds.callbacks.accuracy import AnswerAccuracyCallback, log_accuracy_end_points

@@ -1,18 +1,9 @@
 """Answer accuracy at every evaluation, logged as ``eval_accuracy`` through ``Trainer.log``.
 
-Trainer's own evaluation gives the loss, which says little about whether answers are right. This callback runs
-``hf_lora_ds.eval.evaluate`` whenever Trainer evaluates (``eval_strategy``), on every rank: the records are split
-across ranks and gathered, and under ZeRO-3 generation runs with ``synced_gpus`` inside the live engine, so each
-layer's weights are gathered on the fly and no rank ever holds the whole model. Cost: one generation pass over the
-eval set per evaluation; under ZeRO-3, every generated token also re-gathers every layer (a forward's worth of
-all-gathers per token), which is why small eval sets and ``max_new_tokens`` set by the task matter there.
-
-With ``predictions_dir``, each evaluation's predictions (prompt, output, parsed answer, verdict) are written to
-``predictions_step{N}.jsonl`` there, the same format as the final eval's, so a run shows what the model answered as it
-learned, not only how often it was right.
-
-``log_accuracy_end_points`` adds the accuracy before and after fine-tuning to the same series, at step 0 and at the
-last step, so a dashboard draws one curve from the base model to the tuned one.
+Trainer's evaluation gives the loss, which says little about whether answers are right. This callback runs
+``hf_lora_ds.eval.evaluate`` whenever Trainer evaluates, on every rank (under ZeRO-3 every generated token re-gathers
+the layers, so keep eval sets small there). ``predictions_dir`` keeps each evaluation's predictions; the accuracy
+before and after tuning (``log_accuracy_end_points``) joins the same series, so a dashboard draws one curve.
 """
 
 from __future__ import annotations

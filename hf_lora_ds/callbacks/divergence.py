@@ -1,16 +1,10 @@
 """A run that diverges without ever producing a NaN, reported on one line with its step (``--on_divergence``).
 
-The non-finite guard (hf_lora_ds.training.nonfinite) sees nothing when a too-high learning rate throws the adapter into a
-region where the loss is large but finite, or where every gradient is exactly 0 (a dead adapter): at
-``--learning_rate 1e6`` the demo's loss went 4.3 -> 5.7, the gradient norm was 0 from step 2 on, and the run ended
-with exit 0 and accuracy 0. Two signs, read from each training log:
-
-- the loss far above the running median of the losses logged before it (``LOSS_FACTOR`` times);
-- a gradient norm of exactly 0 after non-zero ones.
-
-``warn`` (the default) prints the first occurrence of each on rank 0; ``stop`` raises ``DivergenceError`` (exit
-code 2, one line, naming the last complete checkpoint). Either way the step is recorded in the training log history
-(``divergence_step``), so trainer_state.json and report.html keep it.
+The non-finite guard (hf_lora_ds.training.nonfinite) misses a too-high learning rate that leaves the loss large but
+finite or every gradient exactly 0 (the demo at ``--learning_rate 1e6`` ended with exit 0 and accuracy 0). Two signs,
+read from each log: the loss ``LOSS_FACTOR`` times over the running median, and a zero gradient norm after non-zero
+ones. ``warn`` prints the first of each on rank 0, ``stop`` raises ``DivergenceError``; the step is recorded either way
+(``divergence_step``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Memory per phase and per rank: accelerator memory and host RAM, before / consumed / peak / total peak.
 
-Users move between ZeRO stages and offload to fit a model, and what they trade is GPU memory against host RAM on
-every rank. Trainer's own tracker (``skip_memory_metrics=False``) reports one rank and skips the evaluations and
-saves inside training; PEFT's DeepSpeed examples print the numbers people know (``TorchTracemalloc``) but only
-around a hand-written loop. This callback
-measures the same four numbers for each phase of a plain ``Trainer`` run, on every rank, and logs the min and max
-across ranks (``memory/<phase>/<kind>_<stat>_mib_<min|max>``) through ``Trainer.log``.
-
-Kinds: ``gpu`` (allocated by the caching allocator, as in PEFT's block), ``gpu_reserved`` (held by the caching
-allocator; what ``nvidia-smi`` roughly sees) and ``cpu`` (process RSS). Stats, in MiB: ``before`` (at phase start),
-``consumed`` (end - begin, may be negative), ``peak`` (max - begin) and ``total_peak`` (max).
-
-How peaks are found is ``hf_lora_ds.training.memory_tracker`` (the tracker the eval uses too): the allocator's high-water mark,
-folded into every open phase at each boundary, and host RSS sampled every ``sample_interval_s``.
-
-Phases: ``train`` (``on_train_begin`` → ``on_train_end``), ``eval`` (from the step that triggers it → ``on_evaluate``;
-a standalone ``trainer.evaluate()`` is only seen from its first prediction step on), ``save`` (from the step that
-triggers a checkpoint → ``on_save``), ``predict``, and any phase the user wraps in ``with callback.phase(name):``
-(model loading happens before the trainer exists, so only this can see it; every rank must enter it). Work done
-in another callback's ``on_evaluate`` (``AnswerAccuracyCallback``'s generation) belongs to ``eval``: attached with
-``attach``, that callback goes before this one, which closes the phase.
+Users move between ZeRO stages and offload to fit a model, trading GPU memory against host RAM on every rank; Trainer's
+own tracker reports one rank and skips the evaluations and saves inside training. This callback measures each phase
+(``train``, ``eval``, ``save``, ``predict``, and any ``with callback.phase(name):``) on every rank through
+hf_lora_ds.training.memory_tracker and logs the min and max across ranks
+(``memory/<phase>/<kind>_<stat>_mib_<min|max>``; kinds ``gpu``, ``gpu_reserved``, ``cpu``).
 """
 
 from __future__ import annotations
@@ -96,6 +81,10 @@ class MemoryTraceCallback(LoggingCallback):
     ...     model = AutoModelForCausalLM.from_pretrained(path)
     >>> trainer = Trainer(model=model, args=args, train_dataset=ds)  # doctest: +SKIP
     >>> memory.attach(trainer)              # doctest: +SKIP
+
+    Model loading happens before the trainer exists, so only a ``phase`` the caller wraps sees it (every rank must
+    enter it). Generation in ``AnswerAccuracyCallback.on_evaluate`` belongs to ``eval``: attached with ``attach``, that
+    callback runs before this one, which closes the phase.
 
     ``records`` holds every gathered phase (``{"phase", "step", "ranks": [{"rank", "cpu": {...}, ...}]}``); rank 0
     also writes them to ``<output_dir>/<trace_file>`` for ``report.html``.

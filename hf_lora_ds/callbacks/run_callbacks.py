@@ -1,23 +1,10 @@
 """Every callback of a LoRA SFT run, attached to its trainer in the order they must run.
 
-Callbacks run in the order of ``trainer.callback_handler.callbacks``, and some of them read what others did in the
-same event, so the order is part of what they mean:
-
-0. transformers' terminal progress bar stays where Trainer put it, as one that appears only when the first epoch
-   begins, after the setup lines the callbacks below print at train begin (hf_lora_ds.callbacks.progress_bar).
-1. SwanLab (with ``report_to`` swanlab): ours, in place of transformers' own (hf_lora_ds.callbacks.swanlab).
-2. The run's guards and bookkeeping: the highest learning rate seen (the final adapter check's measure), preemption
-   (a signal becomes "save after this step"), the ``engine:`` line (checked before the first step), divergence, and
-   the samples each data source gave.
-3. Answer accuracy, ahead of the memory tracer: the tracer closes the eval phase in its own ``on_evaluate``, and the
-   generation done there belongs to the evaluation.
-4. Memory and throughput, logged through ``Trainer.log`` so every ``report_to`` integration gets them.
-5. The checkpoint completion marker, after every callback whose ``on_save`` adds to a checkpoint.
-6. The run report, last: its ``on_train_end`` reads what the others logged.
-
-A callback of one of these kinds given to the trainer (``callbacks=[...]``) is the one used and moved to its place:
-that is how run_sft hands over the memory tracer that has already measured the model load, and the accuracy
-callback, which needs the eval records (it is attached only when given).
+Some callbacks read what others did in the same event, so the order of ``trainer.callback_handler.callbacks`` is part
+of what they mean (``attach_run_callbacks`` says why each goes where). A callback of one of these kinds passed in
+``callbacks=[...]`` is the one used, moved to its place: that is how run_sft hands over the memory tracer that has
+already measured the model load, and the accuracy callback (attached only when given: it needs the eval
+records).
 """
 
 from __future__ import annotations
@@ -54,7 +41,16 @@ class RunCallbacks:
 
 
 def attach_run_callbacks(trainer: Trainer) -> RunCallbacks:
-    """Attach the run's callbacks to ``trainer`` (a ``LoraSFTTrainer``) in the order of the module docstring."""
+    """Attach the run's callbacks to ``trainer`` (a ``LoraSFTTrainer``) in this order:
+
+    0. the progress bar, shown only from the first epoch on, after the setup lines printed at train begin;
+    1. SwanLab (with ``report_to`` swanlab): ours, in place of transformers' own;
+    2. the guards and bookkeeping: highest learning rate, preemption, the ``engine:`` line, divergence, data sources;
+    3. answer accuracy, ahead of the memory tracer, which closes the eval phase its generation belongs to;
+    4. memory and throughput, logged through ``Trainer.log`` so every ``report_to`` integration gets them;
+    5. the checkpoint completion marker, after every callback whose ``on_save`` adds to a checkpoint;
+    6. the run report, last: its ``on_train_end`` reads what the others logged.
+    """
     _start_the_bar_after_the_setup_lines(trainer)
     if "swanlab" in trainer.args.report_to:
         # transformers' own SwanLab callback crashes with swanlab 0.10 and needs an API key; ours runs offline.

@@ -1,28 +1,10 @@
 """SwanLab logging that works with no API key and no network, from rank 0 only, with the full run config.
 
-Two integrations exist; this module uses swanlab's own and adds only what it lacks.
-
-- transformers' built-in one (``report_to="swanlab"``) checks ``swanlab.get_run() is None`` before starting a run,
-  but swanlab 0.10 raises ``RuntimeError("No active Run")`` there instead of returning None, so training crashes in
-  ``on_train_begin`` (seen with transformers 5.23 + swanlab 0.10.3). ``use_swanlab(trainer)`` swaps it out.
-- swanlab's ``swanlab.integration.transformers.SwanLabCallback`` handles that, logs from rank 0 only, records
-  ``args.to_dict()``, the model config and parameter counts, and receives every ``Trainer.log`` call (so the
-  ``memory/*`` and ``throughput/*`` metrics become charts).
-
-What it lacks, added by ``SwanLabCallback`` here:
-
-1. With no API key it starts in cloud mode, then prompts for a login or raises when there is no TTY (every
-   torchrun job). With no key configured (``SWANLAB_API_KEY``, ``swanlab login``) and no ``SWANLAB_MODE``, the mode
-   is ``local`` (viewable with ``swanlab watch <log_dir>``; needs the ``swanlab[dashboard]`` extra) or, without
-   the dashboard, ``offline``. Either writes ``<log_dir>/run-*/`` (``swanlog`` by default) and can be uploaded
-   later with ``swanlab sync <run dir>``; set ``SWANLAB_MODE=cloud`` with a key to log online directly.
-2. The LoRA config arrives as one ``repr`` string; it is replaced by its fields.
-3. ``args.deepspeed`` is the config as written, with ``"auto"``; the resolved one is added.
-4. Names that say what the run is. swanlab names the project after the current directory (a run started from a temp
-   or home directory lands in a project called ``tmp1a2b3c`` or ``alice``) and the experiment at random.
-   ``use_swanlab`` names the project ``<model basename>-lora-sft`` (``Qwen2.5-0.5B-Instruct-lora-sft``) and the
-   experiment after the output directory's basename, so the dashboard lists each run where its files are. A name
-   given to ``use_swanlab``, ``--project``/``--run_name`` or ``SWANLAB_PROJ_NAME``/``SWANLAB_EXP_NAME`` wins.
+transformers' built-in integration crashes in ``on_train_begin`` with swanlab 0.10 (``get_run()`` raises instead of
+returning None), so ``use_swanlab(trainer)`` swaps it for swanlab's own callback, extended here: without a key it logs
+``local`` or ``offline`` rather than prompting for a login (which fails without a TTY), the LoRA config and the
+resolved DeepSpeed config are logged field by field, and project and experiment are named after the model and the
+output directory (swanlab would use the current directory and a random name).
 """
 
 from __future__ import annotations
@@ -50,7 +32,10 @@ _NOT_IN_PROJECT_NAME = re.compile(r"[^0-9a-zA-Z_\-+.]+")
 
 
 def default_swanlab_mode() -> str | None:
-    """``"local"``/``"offline"`` when no key and no ``SWANLAB_MODE`` are configured; None leaves swanlab's default."""
+    """``"local"``/``"offline"`` when no key and no ``SWANLAB_MODE`` are configured; None leaves swanlab's default.
+
+    ``local`` (needs ``swanlab[dashboard]``) is viewable with ``swanlab watch <log_dir>``; either mode can be uploaded
+    later with ``swanlab sync <run dir>``."""
     if os.environ.get("SWANLAB_MODE") or swanlab.Settings().api_key:
         return None
     return "local" if importlib.util.find_spec("swanboard") is not None else "offline"

@@ -1,34 +1,9 @@
 """Tokens per second (all and supervised), padding efficiency and MFU, per logging window and for the whole run.
 
-Where the tokens come from. A ``TrainerCallback`` never sees the batches, and Trainer's own
-``include_num_input_tokens_seen`` counts one kind of token and needs an argument the user may not set. This callback
-registers a forward pre-hook on the model in ``on_train_begin`` (removed in ``on_train_end``): the hook sees exactly
-the keyword arguments of every training forward, whatever ``compute_loss`` or the collator do, works under DDP and
-DeepSpeed (their engines call the hooked module) and ignores evaluation forwards (``model.training`` is False there).
-Counts stay on the device and are read once per log, so the hook adds no host-device sync. Its one blind spot: a
-``compute_loss`` that pops ``labels`` before the forward (label smoothing, ``compute_loss_func``) hides the
-supervised tokens, and the supervised rates are then left out.
-
-What is counted, per micro-batch: supervised tokens (``labels != -100``), real tokens (``attention_mask.sum()``, or in
-a batch without a mask, packed or padding-free, every token but the padding after each row's last sample), padded
-tokens (``input_ids.numel()``) and sequences (rows, or ``position_ids == 0`` outside the padding in a batch without a
-mask). Token counts are summed over ranks; the clock excludes the time spent
-in evaluation and checkpointing inside the window.
-
-MFU (model FLOPs utilisation, PaLM appendix B) = achieved model FLOP/s per device ÷ peak FLOP/s per device, with
-model FLOPs per real token
-
-    4·N_frozen + 6·N_trainable + 12·L·d_attn·T
-
-N_frozen / N_trainable: parameters of every >= 2-D weight outside embedding lookups (a tied LM head counts; ZeRO-3
-partitioned weights count in full). A weight costs 2 FLOPs per token forward and 2 more for the activation gradient;
-only trainable weights (LoRA) pay another 2 for their weight gradient, hence ~4N for the frozen base, 6N for LoRA.
-12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice that) for L layers, attention
-width d_attn = heads·head_dim and T the mean processed sequence length (padded length, or the packed sequence length).
-Recomputation from gradient checkpointing is not model FLOPs and is left out, as in PaLM; MoE layers are counted as
-dense. Peak FLOP/s: on the CPU the best matmul ever measured on this machine (cached, so a busy moment cannot set
-it; an MFU above 1 is logged as a warning naming the peak); a short matmul measurement on unknown accelerators; the dense bf16/fp16 datasheet
-figure for known NVIDIA GPUs; or ``peak_flops=`` if you know better.
+A ``TrainerCallback`` never sees the batches, so a forward pre-hook on the model counts them: it sees every training
+forward's keyword arguments under DDP and DeepSpeed alike, whatever ``compute_loss`` or the collator do, and skips
+evaluation forwards. MFU (PaLM, appendix B) is achieved model FLOP/s over the device's peak (``peak_flops_per_device``);
+evaluation and checkpointing inside a window are left out of its clock.
 """
 
 from __future__ import annotations
@@ -123,8 +98,12 @@ def flops_shape(model: nn.Module) -> tuple[int, int, int, int]:
 
 
 def flops_per_token(shape: tuple[int, int, int, int], seq_len: float) -> float:
-    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len (see the module docstring),
-    for a model's ``flops_shape``."""
+    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len, for a model's ``flops_shape``.
+
+    A weight costs 2 FLOPs per token forward and 2 for the activation gradient; only trainable (LoRA) weights pay 2 more
+    for their weight gradient. 12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice
+    that), T the mean processed length. Gradient-checkpointing recomputation is not model FLOPs (as in PaLM); MoE layers
+    count as dense."""
     frozen, trainable, layers, attn_dim = shape
     return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
 
@@ -206,7 +185,12 @@ def _matmul_dtype(args: TrainingArguments, model: nn.Module) -> torch.dtype:
 
 
 class _TokenCounter:
-    """Forward pre-hook that counts the tokens of training micro-batches; device counts stay on the device."""
+    """Forward pre-hook that counts the tokens of training micro-batches; device counts stay on the device.
+
+    Per micro-batch: supervised tokens (``labels != -100``), real tokens (the attention mask's sum, or without a mask
+    every token but each row's trailing padding), padded tokens and sequences. Its one blind spot: a ``compute_loss``
+    that pops ``labels`` before the forward (label smoothing) hides the supervised tokens, and those rates are left out.
+    """
 
     def __init__(self) -> None:
         self.labels_missing = False

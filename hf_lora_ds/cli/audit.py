@@ -4,17 +4,11 @@ is spent.
     python -m hf_lora_ds.audit --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --train_file my_train.jsonl
     python -m hf_lora_ds.audit examples/qwen2.5-7b-instruct_zero3_2x24gb.yaml
 
-Takes run_sft.py's own flags (or its YAML/JSON file, then flags; what is set nowhere is the demo's) through the same
-parser and checks, and builds the tokenizer and the dataset through the same functions as training, so it counts the
-samples training will see. Prints the mask audit of ``--train_file`` (hf_lora_ds.data.mask_audit, one per source of a
-mixture), the train-to-inference round trip of every record (hf_lora_ds.data.inference_prompts), where the LoRA
-adapters would land (built from the model's config on the meta device: no weight is read) and what the LoRA variant
-does (hf_lora_ds.model.lora_variants: an init that rewrites the base, a data pass, LoRA+ or LoRA-FA).
-
-``--show_samples N`` prints the first N samples with their supervised tokens in [[ ]]; with
-``--show_samples_format jsonl`` the output is those samples alone, one JSON object a line: ``sample``, ``where``,
-``text`` and ``trained``, the list of ``[start, end]`` character spans of ``text`` that are trained (a stable
-interface, as axolotl's ``preprocess --debug`` and LLaMA-Factory's first-example print give their users).
+Takes run_sft.py's flags through the same parser, checks and dataset code as training, so it counts the samples
+training will see: the mask audit per source, the train-to-inference round trip, where the LoRA adapters land (on the
+meta device: no weight is read) and what the LoRA variant does. ``--show_samples N`` prints samples with their
+supervised tokens in [[ ]]; ``--show_samples_format jsonl`` gives one stable JSON object a line (``sample``,
+``where``, ``text`` and ``trained``, its trained character spans).
 """
 
 from __future__ import annotations

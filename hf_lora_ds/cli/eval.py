@@ -1,6 +1,7 @@
 """Command line: evaluate a model (and compare it with its adapter), or score predictions made elsewhere.
 
-    python -m hf_lora_ds.eval --model_name_or_path DIR [--adapter DIR] --task sum_to_x --data FILE [--compare] [--output_dir DIR]
+    python -m hf_lora_ds.eval --model_name_or_path DIR [--adapter DIR] --task sum_to_x --data FILE
+        [--compare] [--output_dir DIR]
     python -m hf_lora_ds.eval score --task sum_to_x --data FILE [--output FILE]
 
 Under ``torchrun --nproc_per_node N`` the records are split across the N processes (each holds the whole model);
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gguf_file",
         default=None,
-        help="the model is this GGUF file inside --model_name_or_path DIR (or pass the .gguf path as --model_name_or_path)",
+        help="the model is this GGUF file inside --model_name_or_path DIR "
+        "(or pass the .gguf path as --model_name_or_path)",
     )
     parser.add_argument("--adapter", default=None, help="LoRA adapter directory to load on top of --model_name_or_path")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model_name_or_path)")
@@ -71,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--output_dir",
         type=Path,
         default=None,
-        help="write eval_report.json and predictions_<label>.jsonl here; labels: before/after with --compare, else eval",
+        help="write eval_report.json and predictions_<label>.jsonl here; "
+        "labels: before/after with --compare, else eval",
     )
     parser.add_argument("--batch_size", type=int, default=32, help="prompts generated together (default: %(default)s)")
     parser.add_argument(

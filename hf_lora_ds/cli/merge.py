@@ -23,7 +23,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gguf_file",
         default=None,
-        help="The base is this GGUF file inside --model_name_or_path DIR (or pass the .gguf path as --model_name_or_path).",
+        help="The base is this GGUF file inside --model_name_or_path DIR "
+        "(or pass the .gguf path as --model_name_or_path).",
     )
     parser.add_argument("--adapter", required=True, help="Adapter directory (adapter_config.json + weights).")
     parser.add_argument("--out", required=True, help="Output directory for the merged model and tokenizer.")

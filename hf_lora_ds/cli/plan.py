@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from argparse import Namespace
 
 import torch
 
@@ -38,7 +39,7 @@ from hf_lora_ds.resources import DEMO_ARGUMENTS
 PLAN_DEFAULTS = {**DEMO_ARGUMENTS, "train_file": None, "eval_file": None}
 
 
-def parse(argv: list[str]):
+def parse(argv: list[str]) -> tuple[Namespace, PlanArguments]:
     """run_sft's fields as parsed values (through its parser; no arguments object, which would prepare a launch),
     with their paths checked as run_sft checks them, and the planner's own."""
     namespace = read_run_values(argv, PLAN_DEFAULTS, extra=[PlanArguments])

@@ -3,18 +3,12 @@
     python run_sft.py                                   # the bundled demo: tiny model, sum-to-x data
     python run_sft.py config.yaml                       # every argument from one YAML/JSON file
     python run_sft.py --model_name_or_path DIR --train_file FILE --eval_file FILE --eval_task exact_match
-    torchrun --nproc_per_node 2 run_sft.py ...
-    deepspeed run_sft.py --deepspeed ds_configs/stage3.json ...
-    accelerate launch --config_file accelerate_configs/zero3_offload.yaml run_sft.py ...
+    torchrun --nproc_per_node 2 run_sft.py ...          # or deepspeed / accelerate launch (README.md)
     python run_sft.py --save_strategy steps --save_steps 50 --resume_from_checkpoint auto   # resumes after a crash
 
-The repository's ``run_sft.py``, the installed command ``hf-lora-sft`` and the module ``hf_lora_ds.run_sft``
-(``torchrun -m hf_lora_ds.run_sft``, ``deepspeed --module hf_lora_ds.run_sft``) all run this.
-
-SIGTERM or SIGUSR1 (preemption) saves a complete checkpoint after the current step and exits with code 75; rerun
-with ``--resume_from_checkpoint auto`` to continue. A user error exits with code 2 and one ``error:`` line.
-
-Every argument defaults to the bundled demo, so any flag changes only its own part of the job.
+Also ``hf-lora-sft`` and ``python -m hf_lora_ds.run_sft``. Every argument defaults to the bundled demo. SIGTERM or
+SIGUSR1 saves a complete checkpoint after the current step and exits with code 75 (rerun with
+``--resume_from_checkpoint auto``); a user error exits with code 2 and one ``error:`` line.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from hf_lora_ds.config.reliability import ReliabilityArguments
 from hf_lora_ds.config.reporting import ReportingArguments
 from hf_lora_ds.devices import auto_dtype
 
-__all__ = ["SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
+__all__ = ["RunValues", "SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
 
 
 @dataclass
@@ -70,7 +70,12 @@ class SFTTrainingArguments(
             self.fp16 = True
 
 
-def check_field_values(args: SFTTrainingArguments | Namespace) -> None:
+# A run's values: the arguments object, or the parsed fields it is built from. resolve_run checks those before building
+# it; the audit and the planner read them and never build it (building one prepares a launch).
+RunValues = SFTTrainingArguments | Namespace
+
+
+def check_field_values(args: RunValues) -> None:
     """Every check that needs the field values only, part by part; ``args`` is an ``SFTTrainingArguments`` or the
     parsed values it would be built from (the audit and the planner build none)."""
     join_sources(args)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["DataArguments", "check_data_fields", "join_sources"]
 
@@ -37,15 +41,16 @@ class DataArguments:
     columns: str | None = field(
         default=None,
         metadata={
-            "help": "Read other column names as the known fields, e.g. 'prompt=question,response=answer' (prompt/query: "
-            "instruction, response: output; also system, input, messages, conversations, tools)."
+            "help": "Read other column names as the known fields, e.g. 'prompt=question,response=answer' "
+            "(prompt/query: instruction, response: output; also system, input, messages, conversations, tools)."
         },
     )
     sharegpt_roles: str | None = field(
         default=None,
         metadata={
-            "help": "Extra or changed ShareGPT 'from' names, e.g. 'bot=assistant,person=user' (roles: user, assistant, "
-            "system, tool, function_call). Defaults: human/user, gpt/assistant, system, function_call, observation/tool."
+            "help": "Extra or changed ShareGPT 'from' names, e.g. 'bot=assistant,person=user' (roles: user, "
+            "assistant, system, tool, function_call). Defaults: human/user, gpt/assistant, system, function_call, "
+            "observation/tool."
         },
     )
     system_prompt: str | None = field(
@@ -81,9 +86,9 @@ class DataArguments:
     batching: Literal["auto", "padded", "padding_free", "packed"] = field(
         default="auto",
         metadata={
-            "help": "'padded': pad each batch to its longest sample. 'padding_free': flatten the batch with position_ids "
-            "(needs an attention that supports it). 'packed': samples packed best-fit-decreasing into rows of "
-            "--max_length (never split), position_ids restarting per sample so no sample attends to another; "
+            "help": "'padded': pad each batch to its longest sample. 'padding_free': flatten the batch with "
+            "position_ids (needs an attention that supports it). 'packed': samples packed best-fit-decreasing into "
+            "rows of --max_length (never split), position_ids restarting per sample so no sample attends to another; "
             "--per_device_train_batch_size counts rows. 'auto': padding-free with flash attention, where no token is "
             "padding and the kernel skips attention across samples; padded otherwise, since sdpa and eager build a "
             "full mask for flattened batches (measurements: bench/README.md)."
@@ -93,9 +98,9 @@ class DataArguments:
     train_sampling_strategy: str = field(
         default="group_by_length",
         metadata={
-            "help": "Training sample order. 'group_by_length' (default): random mega-batches of 50 batches, each sorted "
-            "by length, so padded batches hold similar lengths and little padding (bench/README.md); no effect on "
-            "speed with padding-free batches. "
+            "help": "Training sample order. 'group_by_length' (default): random mega-batches of 50 batches, each "
+            "sorted by length, so padded batches hold similar lengths and little padding (bench/README.md); no effect "
+            "on speed with padding-free batches. "
             "The price: batches are less mixed (long ones and short ones alternate, so the per-step loss is noisier). "
             "'random': plain shuffling. Also 'sequential' and 'batch_rebalance' (transformers' samplers).",
             "choices": ["random", "sequential", "group_by_length", "batch_rebalance"],
@@ -132,7 +137,7 @@ class DataArguments:
     )
 
 
-def check_data_fields(args: DataArguments) -> None:
+def check_data_fields(args: RunValues) -> None:
     """Training data named, and the data and batching flags consistent (``args`` also carries ``use_cache``)."""
     if not args.train_file:
         raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
@@ -151,7 +156,7 @@ def check_data_fields(args: DataArguments) -> None:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 
 
-def join_sources(args: DataArguments) -> None:
+def join_sources(args: DataArguments | Namespace) -> None:
     """A YAML list of sources for --train_file/--eval_file becomes the comma-separated flag text."""
     for flag in ("train_file", "eval_file"):
         spec = getattr(args, flag)

@@ -229,7 +229,8 @@ def _check_zero(zero: dict, source: str) -> None:
         _check_keys(offload, _model_keys(model), source, f"zero_optimization.{name}.")
         if offload.get("device", "none") not in _OFFLOAD_DEVICES:
             raise UserError(
-                f"{source}: zero_optimization.{name}.device is {offload['device']!r}; use one of {list(_OFFLOAD_DEVICES)}"
+                f"{source}: zero_optimization.{name}.device is {offload['device']!r}; "
+                f"use one of {list(_OFFLOAD_DEVICES)}"
             )
 
 

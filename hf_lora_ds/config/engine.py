@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hf_lora_ds.config.batching import is_flash_attention
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["EngineArguments", "check_engine_fields", "parallelism_config"]
 
@@ -14,7 +18,7 @@ __all__ = ["EngineArguments", "check_engine_fields", "parallelism_config"]
 class EngineArguments:
     """DeepSpeed (or FSDP, a TrainingArguments field) and Ulysses sequence parallelism."""
 
-    # Redeclared for its help text: "auto" is resolved from the command line by the memory plan (hf_lora_ds.launch.resolve).
+    # Redeclared for its help text: the memory plan resolves "auto" from the command line (launch.resolve).
     deepspeed: dict | str | None = field(
         default=None,
         metadata={
@@ -37,7 +41,7 @@ class EngineArguments:
     )
 
 
-def check_engine_fields(args: EngineArguments) -> None:
+def check_engine_fields(args: RunValues) -> None:
     """One engine, ``auto`` already resolved, and what Ulysses needs from the flags alone (the world size and the
     model's heads are checked when the run is resolved: hf_lora_ds.launch.resolve)."""
     if args.deepspeed == "auto":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,7 +69,7 @@ class LoraArguments:
     )
 
 
-def check_lora_fields(args: LoraArguments) -> None:
+def check_lora_fields(args: LoraArguments | Namespace) -> None:
     """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""
     if args.lora_rank < 1:
         raise UserError(f"--lora_rank must be a positive integer, got {args.lora_rank}")

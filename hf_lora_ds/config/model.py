@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["ModelArguments", "check_model_fields"]
 
@@ -21,8 +24,8 @@ class ModelArguments:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto",
         metadata={
-            "help": "Dtype to load the base weights in. 'auto': bfloat16 on a GPU that supports it (and bf16 training), "
-            "float32 elsewhere (bf16 matmuls are slow on CPUs)."
+            "help": "Dtype to load the base weights in. 'auto': bfloat16 on a GPU that supports it (and bf16 "
+            "training), float32 elsewhere (bf16 matmuls are slow on CPUs)."
         },
     )
     trust_remote_code: bool = field(
@@ -43,7 +46,7 @@ class ModelArguments:
     )
 
 
-def check_model_fields(args: ModelArguments) -> None:
+def check_model_fields(args: RunValues) -> None:
     """A model named, and a weights dtype that agrees with the mixed precision flags (``args`` also carries
     TrainingArguments' ``bf16``/``fp16``)."""
     if not args.model_name_or_path:

@@ -25,12 +25,12 @@ class ReliabilityArguments:
         default="warn",
         metadata={
             "help": "A training loss over 3x its running median, or a gradient norm of exactly 0 after non-zero "
-            "ones (a finite run diverging, hf_lora_ds.callbacks.divergence): 'warn' prints one line with the step, 'stop' ends "
-            "the run there (exit code 2). The step is recorded as divergence_step in the training logs."
+            "ones (a finite run diverging, hf_lora_ds.callbacks.divergence): 'warn' prints one line with the step, "
+            "'stop' ends the run there (exit code 2). The step is recorded as divergence_step in the training logs."
         },
     )
 
-    # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (hf_lora_ds.training.checkpoints).
+    # Redeclared only for its help text: run_sft and LoraSFTTrainer.train resolve "auto" (training.checkpoints).
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata={

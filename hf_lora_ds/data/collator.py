@@ -1,31 +1,10 @@
-"""Batching: dynamic padding, padding-free batches or packed rows (hf_lora_ds.data.packing) where the model's
-attention can tell sequences apart, and the length-grouped sampler that makes padded batches short.
+"""Batching: dynamic padding, padding-free batches or packed rows (hf_lora_ds.data.packing), and the length-grouped
+sampler that makes padded batches short.
 
-The padded and padding-free collators come from transformers; what this module adds is the choice between them, the
-refusal to flatten or pack a batch for a model whose attention would let packed sequences attend to each other, what
-sequence parallelism needs of a batch (``position_ids``, a length divisible by its size), and a length-grouped order
-that every rank draws alike in every epoch (transformers' own draws it from the global RNG; see
-``LengthGroupedEpochSampler``).
-
-Dynamic padding pads to the longest sample of the batch (not to ``max_length``), labels with -100 and the
-attention mask with 0:
-
->>> import torch
->>> from transformers import DataCollatorForSeq2Seq
->>> from hf_lora_ds.data.collator import padded_collator
->>> class Tok:  # the two attributes DataCollatorForSeq2Seq's padding reads, for a self-contained example
-...     pad_token_id, padding_side = 0, "right"
-...     def pad(self, features, **kw):
-...         n = max(len(f["input_ids"]) for f in features)
-...         ids = [f["input_ids"] + [0] * (n - len(f["input_ids"])) for f in features]
-...         mask = [f["attention_mask"] + [0] * (n - len(f["attention_mask"])) for f in features]
-...         return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
->>> batch = padded_collator(Tok())([
-...     {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7]},
-...     {"input_ids": [8], "attention_mask": [1], "labels": [8]},
-... ])
->>> batch["input_ids"].tolist(), batch["labels"].tolist(), batch["attention_mask"].tolist()
-([[5, 6, 7], [8, 0, 0]], [[-100, 6, 7], [8, -100, -100]], [[1, 1, 1], [1, 0, 0]])
+The padded and padding-free collators are transformers'; this module adds the choice between them, the refusal to
+flatten or pack a batch for a model whose attention would let packed sequences attend to each other, what sequence
+parallelism needs of a batch (``position_ids``, a length divisible by its size), and a length-grouped order that every
+rank draws alike (``LengthGroupedEpochSampler``).
 """
 
 from __future__ import annotations
@@ -56,7 +35,28 @@ __all__ = [
 def padded_collator(
     tokenizer: PreTrainedTokenizerBase, pad_to_multiple_of: int | None = None
 ) -> DataCollatorForSeq2Seq:
-    """Pads each batch to its longest sample (optionally rounded up to a multiple), labels with -100."""
+    """Pads each batch to its longest sample (optionally rounded up to a multiple), labels with -100.
+
+    Dynamic padding pads to the longest sample of the batch (not to ``max_length``), labels with -100 and the
+    attention mask with 0:
+
+    >>> import torch
+    >>> from transformers import DataCollatorForSeq2Seq
+    >>> from hf_lora_ds.data.collator import padded_collator
+    >>> class Tok:  # the two attributes DataCollatorForSeq2Seq's padding reads, for a self-contained example
+    ...     pad_token_id, padding_side = 0, "right"
+    ...     def pad(self, features, **kw):
+    ...         n = max(len(f["input_ids"]) for f in features)
+    ...         ids = [f["input_ids"] + [0] * (n - len(f["input_ids"])) for f in features]
+    ...         mask = [f["attention_mask"] + [0] * (n - len(f["attention_mask"])) for f in features]
+    ...         return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+    >>> batch = padded_collator(Tok())([
+    ...     {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7]},
+    ...     {"input_ids": [8], "attention_mask": [1], "labels": [8]},
+    ... ])
+    >>> batch["input_ids"].tolist(), batch["labels"].tolist(), batch["attention_mask"].tolist()
+    ([[5, 6, 7], [8, 0, 0]], [[-100, 6, 7], [8, -100, -100]], [[1, 1, 1], [1, 0, 0]])
+    """
     return DataCollatorForSeq2Seq(
         tokenizer, padding="longest", pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=IGNORE_INDEX
     )

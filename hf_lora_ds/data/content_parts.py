@@ -1,17 +1,9 @@
 """A message's content given as a list of typed parts, as OpenAI, Hugging Face and LLaMA-Factory v1 write it.
 
-OpenAI and the HF chat form write ``[{"type": "text", "text": ...}]``; LLaMA-Factory's v1 records write
-``[{"type": "text", "value": ...}]`` and keep a turn's reasoning and tool calls in parts of their own
-(``{"type": "reasoning", "value": ...}``, ``{"type": "tool_calls", "value": "<JSON>"}``). Text parts are joined in
-order, with nothing between them, into the one string the chat template writes (the label rule locates the content
-as that string); reasoning parts become ``reasoning_content``, tool-call parts the turn's ``tool_calls``. A part
-this text-only package cannot train on (an image, audio, a file) is refused, naming it, rather than left out of a
-turn whose answer may refer to it.
-
-A template that iterates a content's parts itself (``{% for part in message['content'] %}``: Qwen2.5-VL's, the
-multimodal ones that render a string content as nothing) is given the text parts as the record wrote them, kept
-beside the joined text under ``PARTS_KEY`` (``hf_lora_ds.data.template_probes.render`` puts them in place); the
-label rule still locates the joined text in what it writes.
+Text parts (``"text"`` or LLaMA-Factory's ``"value"``) are joined in order, with nothing between, into the one string
+the chat template writes and the label rule locates; reasoning and tool-call parts become ``reasoning_content`` and
+``tool_calls``. A part this text-only package cannot train on (image, audio, file) is refused rather than dropped from a
+turn whose answer may refer to it. A template that iterates parts itself gets them as written (``PARTS_KEY``).
 """
 
 from __future__ import annotations

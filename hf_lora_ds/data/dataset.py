@@ -1,23 +1,10 @@
 """Chat-template SFT data with exact labels: every token is -100 except what each trained assistant turn says.
 
-Stock chat templates (Qwen's among them) have no ``{% generation %}`` block, so transformers' assistant mask comes
-back all zeros with only a warning, and masking by response-marker strings breaks when the marker tokenizes
-differently in context. Instead, the supervised spans are derived from the template as inference uses it
-(``hf_lora_ds.data.template_rule``): assistant turn i is trained on what the model must generate after its inference
-prompt (``apply_chat_template(messages[:i], add_generation_prompt=True, enable_thinking=...)``), through its
-end-of-turn token, checked to hold the content (and the reasoning). Those character spans are mapped to tokens with
-the fast tokenizer's offsets, and each decoded span is checked against the text (``hf_lora_ds.data.labels``, a batch
-at a time). An assistant turn with tool calls is trained whole, as the template writes it, through its end-of-turn
-special token; every call's name must appear in it. Think blocks, in every spelling a template has, are trained or
-not by ``hf_lora_ds.data.thinking``'s options. A template that renders earlier turns differently once the
-conversation goes on (Qwen3 drops their reasoning) gives such a turn a training text of its own, ending with it.
-Whatever the template does that breaks this (a generation prompt that does not start the turn, a content it
-rewrites) raises a ``TemplateError`` naming the record instead of training on a wrong mask, and so does an error the
-template raises itself.
-
-Those renders cost more than tokenizing; for a template that never looks at the contents it writes, the same
-samples come from one rendering per sequence of roles (``hf_lora_ds.data.skeleton``), and every other conversation
-keeps the rule itself.
+Stock templates (Qwen's among them) have no ``{% generation %}`` block, so transformers' assistant mask comes back
+all zeros, and response-marker strings tokenize differently in context. So the supervised spans come from the
+template as inference uses it (hf_lora_ds.data.template_rule): what the model must generate after each turn's
+inference prompt, through its end-of-turn token, mapped to tokens by offsets and checked against the text. A template
+that breaks this raises a ``TemplateError`` naming the record instead of training on a wrong mask.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """What a record must hold, in every format it may come in, converted to one validated conversation.
 
-Users bring SFT data in the shape it was published in. Rather than asking for a conversion script, each record is
-recognised by its fields and turned into ``{"messages": [...], "tools": [...] | None}``:
-
-- alpaca: ``{"instruction", "input" (optional, joined to the instruction with a newline), "output",
-  "system" (optional), "reasoning" (optional: the output's reasoning), "history" (optional, LLaMA-Factory's
-  ``[[query, answer], ...]``: earlier rounds, whose answers are trained as every assistant turn is)}``;
-- messages: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}``, TRL's
-  conversational language-modeling records;
-- ShareGPT: ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}], "system": ..., "tools": ...}``
-  (``from`` names are mapped to roles by ``SHAREGPT_ROLES``, extendable with ``--sharegpt_roles``);
-- TRL prompt/completion: conversational ``{"prompt": [messages], "completion": [messages]}`` (the prompt's turns are
-  context, the completion's assistant turns are trained, tool calls included) and standard
-  ``{"prompt": str, "completion": str}``, and TRL's standard language modeling ``{"text": str}``: plain text, no chat
-  template, as TRL trains them (the completion, or the whole text, and the tokenizer's eos after it);
-- tool calling: ``messages`` whose assistant turns carry ``tool_calls`` and whose ``tool`` turns hold the results,
-  with a ``tools`` list (JSON schemas) per record, rendered by the model's own chat template;
-- any other column names, mapped onto the known fields with ``--columns prompt=question,response=answer``.
-
-A content may be a string or a list of typed parts (``hf_lora_ds.data.content_parts``); a message may carry a
-training flag of any peer's spelling (``hf_lora_ds.data.turn_flags``). Fields and message keys a record holds but
-no reader uses are listed in the conversation's ``unused`` (the data summary counts them); a known field of another
-framework that cannot be honoured here (images, preference pairs) is refused.
-
-Assistant turns may carry reasoning for thinking models: ``reasoning_content`` on a message or ShareGPT turn,
-``<think>...</think>`` inside the content, or alpaca's ``reasoning`` field (``--columns reasoning=thought``).
-
-Every turn of every format goes through one validator (``_messages``), so a bad turn gets the same message whatever
-the record's other turns hold; every error names the record's location and the field the user wrote.
+Users bring SFT data in the shape it was published in, so each record is recognised by its fields (alpaca, messages,
+ShareGPT, TRL prompt/completion and text, tool calling, other columns through ``--columns``; README.md shows each)
+and turned into ``{"messages": [...], "tools": [...] | None}``. Every turn goes through one validator (``_messages``),
+so a bad turn gets the same message, naming the record's location and the user's field, whatever the other turns hold.
+Fields no reader uses are listed in ``unused``; another framework's field this package cannot honour (images,
+preference pairs) is refused.
 """
 
 from __future__ import annotations

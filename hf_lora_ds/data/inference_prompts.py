@@ -39,7 +39,10 @@ class RoundTrip:
 
     def line(self) -> str:
         ok = self.turns - self.failures
-        text = f"train-to-inference round trip: {ok}/{self.turns} trained turns' inference prompts start their training text"
+        text = (
+            f"train-to-inference round trip: {ok}/{self.turns} trained turns' inference prompts "
+            "start their training text"
+        )
         return text + (f"; first difference: {self.first}" if self.first else "")
 
 

@@ -1,21 +1,11 @@
 """The prefix rule's samples without its renders: located in a rendering of the conversation's roles.
 
-The prefix rule (``hf_lora_ds.data.template_rule.prefix_samples``) renders the conversation, and for every trained assistant
-turn the conversation up to it with the generation prompt and through it: four renders for a two-turn chat, where
-plain tokenizing renders once, each costing about a fifth of tokenizing the text. For a template blind to the
-contents (``hf_lora_ds.data.template_blindness``: it writes them and never looks at them), each of those renders is the
-rendering of the same roles with stand-in contents, with the real contents written where the stand-ins are. So the
-prefix rule runs once per shape (the sequence of roles), on stand-ins: a skeleton, with the start and end of each
-trained turn's reply. A conversation of that shape is the skeleton with its contents in place of the stand-ins, and
-each reply is where the skeleton's is, moved by the lengths of the contents before it; the checks on what the
-template wrote (``template_rule.reply_spans``) then run on that text, exactly as the prefix rule runs them.
-
-That rests on the proof, so each batch renders its first conversation of each shape for real, as a check on it
-(a transformers or Jinja release that rendered otherwise would fail it): a text that differs turns the shape back
-to the prefix rule. Whatever cannot be located takes the prefix rule too, automatically and per conversation: a
-template that is not blind; tools, tool calls or reasoning (templates read them); a shape whose turns the skeleton
-does not hold in one text (history rendered differently, as Qwen3 does); a reply boundary inside a content; and
-any error, which the prefix rule then raises as it always has.
+The prefix rule (hf_lora_ds.data.template_rule.prefix_samples) renders each conversation once per trained turn, a few
+times the cost of tokenizing it. A template blind to the contents (hf_lora_ds.data.template_blindness) renders any
+conversation of the same roles as the same text around them, so the rule runs once per shape, on stand-in contents,
+and each conversation's replies are located by shifting the skeleton's. The first conversation of each shape in a batch
+is still rendered for real as a check; whatever the skeleton cannot locate (tools, reasoning, a template that is not
+blind, any error) goes through the prefix rule itself.
 """
 
 from __future__ import annotations

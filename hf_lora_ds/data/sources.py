@@ -1,16 +1,9 @@
 """Where records come from: a file, a folder of shards, a ``save_to_disk`` directory, a Hub dataset, or a mixture.
 
-``--train_file`` / ``--eval_file`` take one source or several with weights (``a.jsonl:0.7,b_dir:0.3``). A source
-is, in this order: a ``.json``/``.jsonl``/``.parquet`` file; a directory written by ``datasets.save_to_disk``; a
-directory of such data files (read in sorted order, recursively); otherwise a Hub dataset id ``name``,
-``name:config`` or ``name@split`` (``name:config@split``), loaded with ``datasets.load_dataset`` and cached as
-datasets caches it. Every source becomes a memory-mapped record table (``hf_lora_ds.data.record_table``), whose rows
-keep their location (file and line, or source and row) for the errors further on.
-
-A mixture is as long as its sources together; each source supplies ``weight / sum(weights)`` of it, drawn
-without replacement (whole passes plus a random remainder when a source is smaller than its share), and the
-result is shuffled. Everything is drawn from one generator seeded with ``--seed``, so a mixture repeats exactly.
-Drawing picks row indices: the mixture is a view of its sources' tables, not a copy.
+``--train_file`` / ``--eval_file`` take one source or several with weights (``a.jsonl:0.7,b_dir:0.3``); each becomes a
+memory-mapped record table (hf_lora_ds.data.record_table) whose rows keep their file and line for later errors. A
+mixture is as long as its sources together, each supplying its weight's share without replacement, shuffled from one
+generator seeded with ``--seed`` (so it repeats exactly); it is a view of the sources' rows, not a copy.
 """
 
 from __future__ import annotations

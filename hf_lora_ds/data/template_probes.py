@@ -1,20 +1,9 @@
 """What a chat template does around an assistant turn, found by rendering probes rather than read off a family table.
 
-Templates spell thinking many ways: Qwen3 writes ``<think>\\nR\\n</think>\\n\\n`` in the turn, Qwen3.5/3.6 and
-DeepSeek-R1 open ``<think>\\n`` in the generation prompt (R1's history then drops the block whole), GPT-OSS writes
-an ``analysis`` channel message before the ``final`` one, Muse a ``to=self`` message, Nemotron 3 ``</think>\\n``. And
-a few end an assistant turn with no token of their own (GLM: the next turn's ``<|user|>`` is the stop token). The
-label rule (``hf_lora_ds.data.template_rule``) needs three facts from each template, each probed once per dataset
-with marker strings no data contains:
-
-- what it writes between an assistant turn's reasoning and its answer (``close``: ``\\n</think>\\n\\n``,
-  ``<|end|><|start|>assistant<|channel|>final<|message|>``), when it writes reasoning at all;
-- the think tag its generation prompt ends with (``<think>``, ``<seed:think>``, ``[THINK]``), when the prompt opens
-  a block: a tag whose closing spelling (``</think>``, ``[/THINK]``) the template's source holds;
-- the special token it writes after a final assistant turn when the conversation goes on with a user turn or a
-  tool result, for a template that writes nothing after it while the turn is last;
-- whether it iterates a content's parts itself, so that a record's parts are given to it as they are
-  (``hf_lora_ds.data.content_parts``).
+Templates spell thinking many ways (Qwen3's ``<think>`` block in the turn, DeepSeek-R1's in the generation prompt,
+GPT-OSS's ``analysis`` channel) and a few end an assistant turn with no token of their own (GLM's stop token is the
+next turn's ``<|user|>``). The label rule (hf_lora_ds.data.template_rule) needs the facts in ``TemplateTraits``, each
+probed once per dataset with marker strings no data contains.
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ _ENDING_TAG = re.compile(r"(<[^<>|\s/][^<>|\s]{0,38}>|\[[A-Z_]{2,30}\])(\s*)$")
 
 @dataclass(frozen=True)
 class TemplateTraits:
-    """The probed facts (see the module doc); None where the template has no such thing."""
+    """The probed facts; None where the template has no such thing."""
 
     close: str | None  # written between the reasoning and the answer
     think_open: str | None  # the think tag the generation prompt ends with

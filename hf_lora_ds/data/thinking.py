@@ -1,20 +1,9 @@
 """Thinking models' reasoning: where it comes from in a record and which of its tokens are trained.
 
-Thinking templates write a turn's reasoning in their own spelling (Qwen3: ``<think>\nREASONING\n</think>\n\n``
-before the answer; GPT-OSS: an ``analysis`` channel message; Qwen3.5 and DeepSeek-R1 open the block in the generation
-prompt), take it from the message's ``reasoning_content`` (or split it off a ``<think>...</think>`` inside the content),
-often drop it from turns before the last user query, and write an empty block for a turn that has none (the same
-block their generation prompt adds with ``enable_thinking=False``). The label rule stays the template's: what it
-writes for the trained turn after its inference prompt, through its end-of-turn token
-(``hf_lora_ds.data.template_rule``); these options only say which of it is a target, on every family alike:
-
-- ``train_reasoning``: a turn's reasoning and the template's close of it are trained (the model learns to reason
-  like the data) or masked (the answer is learnt after the data's reasoning, the model's own reasoning style is
-  left alone);
-- ``empty_think``: a turn without reasoning is prompted with ``enable_thinking=False`` and its empty block is
-  masked by default: it stays in the input, as it is in the prompt at inference, but is no target, so answers
-  without reasoning do not teach a thinking model to skip its thinking; ``train`` prompts it with thinking on and
-  teaches it to write (close) the empty block itself, i.e. to stop thinking.
+Templates write reasoning in their own spelling (Qwen3's ``<think>`` block, GPT-OSS's ``analysis`` channel, a block
+opened in the generation prompt), often drop it from earlier turns, and write an empty block for a turn without
+reasoning. The label rule stays the template's (hf_lora_ds.data.template_rule); ``train_reasoning`` and
+``empty_think`` (see their help texts) only say which of what it writes is a target, for every family alike.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Per-turn and per-span training flags, in each framework's spelling, honoured exactly by the labels.
 
-Every peer lets a record say which turns are learnt, each in its own words: axolotl's per-message ``train`` (bool)
-and ``train_detail`` (``[{"begin_offset", "end_offset", "train"}]``, character offsets into the content, both ends
-inclusive as axolotl's docs count them), OpenAI's ``weight`` (0 or 1, on assistant turns), LLaMA-Factory v1's
-``loss_weight``, ms-swift's ``loss`` (bool) and ``loss_scale``. Weights are 0 or 1 here: this package trains a plain
-mean loss, so a fractional weight is refused rather than rounded.
-
-The rule:
-
-- a turn's flag, where it has one, decides whether it is trained; ``--assistant_turns`` (and, for TRL's
-  prompt/completion records, the prompt's turns being context) only decides for turns without one;
-- only assistant turns can be trained (their text is located after their inference prompt); a flag that would
-  train another role is refused, one that switches it off changes nothing;
-- ``train_detail`` overrides the turn's flag over its spans of the content; the rest of the turn (any content it
-  leaves out, the template's text around the content, the end-of-turn token) follows the turn's flag;
-- a token is trained iff its first character is trained: a token that straddles a span edge follows the span its
-  first character lies in.
-
-The template rule locates each such turn as it locates any trained turn (``hf_lora_ds.data.template_rule``); the
-characters switched off inside a located turn are a ``TextMask``, applied to the labels after tokenizing, only for
-texts that have one, so records without flags cost nothing more.
+Every peer lets a record say which turns are learnt, each in its own words (axolotl's ``train`` and ``train_detail``,
+OpenAI's ``weight``, LLaMA-Factory's ``loss_weight``, ms-swift's ``loss`` and ``loss_scale``); all are read here.
+Weights are 0 or 1: the loss is a plain mean, so a fractional weight is refused rather than rounded. Switched-off
+characters inside a located turn become a ``TextMask`` applied after tokenizing, only for texts that have one.
 """
 
 from __future__ import annotations
@@ -136,7 +120,11 @@ class TurnPlan:
 
 def plan_turns(conversation: dict[str, Any], assistant_turns: AssistantTurns, where: str) -> TurnPlan | None:
     """The conversation's trained turns where flags or a TRL prompt decide them; None when ``assistant_turns`` alone
-    does (the common case: the template rule picks the turns itself)."""
+    does (the common case: the template rule picks the turns itself).
+
+    A turn's flag, where it has one, wins over ``--assistant_turns``; only assistant turns can be trained (a flag that
+    would train another role is refused); ``train_detail`` spans (character offsets, both ends inclusive as axolotl
+    counts them) override the turn's flag, and a token follows the span its first character lies in."""
     flags, detail = conversation.get("flags") or {}, conversation.get("detail") or {}
     start = conversation.get("completion_from", 0)
     if not (flags or detail or start):

@@ -1,23 +1,11 @@
 """Generation-based answer accuracy for a model, in one process or sharded across ranks, and scoring alone.
 
-Distributed eval (torch.distributed initialised, world size > 1): every rank reads all records, takes the prompts
-:func:`~hf_lora_ds.eval.sharding.shard` gives it (the same number on every rank, topped up with duplicates), generates
-and scores them, and ``all_gather_object`` brings every rank the same predictions, in record order, so every rank
-returns the same :class:`EvalResult`. Greedy generation does not depend on which other prompts share a batch (tested
-in fp32 on CPU, where the predictions of 2 ranks equal one process's); bf16/fp16 GPU kernels may pick different
-algorithms for different batch shapes, so there a near-tie token can rarely differ between runs with other batching.
-
-Under DeepSpeed ZeRO-3 (and FSDP2) each rank holds only a slice of every weight. Gathering the whole model onto
-each rank for generation (``GatheredParameters`` over all parameters) would need the full model's memory on every rank, exactly
-what ZeRO-3 exists to avoid. Instead ``generate`` runs with ``synced_gpus=True`` on the partitioned model:
-DeepSpeed's hooks all-gather one layer's parameters just before it runs and release them after, so the extra
-memory is about one layer (plus DeepSpeed's prefetch buckets), not the model. The cost is communication: every
-decoding step is a forward pass that all-gathers every parameter once, about the model's size in bytes per step
-whatever the batch size (by arithmetic, 14 GB for a 7B bf16 model: ~0.1 s per step at 140 GB/s), so the batch
-amortises it (one step serves ``batch_size`` prompts per rank) and ranks advance in lockstep until the slowest
-rank's batch is done. ``synced_gpus`` keeps a rank whose batch finished stepping, so the collectives stay matched.
-FSDP2's layers gather themselves the same way; the root's own weights are gathered for the call (eval.generate).
-Plain DDP and ZeRO-0/1/2 keep full weights on every rank, so there ranks generate independently.
+Distributed, every rank generates the prompts ``eval.sharding.shard`` gives it and ``all_gather_object`` returns the
+same predictions, in record order, to all. Under ZeRO-3 (and FSDP2) ``generate`` runs with ``synced_gpus=True`` on
+the partitioned model rather than gathering it whole on every rank (the memory ZeRO-3 exists to save): one layer is
+gathered at a time, at the price of a model's worth of all-gathers per decoding step, which the batch amortises.
+Plain DDP and ZeRO-0/1/2 hold full weights, so there ranks generate independently. Greedy outputs do not depend on
+batch neighbours in fp32; bf16/fp16 GPU kernels may rarely flip a near-tie token under other batching.
 """
 
 from __future__ import annotations

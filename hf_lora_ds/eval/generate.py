@@ -1,28 +1,11 @@
 """Batched greedy generation whose outputs equal one-by-one generation, and that stops at the end of the turn.
 
-Blog recipes generate one prompt at a time (20 tokens/s on a 14B model). On a GPU a decoding step of 32 rows costs
-little more than one of a single row: each step is bound by reading the weights. On a CPU the 32 rows' arithmetic
-counts too (SmolLM2-135M, one thread: ~0.1 s a step for one row, ~0.35 s for 32), so there every computation the
-batch need not repeat matters. Batching right needs:
-
-- the tokens every prompt starts with (the chat template's header and a shared system prompt: 24 of SmolLM2's 34
-  on sum-to-x) computed once per call, at batch size one, and their keys and values handed to every batch as its
-  cache; each row then computes only its own tokens. Left out under ``synced_gpus`` (ZeRO-3, where every rank
-  must run the same forwards) and with beam search (which would need the cache per beam);
-- left padding between that prefix and each row's own tokens, so every row's next token is predicted at the same
-  column; the attention mask hides the pads and ``generate`` derives position ids from it, so a padded prompt
-  sees the same positions as an unpadded one;
-- the prompts sorted by length (longest first, so an out-of-memory error shows up in the first batch), which
-  keeps padding small, and the results put back in input order;
-- on a CPU, the LM head of a batch computed a slice of the vocabulary at a time (:class:`_VocabularyChunkedHead`):
-  in bench/generation.py's batched SmolLM2 run (32 rows, 29 steps, one thread) the head's share fell from 2.06 s
-  to 1.49 s of ~11 s; a single row, bound by reading the weights, keeps the one matmul. Writing keys and values
-  into room reserved for the call, instead of DynamicCache's concatenation, measured no faster there: not done;
-- stopping at the token the chat template ends an assistant turn with (``<|im_end|>`` for ChatML) as well as the
-  tokenizer's and generation config's eos: a Qwen base tokenizer's eos is ``<|endoftext|>``, so stopping only at
-  eos lets a tuned model that correctly ends its turn run on to ``max_new_tokens``.
-
-The tokenizer is never modified: padding is done here, not by switching the caller's ``padding_side``.
+One prompt at a time wastes the hardware: a GPU decoding step of 32 rows costs little more than one of a single row.
+Batching right needs the prompts' shared prefix (template header, system prompt) computed once and handed to every
+batch as its cache, left padding between that prefix and each row's own tokens, prompts sorted longest first (an
+out-of-memory shows in the first batch) with results put back in order, on a CPU the LM head a vocabulary chunk at a
+time (bench/README.md), and stopping at the template's end-of-turn token as well as eos (a Qwen base tokenizer's eos
+is ``<|endoftext|>``). The tokenizer is never modified: padding is done here.
 """
 
 from __future__ import annotations

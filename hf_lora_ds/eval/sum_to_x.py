@@ -1,19 +1,7 @@
 """The sum-to-x task: given ``{x}=``, answer ``<prefix>a + b`` with integers a + b = x.
 
-The rule, decided here because "any two integers" leaves it open:
-
-- The answer is the prefix, then ``a + b``. Whitespace at either end of the completion, between the prefix and
-  ``a``, and around ``+`` is ignored, so ``1+4`` counts like ``1 + 4``.
-- a and b are written as ``-?[0-9]+`` (ASCII digits, optional minus, leading zeros allowed). Zero and negative
-  integers count: ``-3 + 8`` for x = 5 is a true answer, and the task asks for any two integers, not for positive
-  ones. ``+3``, ``3.0``, ``1e3`` or full-width digits are not integers.
-- The prefix is whatever the record's reference output puts before its own ``a + b``, so a data set with another
-  prefix needs no option; if the reference has no ``a + b`` at its end, the task's ``prefix`` (default
-  ``王大丫丫的回答是--->``) is used. x is the last ``{x}=`` in the final user turn.
-
-A wrong completion gets exactly one reason, checked in this order: ``empty output``, ``no prefix``, ``not
-integers`` (what follows the prefix does not start with ``a + b``), ``extra text`` (a valid ``a + b`` followed by
-anything but whitespace, including a second line or a special token), ``wrong sum``.
+The exact rule (what counts as an integer, where the prefix comes from, the one reason a wrong completion gets) is
+``SumToXTask``'s.
 """
 
 from __future__ import annotations
@@ -43,7 +31,23 @@ class _Target:
 
 @register_task
 class SumToXTask(Task):
-    """Score ``<prefix>a + b`` completions of ``{x}=`` prompts; see the module docstring for the exact rule."""
+    """Score ``<prefix>a + b`` completions of ``{x}=`` prompts.
+
+    The rule, decided here because "any two integers" leaves it open:
+
+    - The answer is the prefix, then ``a + b``. Whitespace at either end of the completion, between the prefix and
+      ``a``, and around ``+`` is ignored, so ``1+4`` counts like ``1 + 4``.
+    - a and b are written as ``-?[0-9]+`` (ASCII digits, optional minus, leading zeros allowed). Zero and negative
+      integers count: ``-3 + 8`` for x = 5 is a true answer, and the task asks for any two integers, not for positive
+      ones. ``+3``, ``3.0``, ``1e3`` or full-width digits are not integers.
+    - The prefix is whatever the record's reference output puts before its own ``a + b``, so a data set with another
+      prefix needs no option; if the reference has no ``a + b`` at its end, the task's ``prefix`` (default
+      ``王大丫丫的回答是--->``) is used. x is the last ``{x}=`` in the final user turn.
+
+    A wrong completion gets exactly one reason, checked in this order: ``empty output``, ``no prefix``, ``not
+    integers`` (what follows the prefix does not start with ``a + b``), ``extra text`` (a valid ``a + b`` followed by
+    anything but whitespace, including a second line or a special token), ``wrong sum``.
+    """
 
     name = "sum_to_x"
 

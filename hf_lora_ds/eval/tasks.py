@@ -1,18 +1,12 @@
 """Eval tasks: how a record becomes a prompt and how a completion is judged, plus the registry that names them.
 
-A task answers two questions for one record: what does the model see (the conversation up to, not including,
-the final assistant turn) and is a completion right (``Verdict``: correct, the parsed answer, and a reason when it
-is wrong, so a report can say *why* accuracy is low, not just that it is). Whatever a task needs from the record
-(the target sum, the expected number) is parsed once in :meth:`Task.target`, before any generation, so a bad
-record fails in seconds with its file and line rather than after an hour of generating.
-
-Users add their own task with a small class or a function::
+A task gives the prompt (the conversation up to the final assistant turn) and a ``Verdict`` with a reason when wrong,
+so a report says why accuracy is low. What it needs from a record is parsed in ``Task.target`` before any generation,
+so a bad record fails in seconds, not after an hour of generating. Add your own with a class or a function::
 
     @register_task(max_new_tokens=8)
     def yes_no(output: str, sample: Sample) -> bool:
         return output.strip().lower() == sample.reference.strip().lower()
-
-    get_task("yes_no")
 """
 
 from __future__ import annotations

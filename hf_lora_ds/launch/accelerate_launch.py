@@ -1,18 +1,10 @@
 """What ``accelerate launch --config_file`` asked for, made into this run's own arguments before anything reads them.
 
-``accelerate launch`` hands its config to the script as environment variables (``ACCELERATE_USE_DEEPSPEED``,
-``ACCELERATE_DEEPSPEED_ZERO_STAGE``, ``ACCELERATE_USE_FSDP``, ``FSDP_VERSION``, ...). transformers then builds the
-DeepSpeed engine from accelerate's ``DeepSpeedPlugin`` while ``TrainingArguments.deepspeed`` stays empty, so every
-check of this package keyed on ``--deepspeed`` (the world-size agreement, the memory plan, the 4-bit offload
-refusal, resume and its universal-checkpoint conversion, the run report) would be blind to it. Here the
-Accelerate DeepSpeed settings become one effective DeepSpeed config in ``args.deepspeed`` (accelerate's own
-``DeepSpeedPlugin`` reads the variables, so the keys mean what they mean to accelerate), the accumulation, clipping
-and mixed precision it names become the matching flags, and an Accelerate FSDP config becomes Trainer's ``--fsdp``
-and ``--fsdp_config``. From then on the run is the same as ``deepspeed run_sft.py --deepspeed ...`` or
-``torchrun run_sft.py --fsdp ...``.
-
-What cannot be honoured is refused before any model is loaded: a ``distributed_type`` this package does not run,
-an Accelerate DeepSpeed config and a ``--deepspeed`` file that disagree, FSDP together with DeepSpeed.
+``accelerate launch`` hands its config over as environment variables, and transformers builds the DeepSpeed engine
+from them while ``TrainingArguments.deepspeed`` stays empty, so every check keyed on ``--deepspeed`` (world size,
+memory plan, resume, the run report) would be blind to it. Here the DeepSpeed settings become one config in
+``args.deepspeed`` (read by accelerate's own ``DeepSpeedPlugin``, so the keys mean what they mean to accelerate) and an
+FSDP config becomes ``--fsdp``/``--fsdp_config``. What cannot be honoured is refused before any model is loaded.
 """
 
 from __future__ import annotations
@@ -42,7 +34,7 @@ _UNSUPPORTED = {
     "ACCELERATE_USE_XLA": "XLA",
     "ACCELERATE_USE_SAGEMAKER": "SAGEMAKER",
 }
-# Accelerate's FSDP variables -> transformers' fsdp_config keys (same meaning; transformers adds the "fsdp_" prefix back).
+# Accelerate's FSDP variables -> transformers' fsdp_config keys (transformers adds the "fsdp_" prefix back).
 _FSDP_KEYS = {
     "FSDP_VERSION": "version",
     "FSDP_OFFLOAD_PARAMS": "cpu_offload",

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config import RunValues, SFTTrainingArguments
 from hf_lora_ds.config.data import join_sources
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.sources import DATA_SUFFIXES, parse_sources
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-def check_run_values(args: SFTTrainingArguments) -> None:
+def check_run_values(args: RunValues) -> None:
     """The checks of the run's values that read a file or ask a library (the value-only ones are
     hf_lora_ds.config's): the paths, the data format mappings, the LoRA variant."""
     check_paths(args)
@@ -34,7 +34,7 @@ def check_run_values(args: SFTTrainingArguments) -> None:
     check_lora_variant(args)
 
 
-def check_paths(args: SFTTrainingArguments) -> None:
+def check_paths(args: RunValues) -> None:
     """The run's paths, before anything reads or writes them: a local data file of --train_file/--eval_file that is
     missing (mixture weights are parsed here too; directories and Hub ids are checked when read), a file where
     --output_dir or --dataset_cache_dir needs a directory, an --fsdp_config that is no file. ``args`` holds run_sft's
@@ -59,7 +59,7 @@ def check_output_path(flag: str, value: str | os.PathLike | None, *, file: bool 
         raise UserError(f"{flag} {value}: {blocker} is a file, not a directory; choose another path")
 
 
-def check_sequence_parallel(args: SFTTrainingArguments, world_size: int) -> None:
+def check_sequence_parallel(args: RunValues, world_size: int) -> None:
     """``--sequence_parallel_size N`` against the launch and the model (the flags alone are checked by
     hf_lora_ds.config.engine): the world a multiple of N, and heads N can split. ``world_size`` is the launcher's."""
     size = args.sequence_parallel_size
@@ -74,7 +74,7 @@ def check_sequence_parallel(args: SFTTrainingArguments, world_size: int) -> None
     _check_heads(args, size)
 
 
-def _check_heads(args: SFTTrainingArguments, size: int) -> None:
+def _check_heads(args: RunValues, size: int) -> None:
     """Ulysses gives each rank 1/N of the query heads, and of the key/value heads (or replicates them when there
     are fewer than N): the config alone says whether that divides."""
     from hf_lora_ds.model.loading import base_model_config
@@ -95,13 +95,13 @@ def _head_divisors(heads: int, kv_heads: int) -> str:
     return "one of " + ", ".join(map(str, sizes[:6])) if sizes else "no sequence parallelism for this model"
 
 
-def check_training_flags(args: SFTTrainingArguments) -> None:
+def check_training_flags(args: RunValues) -> None:
     """The non-numeric flags above, in the order a user would fix them; ``args`` is an SFTTrainingArguments."""
     _check_dict_flags(args)
     _check_names(args)
 
 
-def _check_dict_flags(args: SFTTrainingArguments) -> None:
+def _check_dict_flags(args: RunValues) -> None:
     """transformers reads a value starting with '{' as JSON (its error names no flag) and any other as a file path,
     which --accelerator_config opens only when the Trainer is built. --deepspeed has its own checks."""
     for flag in SFTTrainingArguments._VALID_DICT_FIELDS:
@@ -117,7 +117,7 @@ def _check_dict_flags(args: SFTTrainingArguments) -> None:
             raise MissingPathError(f"--{flag} {value}: no such file; pass a JSON file or an inline JSON object")
 
 
-def _check_names(args: SFTTrainingArguments) -> None:
+def _check_names(args: RunValues) -> None:
     """Names checked against the libraries' own lists, before a model is loaded rather than when it is used."""
     from accelerate.utils import DynamoBackend
     from torch._inductor import list_mode_options

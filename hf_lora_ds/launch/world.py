@@ -1,31 +1,9 @@
 """Make Trainer's world size, its data sharding and DeepSpeed's world size agree, on CPU and on accelerators.
 
-Two calls, both in ``hf_lora_ds.launch.resolve.parse_run_arguments`` (the one place a run's process environment changes):
-``prepare_distributed(values)`` before ``SFTTrainingArguments`` is built (its ``TrainingArguments.__post_init__``
-builds accelerate's process state) and ``ensure_world_agreement(args)`` after it, before the model is loaded. A
-script that builds the arguments itself calls them the same way. On a GPU machine, or for a single process without
-DeepSpeed, they change nothing. What they fix, root causes first:
-
-1. Several ranks, no accelerator (accelerate 1.15, ``PartialState.__init__`` / ``_prepare_backend``). With
-   ``LOCAL_RANK`` set and ``cpu=False`` accelerate picks a backend only from an accelerator it finds (nccl, xccl,
-   hccl, ...); with none it gets ``backend=None`` yet still initialises a process group (``deepspeed.comm`` under
-   ``--deepspeed``, else ``init_process_group(backend=None)``, which torch turns into gloo), then reads "no backend"
-   as "not distributed": ``num_processes=1``, ``process_index=0`` on every rank. DeepSpeed's batch assertion fails
-   (config filled for one rank), and under torchrun nothing is sharded or DDP-wrapped. accelerate takes its
-   ``MULTI_CPU`` path (gloo, true rank and world size) only with ``cpu=True``, which TrainingArguments passes exactly
-   when ``use_cpu`` is set: so the fix is that public flag (``resolve_use_cpu``). DeepSpeed still runs: Trainer's
-   ``Accelerator`` is built with ``cpu=False`` and selects ``DistributedType.DEEPSPEED`` itself. The
-   ``ACCELERATE_USE_CPU`` variable would not do: it also forces ``cpu=True`` on ``AcceleratorState``, which then
-   never selects DeepSpeed.
-2. ZeRO-3 model construction sees one rank. On that ``use_cpu`` path accelerate creates a plain torch.distributed
-   group and never initialises ``deepspeed.comm``; ``zero.Init`` (inside ``from_pretrained``) asks deepspeed.comm
-   for the world size, gets an exception, silently uses 1 and asserts ``4 != 2 * 1 * 1``. Fixed by registering
-   the existing group with deepspeed.comm (``share_process_group_with_deepspeed``), as accelerate does on GPUs.
-3. CPU threads under the deepspeed launcher: it exports ``LOCAL_SIZE``, accelerate reads ``LOCAL_WORLD_SIZE`` to split
-   the cores between local ranks, finds none and oversubscribes (``name_local_world_size``).
-4. ``python run_sft.py --deepspeed ...`` with no launcher: DeepSpeed falls back to MPI discovery and dies with
-   ``No module named 'mpi4py'`` (GPU machines too). Fixed by the one-process launcher environment
-   (``emulate_single_process_launcher``), as transformers' docs prescribe for notebooks.
+``prepare_distributed(values)`` runs before ``SFTTrainingArguments`` is built (its ``__post_init__`` builds
+accelerate's process state) and ``ensure_world_agreement(args)`` after it, both in
+``hf_lora_ds.launch.resolve.parse_run_arguments``; a script that builds the arguments itself calls them the same way.
+Each fix below says which library gap it closes; on a GPU machine, or for one process without DeepSpeed, none acts.
 """
 
 from __future__ import annotations
@@ -33,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from argparse import Namespace
 
 import torch
 from transformers import TrainingArguments
@@ -54,7 +33,7 @@ __all__ = [
 ]
 
 
-def prepare_distributed(args: TrainingArguments) -> None:
+def prepare_distributed(args: TrainingArguments | Namespace) -> None:
     """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), with the
     parsed values; pair it with ``ensure_world_agreement(args)`` right after. ``use_cpu`` is resolved here, once
     (``resolve_use_cpu``). No-op for a single process on a GPU or without DeepSpeed, and for any launch on a GPU
@@ -80,6 +59,10 @@ def resolve_use_cpu(use_cpu: bool) -> bool:
     Call it in ``TrainingArguments.__post_init__`` *before* ``super().__post_init__()``, which builds the process
     state. True when the user asked for CPU, or when several processes were launched and there is no accelerator.
     A single process, or any run with a GPU, keeps the user's value: a no-op there.
+
+    Why: with several ranks and no accelerator, accelerate (1.15, ``PartialState._prepare_backend``) finds no backend
+    and reads that as "not distributed" (world size 1 on every rank); only ``cpu=True``, which TrainingArguments passes
+    for ``use_cpu``, takes its gloo ``MULTI_CPU`` path. ``ACCELERATE_USE_CPU`` would not do: it keeps DeepSpeed off.
     """
     return use_cpu or (launcher_world_size() > 1 and not has_distributed_accelerator())
 

@@ -86,9 +86,9 @@ def check_adapter_trained(adapter_dir: str | os.PathLike, steps: int, max_learni
     if b_factors and not any(tensor.any() for tensor in b_factors):
         raise UntrainedAdapterError(
             f"The adapter saved in {adapter_dir} never trained: all {len(b_factors)} lora_B tensors are still exactly "
-            f"zero (LoRA's initial value) after {steps} optimizer steps at a learning rate up to {max_learning_rate:g}, "
-            "so it changes nothing. No gradient reached the LoRA weights: check that they require grad and are in "
-            "the optimizer, and that the loss is computed from the model's output."
+            f"zero (LoRA's initial value) after {steps} optimizer steps at a learning rate up to "
+            f"{max_learning_rate:g}, so it changes nothing. No gradient reached the LoRA weights: check that they "
+            "require grad and are in the optimizer, and that the loss is computed from the model's output."
         )
 
 

@@ -9,7 +9,7 @@ from peft import EvaConfig, LoraConfig, PeftModel, TaskType, get_peft_model
 from peft.tuners.lora.config import CordaConfig
 from transformers.pytorch_utils import Conv1D
 
-from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config import RunValues
 from hf_lora_ds.config.lora_init import DataPass, parse_lora_init
 from hf_lora_ds.errors import UserError
 
@@ -27,7 +27,7 @@ __all__ = [
 LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
 
 
-def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
+def lora_config_from_args(args: RunValues) -> LoraConfig:
     """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
     ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
     init = parse_lora_init(getattr(args, "lora_init", "default"))

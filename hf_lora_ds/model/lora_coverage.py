@@ -135,7 +135,10 @@ class LoraCoverage:
         """Layers left without any adapter, or experts most layers have but LoRA skips; None when neither."""
         bare = [layer for layer in self.layers if not any(s.adapted for s in self.sites if s.layer == layer)]
         if bare:
-            return f"LoRA adapts no module of decoder layers {_ranges(bare)} (of {len(self.layers)}), so they are not trained"
+            return (
+                f"LoRA adapts no module of decoder layers {_ranges(bare)} (of {len(self.layers)}), "
+                "so they are not trained"
+            )
         moe = {site.layer for site in self.sites if site.kind == "experts"}
         tuned = {site.layer for site in self.sites if site.kind == "experts" and site.adapted}
         if len(moe) > len(self.layers) / 2 and len(tuned) <= len(moe) / 2:

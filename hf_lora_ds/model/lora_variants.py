@@ -1,22 +1,11 @@
 """LoRA variants: how the adapter starts (``--lora_init``) and how it is optimised (``--lora_optimizer``), checked
 before anything loads, and described where the run shows its adapters (the coverage table, the audit).
 
-PEFT 0.21 starts an adapter in one of three ways, and each asks something different of a run:
-
-- from nothing: ``default`` (B zero, so the model starts exactly at the base), ``gaussian``, ``orthogonal``;
-- from the base weights: ``pissa`` (and ``pissa_niter_N``, a randomized SVD), ``olora`` (QR), ``corda`` (an SVD
-  weighted by the covariance of each layer's inputs). The adapter takes the weight's principal part and the base
-  keeps the residual, so the base is rewritten: the adapter only means something on that residual until it is
-  converted back into a plain LoRA adapter for the original base (PEFT's ``subtract_mutated_init``, done by
-  hf_lora_ds.model.adapter_conversion at the end of the run);
-- from data: ``eva`` (A from the SVD of each layer's input activations; ranks redistributed by explained variance)
-  and ``corda`` run the base over training samples before step 1 (hf_lora_ds.training.lora_init).
-
-``loftq`` fits the adapter to the 4-bit quantisation error of each weight (so it needs ``--load_in_4bit``): the model
-starts nearer the full-precision base than the 4-bit one does. The trained model is the 4-bit base plus the adapter,
-so the adapter is saved as trained, for that base, as any QLoRA adapter; converted for the full-precision base it
-would still miss what rank r cannot hold of the quantisation error (measured on the demo model: further from the
-trained model's logits than the unconverted adapter on that base, 9.2 against 8.0).
+Each PEFT init asks something different of a run: from nothing (``default``, ``gaussian``, ``orthogonal``); from the
+base weights (``pissa``, ``olora``, ``corda``: the base keeps a rewritten residual, so the adapter is converted back at
+the end, hf_lora_ds.model.adapter_conversion); from data (``eva``, ``corda``: a pass over training samples before step
+1, hf_lora_ds.training.lora_init); ``loftq`` fits the 4-bit quantisation error, so it needs ``--load_in_4bit`` and its
+adapter is saved for that 4-bit base, as any QLoRA adapter (bench/README.md says why not converted).
 """
 
 from __future__ import annotations
@@ -26,7 +15,7 @@ from pathlib import Path
 
 from peft import LoraConfig
 
-from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config import RunValues
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft, parse_lora_init
 from hf_lora_ds.errors import UserError
 
@@ -42,7 +31,7 @@ LORA_OPTIMIZERS = ("adamw", "loraplus", "lorafa")
 DEFAULT_LORAPLUS_RATIO = 16.0  # the LoRA+ paper's recommendation (2^4) for decoder LLMs
 
 
-def check_lora_variant(args: SFTTrainingArguments) -> None:
+def check_lora_variant(args: RunValues) -> None:
     """Combinations that cannot work, refused from the flags alone (before anything loads) with one line."""
     init = parse_lora_init(args.lora_init)
     quantized = "--load_in_4bit" if args.load_in_4bit else "--load_in_8bit" if args.load_in_8bit else None
@@ -79,7 +68,7 @@ def check_lora_variant(args: SFTTrainingArguments) -> None:
     _check_lora_optimizer(args)
 
 
-def _no_full_precision_weights(args: SFTTrainingArguments) -> bool:
+def _no_full_precision_weights(args: RunValues) -> bool:
     """A GGUF base, or a local directory without safetensors (a Hub id is looked up in the Hub cache later)."""
     source = Path(str(args.model_name_or_path))
     if getattr(args, "gguf_file", None) or source.suffix == ".gguf":
@@ -87,7 +76,7 @@ def _no_full_precision_weights(args: SFTTrainingArguments) -> bool:
     return source.is_dir() and not any(source.glob("*.safetensors"))
 
 
-def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
+def _check_lora_optimizer(args: RunValues) -> None:
     if args.lora_optimizer not in LORA_OPTIMIZERS:
         raise UserError(f"--lora_optimizer {args.lora_optimizer}: unknown; use one of {', '.join(LORA_OPTIMIZERS)}")
     ratio = args.loraplus_lr_ratio
@@ -108,7 +97,7 @@ def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
 
 
 def check_lora_optimizer_engine(
-    args: SFTTrainingArguments, zero_stage: int | None, has_optimizer_section: bool, source: str
+    args: RunValues, zero_stage: int | None, has_optimizer_section: bool, source: str
 ) -> None:
     """The LoRA optimizers against the engine: DeepSpeed must take our optimizer as its client optimizer (a config
     with its own ``optimizer`` section replaces it, and with it LoRA+'s parameter groups), and LoRA-FA updates each
@@ -130,7 +119,7 @@ def check_lora_optimizer_engine(
         )
 
 
-def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -> str | None:
+def variant_line(config: LoraConfig, args: RunValues | None = None) -> str | None:
     """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA. ``args``:
     the run's flags (``lora_init``, ``lora_init_samples``, ``lora_optimizer``, ``loraplus_lr_ratio``); without them,
     what ``config`` says (an adapter built elsewhere)."""

@@ -1,7 +1,8 @@
 """Merge a LoRA adapter into its base and export a standalone HF model (safetensors + tokenizer), verified.
 
     python -m hf_lora_ds.merge --model_name_or_path BASE_DIR --adapter ADAPTER_DIR --out OUT_DIR
-    python -m hf_lora_ds.merge --model_name_or_path DIR --gguf_file BASE.gguf --adapter ADAPTER_DIR --out OUT_DIR --gguf OUT.gguf
+    python -m hf_lora_ds.merge --model_name_or_path DIR --gguf_file BASE.gguf --adapter ADAPTER_DIR --out OUT_DIR
+        --gguf OUT.gguf
 
 The export is only useful if it computes what base + adapter computed, so the command checks that itself: it
 records base + adapter logits on a few prompts, merges, saves, reloads the saved model from disk and compares. The

@@ -1,24 +1,11 @@
 """Peak memory per device and per node for one configuration, itemised: the model states ZeRO partitions, the
 activations and logits it does not, and the buffers DeepSpeed adds.
 
-Model states for LoRA differ from DeepSpeed's own estimators (which assume every parameter trains): the frozen base
-has no gradient and no optimizer state, so only ZeRO-3 (which also partitions frozen weights) and parameter offload
-shrink it. The LoRA weights carry the usual Adam states: fp32 exp_avg and exp_avg_sq, an fp32 master copy when the
-weights train in 16 bits (DeepSpeed casts the model to bf16/fp16; without DeepSpeed PEFT keeps adapters in fp32),
-and gradients, each partitioned from the stage that partitions it (1: optimizer state, 2: + gradients,
-3: + weights).
-
-Sequence parallelism (DeepSpeed Ulysses) splits every sequence over N ranks: each keeps 1/N of the activations and
-of the supervised rows' logits work, and adds the all-to-all buffers of one attention layer at a time (query, key,
-value in, the attention output back, each sent and received) plus the batches of its group that DeepSpeed's
-dataloader adapter gathers; the model states are partitioned over all ranks as before.
-
-Logits follow what ``LoraSFTTrainer`` computes (hf_lora_ds.training.supervised_logits): the LM head fused with the loss over
-the supervised rows (hf_lora_ds.training.fused_head_loss), so only the hidden rows and one chunk of logits, sized from a
-memory budget, are alive at a time; with ``supervised_logits_only`` off, every position's logits and gradients.
-
-On a CPU-only machine the "device" is the process's host memory: offload moves nothing anywhere, and the runtime
-baseline is the resident memory of a process that has imported the training stack (measured, not assumed).
+DeepSpeed's own estimators assume every parameter trains; with LoRA the frozen base has no gradient and no optimizer
+state, so only ZeRO-3 and parameter offload shrink it, while the LoRA weights carry the usual fp32 Adam states.
+Sequence parallelism splits activations and logits over its group; logits follow what ``LoraSFTTrainer`` computes
+(the fused head-and-loss: one chunk alive at a time). On a CPU-only machine the "device" is the process's host
+memory, with a measured baseline for the imported training stack.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 is read or allocated, so a 72B config takes seconds) and wrapped with PEFT using the run's LoRA settings, so the
 frozen and trainable parameter counts and the largest module are counted, not derived from formulas.
 
-Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder
-records every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's
-fp32 adapters cast their inputs, RMSNorm upcasts). Their difference is what each further layer adds (the first layer
-saves less: its input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused
-kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but
-on the meta device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
+Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
+every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's fp32 adapters
+cast their inputs, RMSNorm upcasts). Their difference is what each further layer adds (the first layer saves less: its
+input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused kernels,
+flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta
+device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
 """
 
 from __future__ import annotations

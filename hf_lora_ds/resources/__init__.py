@@ -1,6 +1,6 @@
-"""What the package ships besides code: DeepSpeed, FSDP2 and Accelerate configs, Qwen2.5 model configs, the demo model and
-data. They live inside the package so that a ``pip install`` (not only a clone) has them; the repository's
-top-level ``ds_configs/``, ``fsdp_configs/``, ``accelerate_configs/``, ``examples/model_configs/`` and ``data/tiny-qwen2-sum``,
+"""What the package ships besides code: DeepSpeed, FSDP2 and Accelerate configs, Qwen2.5 model configs, the demo model
+and data. They live inside the package so that a ``pip install`` (not only a clone) has them; the repository's top-level
+``ds_configs/``, ``fsdp_configs/``, ``accelerate_configs/``, ``examples/model_configs/`` and ``data/tiny-qwen2-sum``,
 ``data/sum_to_x`` are links to these folders, so every file has one source.
 """
 

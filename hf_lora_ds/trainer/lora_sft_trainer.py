@@ -1,6 +1,6 @@
 """``LoraSFTTrainer``: transformers' Trainer with a LoRA model, the mask audit up front, the loss from logits at the
-supervised positions only (hf_lora_ds.training.supervised_logits), every saved adapter checked (the final one is always saved,
-and must have trained), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
+supervised positions only (hf_lora_ds.training.supervised_logits), every saved adapter checked (the final one is always
+saved, and must have trained), and ``resume_from_checkpoint="auto"`` that skips checkpoints a kill cut short.
 
 Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``report_to``) is Trainer's own.
 """
@@ -95,7 +95,7 @@ class LoraSFTTrainer(Trainer):
         # (hf_lora_ds.model.adapter_conversion).
         rewrites_base = wrapping and parse_lora_init(args.lora_init).rewrites_base
         self.adapter_start = adapter_snapshot(model) if rewrites_base else None
-        # Where the adapters landed, before any engine is built: partial targets stop here (hf_lora_ds.model.lora_coverage).
+        # Where the adapters landed, before any engine is built: partial targets stop here (model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
         self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
         print0(self.lora_coverage.table(), *([self.variant_line] if self.variant_line else []))
@@ -274,8 +274,8 @@ class LoraSFTTrainer(Trainer):
     ):
         """The causal-LM loss with the LM head applied only where the shifted label is not -100.
 
-        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.training.supervised_logits). With the
-        fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
+        Same value and gradients as Trainer's loss from full logits (see hf_lora_ds.training.supervised_logits). With
+        the fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
         ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
         """
         targets = shifted_labels(inputs)

@@ -1,19 +1,10 @@
 """``--resume_from_checkpoint PATH|auto``, where ``auto`` never picks a checkpoint that a kill cut short.
 
-transformers (5.x) writes ``checkpoint-N`` in place, file by file, with no temporary directory and no final rename:
-adapter, optimizer (under DeepSpeed one ZeRO shard per rank), scheduler, one RNG file per rank, then
-``trainer_state.json`` from rank 0 only, with no barrier, so rank 0 can finish while other ranks are still writing.
-Its ``get_last_checkpoint`` takes the highest ``checkpoint-N`` directory, complete or not. A job killed during a
-save therefore resumes from a torn checkpoint: missing files fail the load, truncated ones can load garbage.
-
-``CheckpointCompletionCallback`` closes that gap: once Trainer has saved (``on_save`` runs after the save), every
-rank meets at a barrier, then the saving process writes ``checkpoint_complete.json`` atomically (temporary file +
-``os.replace``), listing every file and its size. ``auto`` takes the highest-numbered checkpoint whose marker is
-present and whose files are all still there at those sizes.
-
-A ZeRO checkpoint written by another number of ranks resumes through DeepSpeed's universal checkpoint
-(hf_lora_ds.training.universal_checkpoint, converted when ``LoraSFTTrainer.train`` starts); ``resolve_resume_checkpoint`` says so in its
-note, and refuses up front, with the reason and the rank count to use, where this run cannot load one.
+transformers (5.x) writes ``checkpoint-N`` in place, file by file, and rank 0 may finish while other ranks still
+write; its ``get_last_checkpoint`` takes the highest directory, complete or not, so a job killed during a save resumes
+from a torn checkpoint. ``CheckpointCompletionCallback`` writes ``checkpoint_complete.json`` (every file and its size,
+atomically, after a barrier) and ``auto`` takes the highest checkpoint whose marker and files are all there. A ZeRO
+checkpoint from another rank count resumes through hf_lora_ds.training.universal_checkpoint.
 """
 
 from __future__ import annotations

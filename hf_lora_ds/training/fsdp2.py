@@ -1,17 +1,9 @@
 """FSDP2 where accelerate and Trainer leave gaps: kept on a CPU-only multi-process launch, its DTensor gradient norm
 made a plain tensor, and the adapter gathered whole for saving.
 
-FSDP on the CPU: accelerate turns its state into ``DistributedType.FSDP`` only from one of its accelerator
-``MULTI_*`` types (``AcceleratorState.__init__``), so ``--fsdp`` or an Accelerate FSDP config under a CPU launch
-(``MULTI_CPU``, gloo) trains as plain DDP and saves a DDP checkpoint, with exit code 0. PyTorch's ``fully_shard``
-itself runs over a gloo CPU mesh; ``shard_on_cpu`` gives the state the FSDP plugin accelerate would have kept, so
-``accelerator.prepare`` applies FSDP2 exactly as on GPUs.
-
-The type must also be written where accelerate writes it (``PartialState``'s shared state, as
-``AcceleratorState.__init__`` does for GPUs): every later ``AcceleratorState()`` (the optimizer wrapper makes one)
-copies PartialState's type back, and from then on ``accelerator.is_fsdp2`` is False. ``get_state_dict`` then took
-its FSDP1 branch and returned the sharded DTensors, whose save died in PEFT's ``save_pretrained`` (FULL_STATE_DICT:
-"invalid python storage"), and the resume from a FULL_STATE_DICT checkpoint hung (rank 0's broadcast never sent).
+accelerate sets ``DistributedType.FSDP`` only from its accelerator types, so ``--fsdp`` under a CPU launch (gloo)
+silently trained as plain DDP; ``fully_shard`` itself runs over a gloo mesh, so ``shard_on_cpu`` restores the plugin
+and ``accelerator.prepare`` applies FSDP2 exactly as on GPUs.
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ __all__ = ["shard_on_cpu", "full_grad_norm", "full_adapter_state_dict"]
 
 
 def shard_on_cpu(trainer: Trainer) -> bool:
-    """Give a CPU multi-process accelerator the FSDP plugin the run asked for; True when it did (see module doc)."""
+    """Give a CPU multi-process accelerator the FSDP plugin the run asked for; True when it did."""
     from accelerate import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -34,7 +26,9 @@ def shard_on_cpu(trainer: Trainer) -> bool:
         return False
     state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
     state.distributed_type = DistributedType.FSDP
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # kept by every later AcceleratorState()
+    # Every later AcceleratorState() copies PartialState's type back; without this is_fsdp2 turns False, the adapter
+    # save takes the FSDP1 branch (sharded DTensors, PEFT's save dies) and a FULL_STATE_DICT resume hangs.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     return True
 
 

@@ -1,16 +1,9 @@
 """The LM head and the cross-entropy fused chunk by chunk over the supervised rows, so that no ``(n, vocab)`` tensor
-ever exists: with a ~152k vocabulary the logits of a batch (and their gradient, as large again) otherwise dominate a
-LoRA run's memory and grow with its supervised tokens.
+ever exists: with a ~152k vocabulary the logits (and their gradient) otherwise dominate a LoRA run's memory.
 
-``FusedHeadLoss`` takes the decoder's hidden rows ``(n, hidden)`` at the supervised positions and the head weight
-``(vocab, hidden)``. Forward computes, per chunk of rows, the head matmul in the compute dtype, its fp32
-log-sum-exp and the summed loss, and keeps only the ``n`` log-sum-exps. Backward recomputes each chunk's logits from
-the same rows and weight and turns them into the gradient of the hidden rows (and of the head weight only when it
-is trained: ``lm_head`` fully trained, or tied embeddings that train). The chunk is sized from a memory budget
-(``chunk_rows``), not a fixed number of rows. The arithmetic is that of the full path (head output in the compute
-dtype, upcast to fp32, softmax minus one-hot, cast back), so loss and gradients match it to rounding.
-
-Pure torch: it runs wherever the head's matmul runs (CPU, CUDA).
+Forward keeps only each row's fp32 log-sum-exp; backward recomputes each chunk's logits for the gradients (of the head
+weight only when it trains). Chunks are sized from a memory budget (``chunk_rows``) and the arithmetic is the full
+path's, so loss and gradients match it to rounding. Pure torch: it runs wherever the head's matmul runs.
 """
 
 from __future__ import annotations

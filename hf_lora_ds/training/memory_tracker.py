@@ -1,16 +1,9 @@
 """The one memory tracker: accelerator memory and host RSS over nested phases, for the callbacks and the eval alike.
 
-Why one: the accelerator's peak counter (``max_memory_allocated``) is global to the process, and a tracker that
-resets it to measure its own block erases the peak of every block around it. Phases nest (an evaluation inside
-training, a generation pass inside an evaluation), so every reset goes through ``_fold_device_peaks``, which first
-gives every open phase of every live tracker the peak reached so far. Other tools that read the counter across a
-phase see it reset (leave Trainer's ``skip_memory_metrics`` at its default, True).
-
-Host RSS has no high-water mark that nests (``VmHWM`` is process-wide like the device counter, and resetting it needs
-a writable ``/proc/self/clear_refs``), so a daemon thread samples RSS into every open phase every
-``sample_interval_s`` while any phase is open, and every boundary reading counts for the enclosing phases too. A
-spike shorter than the interval can be missed; sampling without sleeping, as PEFT's ``TorchTracemalloc`` does, costs
-a whole core.
+Why one: the accelerator's peak counter is global to the process, and a tracker that resets it erases the peak of
+every block around it, so every reset first folds the peak into every open phase (``_fold_device_peaks``). Host RSS
+has no nesting high-water mark, so a daemon thread samples it every ``sample_interval_s`` (a shorter spike can be
+missed; sampling without sleeping costs a core). Leave Trainer's ``skip_memory_metrics`` at True: it reads the counter.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """Stop (or skip the step) at the first NaN or infinite training loss or gradient norm, naming the step, the samples
 and the checkpoint to go back to.
 
-Trainer trains on through a NaN loss: the NaN gradients reach the optimizer, every weight they touch becomes NaN, and
-the run goes on logging ``nan`` until it ends and saves a useless adapter. A finite loss can still give a NaN or
-infinite gradient (an overflow in the backward pass), with the same result. ``NonFiniteGuard`` checks both:
-
-- each training loss, in ``LoraSFTTrainer.compute_loss``, before its backward pass;
-- each step's gradient norm, in ``LoraSFTTrainer._get_grad_norm``, after clipping and before ``optimizer.step()``.
-
-All ranks agree (one all-reduce of a flag), so every rank takes the same decision at the same step. ``stop`` (the
-default) raises ``NonFiniteLossError`` / ``NonFiniteGradientError``: the step, the dataset indices of every sample
-in the offending batch on every rank (with the file and line they came from), and the last complete checkpoint to
-resume from. ``skip`` drops the step instead: no weight or optimizer-state update comes from that batch, and the
-skips are counted (``nonfinite_skipped`` in the training logs).
-
-How the step is dropped: without DeepSpeed, every gradient is set to ``None`` before ``optimizer.step()``, and
-torch's optimizers leave a parameter without a gradient untouched (no moment update, no weight decay). Under
-DeepSpeed ZeRO 1-3 the engine takes the optimizer step inside the backward call, before Trainer sees a norm; its own
-overflow check has already dropped a step whose gradient norm is not finite (zeroed gradients, no update), and it
-reports the norm as ``inf``. A NaN loss in skip mode is made NaN on every rank, so its backward gives NaN gradients
-everywhere and one of those two mechanisms drops the step on every rank alike. Under ZeRO stage 0 the engine steps
-a plain torch optimizer and reports no norm, so only the loss check applies there.
-
-The batch carries no sample index, so the samples are found by their token ids in the training dataset; that
-lookup runs only once something has gone bad. The guard keeps the token-id tensors of the current step's
-micro-batches (references, no copy) so a bad gradient norm can name its samples too.
+Trainer trains on through a NaN: the NaN gradients reach the optimizer and the run saves a useless adapter. The loss is
+checked before its backward (``LoraSFTTrainer.compute_loss``) and the gradient norm before ``optimizer.step()``
+(``_get_grad_norm``), with one all-reduce so every rank decides alike. ``stop`` raises with the batch's dataset
+indices on every rank (found by token ids, only once something went bad) and the last complete checkpoint; ``skip``
+drops the step and counts it (``nonfinite_skipped`` in the training logs).
 """
 
 from __future__ import annotations
@@ -152,8 +133,12 @@ class NonFiniteGuard:
         self, grad_norm: torch.Tensor | float | None, model: torch.nn.Module, step: int, under_deepspeed: bool
     ) -> None:
         """Called once per optimizer step, after the backward passes and before ``optimizer.step()``. Stop mode:
-        raise ``NonFiniteGradientError`` on every rank when the norm is not finite. Skip mode: drop the step (no
-        gradient left for the optimizer; DeepSpeed has dropped it already) and count it."""
+        raise ``NonFiniteGradientError`` on every rank when the norm is not finite. Skip mode: drop the step, count it.
+
+        Without DeepSpeed every gradient becomes None, which torch optimizers skip (no moment update, no weight decay).
+        Under ZeRO 1-3 the engine steps inside the backward and its own overflow check has already dropped a step with
+        a non-finite norm (reported as inf); a NaN loss was made NaN on every rank so that check trips everywhere.
+        ZeRO stage 0 reports no norm: only the loss check applies there."""
         try:
             bad = self._bad_loss or (grad_norm is not None and any_rank_nonfinite(grad_norm))
             if not bad:

@@ -1,17 +1,10 @@
 """Sequence parallelism (DeepSpeed Ulysses, the ALST recipe) for LoRA SFT: the pieces this package adds to what
 transformers, accelerate and DeepSpeed already wire together.
 
-``--sequence_parallel_size N`` becomes accelerate's ``ParallelismConfig(sp_size=N, sp_backend="deepspeed")`` on
-``TrainingArguments.parallelism_config`` (hf_lora_ds.config.engine). From there the libraries do the work: accelerate
-registers DeepSpeed's ``UlyssesSPAttentionHF`` in place of the model's attention kernel (an all-to-all before and
-after attention: every rank attends over the whole sequence with 1/N of the heads) and hands DeepSpeed the
-sequence-parallel groups (``N`` consecutive ranks each); transformers' Trainer wraps the training dataloader in
-``UlyssesSPDataLoaderAdapter``, which gathers the batches of the group's ranks and gives each rank 1/N of each
-sequence, with the labels already shifted (``shift_labels``) so the shards need no neighbour's token.
-
-What this module owns is the loss. Each rank sums the cross-entropy of its own shard (the fused head of
-hf_lora_ds.training.fused_head_loss, on the shard's supervised positions); ``sequence_parallel_loss`` turns that into
-the loss whose gradient, once DeepSpeed has reduced it, is exactly one process's on the same global batch.
+``--sequence_parallel_size N`` becomes accelerate's ``ParallelismConfig(sp_size=N, sp_backend="deepspeed")``
+(hf_lora_ds.config.engine); accelerate swaps in DeepSpeed's all-to-all attention and Trainer shards each sequence over
+the group, labels pre-shifted. What this module owns is the loss: ``sequence_parallel_loss`` turns each rank's shard
+sum into the loss whose gradient, once DeepSpeed has reduced it, is exactly one process's on the same global batch.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The SFT loss from the LM head applied only where a label is trained.
 
-In chat SFT most positions are masked with -100 (system prompt, user turns, padding), yet a causal LM computes
-logits for every position and the loss upcasts all of them to fp32: with a ~152k vocabulary that is often the largest
-allocation of a LoRA run. The loss only reads the positions whose *shifted* label is not -100, so computing the head
-there alone gives the same loss and the same gradients at a fraction of the head's FLOPs and memory.
-
-The positions reach the head through the model's own forward (``logits_to_keep`` as a boolean ``(batch, seq)``
-mask, which transformers' ``slice_logits_to_keep`` turns into ``(num_kept, hidden)``), so DDP and every ZeRO stage
-see the ordinary forward: under ZeRO-3 the partitioned head weight is gathered by DeepSpeed's hooks as usual.
-Where the head is a plain bias-free ``nn.Linear`` (``fused_head``), its forward is swapped for the duration of the
-call (``head_computes_loss``) by the chunked head-and-loss of hf_lora_ds.training.fused_head_loss: the model hands the
-``(num_kept, hidden)`` rows to its head, which returns the summed loss instead of logits, so no ``(num_kept, vocab)``
-tensor exists; DeepSpeed's module hooks still gather the head weight around that call and again for its backward,
-and release it after. A model that changes the logits after its head (soft-capping, scaling) is seen by the loss not
-coming back unchanged, and that batch (its forward redone) and the rest of the run take the logits path.
-
-The shift, the -100 handling and the normalisation are transformers' ``ForCausalLMLoss``: each position predicts the
-next label (the last position predicts nothing), and the summed loss is divided by ``num_items_in_batch`` (the
-supervised tokens of the whole accumulated batch) when Trainer passes it, or averaged over this batch otherwise.
-
->>> import torch
->>> shifted_labels({"labels": torch.tensor([[-100, 5, 6], [-100, -100, 7]])}).tolist()
-[[5, 6, -100], [-100, 7, -100]]
+In chat SFT most positions are masked with -100, yet a causal LM computes logits for every position and the loss
+upcasts them all to fp32: with a ~152k vocabulary often a LoRA run's largest allocation. The positions reach the head
+through the model's own forward (``logits_to_keep`` as a boolean mask), so DDP and every ZeRO stage see an ordinary
+forward; a plain bias-free head is swapped for the fused head-and-loss (hf_lora_ds.training.fused_head_loss), so no
+``(n, vocab)`` tensor exists. Shift, -100 handling and normalisation are transformers' ``ForCausalLMLoss``.
 """
 
 from __future__ import annotations
@@ -74,7 +57,12 @@ def accepts_position_mask(model: torch.nn.Module) -> bool:
 
 def shifted_labels(inputs: dict[str, Any]) -> torch.Tensor:
     """The label each position predicts: ``labels`` shifted left by one with -100 at the end, as ``ForCausalLMLoss``
-    does, or the collator's own ``shift_labels`` when it provides them."""
+    does, or the collator's own ``shift_labels`` when it provides them.
+
+    >>> import torch
+    >>> shifted_labels({"labels": torch.tensor([[-100, 5, 6], [-100, -100, 7]])}).tolist()
+    [[5, 6, -100], [-100, 7, -100]]
+    """
     if inputs.get("shift_labels") is not None:
         return inputs["shift_labels"]
     return F.pad(inputs["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:]

@@ -1,29 +1,11 @@
 """Resume a DeepSpeed ZeRO checkpoint on another number of ranks, through DeepSpeed's universal checkpoint.
 
-A ZeRO checkpoint holds the optimizer state (fp32 LoRA weights, Adam's ``exp_avg``/``exp_avg_sq``) partitioned over
-the ranks that wrote it, one file per rank; DeepSpeed's engine can only load it on the same number of ranks. DeepSpeed
-ships the conversion that lifts that restriction: ``deepspeed.checkpoint.ds_to_universal`` merges the partitions into
-one folder per parameter (``<tag>_universal/zero/<name>/{fp32,exp_avg,exp_avg_sq,step}.pt``), and an engine whose
-config has ``checkpoint.load_universal`` loads it on any number of ranks, re-partitioning as it goes.
-
-``--resume_from_checkpoint`` (``auto`` or a path) does that by itself when the checkpoint's rank count differs from
-this run's: rank 0 converts ``checkpoint-N/global_stepN`` into ``checkpoint-N/global_stepN_universal`` (plus the
-``latest_universal`` file the engine reads), the other ranks wait at a barrier, and the engine is built with
-``load_universal`` on. The conversion only adds files; the original partitions stay, so the checkpoint still resumes
-on its own rank count too, and a later resume reuses a conversion that finished (``universal_complete.json``).
-
-Details of the conversion, checked in DeepSpeed's source:
-
-- Trainer's checkpoints lack the ``universal_checkpoint_info`` client state that Megatron-DeepSpeed adds; it only
-  carries a format version here (no tensor-parallel slicing to describe), so the converter's own
-  ``inject_missing_state`` supplies it.
-- LoRA's frozen base weights are not saved (Trainer passes ``exclude_frozen_parameters`` for PEFT models) and are not
-  needed: a universal load restores only the parameters the optimizer owns and leaves the others as loaded from
-  ``--model_name_or_path``, which is where a resumed run's frozen base comes from anyway.
-
-Not possible, refused before any model is loaded (``universal_refusal``): a run without DeepSpeed or with ZeRO stage 0
-(the universal state is read by the ZeRO optimizer only), and NVMe optimizer offload (the engine skips the ZeRO state
-load for it and copies per-rank swap files instead).
+A ZeRO checkpoint's optimizer state (fp32 LoRA weights, Adam moments) is partitioned over the ranks that wrote it and
+loads only on that many. ``--resume_from_checkpoint`` converts it when the rank count differs: rank 0 runs DeepSpeed's
+``ds_to_universal`` into ``global_stepN_universal`` (the partitions stay; a finished conversion is reused), the others
+wait, and the engine is built with ``checkpoint.load_universal``. LoRA's frozen base weights are not in the checkpoint
+and need not be: a universal load restores only what the optimizer owns. Refused before the model loads
+(``universal_refusal``): no DeepSpeed, ZeRO stage 0, and NVMe optimizer offload.
 """
 
 from __future__ import annotations
@@ -92,6 +74,8 @@ def convert_to_universal(checkpoint: str | os.PathLike) -> Path:
     marker = output / UNIVERSAL_MARKER
     if marker.is_file():
         return output
+    # Trainer's checkpoints lack Megatron-DeepSpeed's universal_checkpoint_info; without tensor-parallel slices to
+    # describe it only carries a format version, which inject_missing_state supplies.
     options = dict(num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True)
     ds_to_universal.main(
         Namespace(input_folder=str(checkpoint / tag), output_folder=str(output), inject_missing_state=True, **options)

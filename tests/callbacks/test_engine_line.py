@@ -1,5 +1,5 @@
-"""The ``engine:`` line is read from what trains (hf_lora_ds.callbacks.engine_line), and a run that did not get the engine it asked
-for stops before its first step. The DeepSpeed and FSDP2 lines are checked on 2-rank launches
+"""The ``engine:`` line is read from what trains (hf_lora_ds.callbacks.engine_line), and a run that did not get the
+engine it asked for stops before its first step. The DeepSpeed and FSDP2 lines are checked on 2-rank launches
 (tests/e2e/test_accelerate.py, test_resume.py); here the single-process line and the mismatch stop."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""hf_lora_ds.config.deepspeed: a bad --deepspeed config is refused before loading, naming the key and the flag to change."""
+"""hf_lora_ds.config.deepspeed: a bad --deepspeed config is refused before loading, naming the key and the flag to
+change."""
 
 from __future__ import annotations
 

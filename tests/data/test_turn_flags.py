@@ -162,7 +162,8 @@ def test_span_training_inside_a_turn_the_flag_switches_off(chatml_tokenizer, tmp
                 "content": "abc",
                 "train_detail": [{"begin_offset": 1, "end_offset": 3, "train": True}],
             },
-            r"field 'messages\[1\].train_detail\[0\]': offsets 1-3 \(inclusive\) are outside the content's 3 characters",
+            r"field 'messages\[1\].train_detail\[0\]': offsets 1-3 \(inclusive\) "
+            r"are outside the content's 3 characters",
         ),
         (
             {

@@ -5,12 +5,12 @@ an exact resume from a FULL_STATE_DICT checkpoint (which hung before the fix; re
 test_resume.py's).
 
 Axes, paired to keep CI time down (3 launches): the state dict type (FULL / SHARDED) with CPU-RAM-efficient loading
-(on / off: the FULL run loads with it, the SHARDED run without). Both end as the default job does, with the accuracy
-before and after (generation under FSDP2), and an accuracy eval during training. Trainer's own ``--fsdp --fsdp_config`` form is
-test_fsdp.py's. The other two axes the issue names cannot run on a CPU: parameter offload (torch's CPUOffloadPolicy
-moves parameters between an accelerator and host memory) and QLoRA (bitsandbytes' 4-bit weights cannot be split into
-FSDP2's DTensor shards); both are refused before the model loads, with one line (the last test launches the offload
-config).
+(on/off: the FULL run loads with it, the SHARDED run without). Both end as the default job does, with the accuracy
+before and after (generation under FSDP2), and an accuracy eval during training. Trainer's own ``--fsdp --fsdp_config``
+form is test_fsdp.py's. The other two axes the issue names cannot run on a CPU: parameter offload (torch's
+CPUOffloadPolicy moves parameters between an accelerator and host memory) and QLoRA (bitsandbytes' 4-bit weights cannot
+be split into FSDP2's DTensor shards); both are refused before the model loads, with one line (the last test launches
+the offload config).
 """
 
 from __future__ import annotations

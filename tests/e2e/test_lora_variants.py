@@ -4,9 +4,9 @@ before/after eval), OLoRA, EVA and CorDA under ZeRO-3, LoftQ on a 4-bit base und
 under ZeRO-0. ZeRO-3 is where the inits can break (each rank holds a slice of every weight when PEFT wraps the model);
 torchrun's DDP wraps after the init, as one process does.
 
-Each run's saved adapter, loaded on the base as a user loads it (the ORIGINAL weights: PiSSA, OLoRA and CorDA trained
-on a residual PEFT had rewritten; the 4-bit base for LoftQ), gives the logits the trained model gave at the end of
-its own run (``--record_logits``), to fp32 rounding. One-process runs of every init: tests/trainer/test_lora_sft_trainer.py.
+Each run's saved adapter, loaded on the base as a user loads it (the ORIGINAL weights: PiSSA, OLoRA and CorDA trained on
+a residual PEFT had rewritten; the 4-bit base for LoftQ), gives the logits the trained model gave at the end of its own
+run (``--record_logits``), to fp32 rounding. One-process runs of every init: tests/trainer/test_lora_sft_trainer.py.
 """
 
 from __future__ import annotations

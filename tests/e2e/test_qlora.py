@@ -36,8 +36,8 @@ def test_4bit_base_with_two_ranks_under_torchrun_and_deepspeed_zero3(sum_data, t
     """DDP and ZeRO-3 see the same global batches, so on the same 4-bit base they must log the same losses: a ZeRO-3
     run whose partitioned packed weights were gathered wrongly (or not quantized at all) would not.
 
-    Whether the loss falls is checked in one process (tests/model/test_quantization.py): over 4 steps of distinct batches here it
-    need not (observed 4.36, 4.16, 4.69, 4.43 in both launches)."""
+    Whether the loss falls is checked in one process (tests/model/test_quantization.py): over 4 steps of distinct
+    batches here it need not (observed 4.36, 4.16, 4.69, 4.43 in both launches)."""
     ddp = launch_4bit("torchrun", (), sum_data, tmp_path)
     zero3 = launch_4bit("deepspeed", ("--deepspeed", "ds_configs/stage3.json"), sum_data, tmp_path)
     assert len(ddp) == len(zero3) == 4

@@ -2,11 +2,11 @@
 DeepSpeed's ``ds_to_universal`` and the engine loads the universal checkpoint, re-partitioned.
 
 The smallest runs that cross the rank count both ways under both partitioning schemes: ZeRO-2 (optimizer state and
-gradients partitioned) written by 2 ranks and resumed by 1, ZeRO-3 (parameters too) written by 1 rank and resumed by
-2, in three launches (the 2-rank one writes ZeRO-2 and resumes ZeRO-3). The check is the optimizer's own state, not the adapter alone: the full fp32 LoRA
-weights and both Adam moments the ZeRO optimizer holds when the resumed run begins (``EngineStateRecorder`` in
-sft_entry.py, gathered over every rank's partition) must equal, tensor by tensor and exactly, what the writing run
-held when it saved; and the resumed run must start at the checkpoint's step.
+gradients partitioned) written by 2 ranks and resumed by 1, ZeRO-3 (parameters too) written by 1 rank and resumed by 2,
+in three launches (the 2-rank one writes ZeRO-2 and resumes ZeRO-3). The check is the optimizer's own state, not the
+adapter alone: the full fp32 LoRA weights and both Adam moments the ZeRO optimizer holds when the resumed run begins
+(``EngineStateRecorder`` in sft_entry.py, gathered over every rank's partition) must equal, tensor by tensor and
+exactly, what the writing run held when it saved; and the resumed run must start at the checkpoint's step.
 """
 
 from __future__ import annotations

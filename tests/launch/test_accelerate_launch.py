@@ -1,6 +1,7 @@
-"""An ``accelerate launch`` config becomes this run's own --deepspeed / --fsdp arguments (hf_lora_ds.launch.accelerate_launch), and
-what cannot be honoured is refused with one line. The variables are the ones ``accelerate launch`` exports for a
-config file (seen under accelerate 1.15); the 2-rank launches themselves are in tests/e2e/test_accelerate.py."""
+"""An ``accelerate launch`` config becomes this run's own --deepspeed / --fsdp arguments
+(hf_lora_ds.launch.accelerate_launch), and what cannot be honoured is refused with one line. The variables are the ones
+``accelerate launch`` exports for a config file (seen under accelerate 1.15); the 2-rank launches themselves are in
+tests/e2e/test_accelerate.py."""
 
 from __future__ import annotations
 

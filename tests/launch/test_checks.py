@@ -1,4 +1,5 @@
-"""The checks of a run's values on their own (hf_lora_ds.config's and those that read files): each bad value names its flag and what it must be, before anything is loaded."""
+"""The checks of a run's values on their own (hf_lora_ds.config's and those that read files): each bad value names its
+flag and what it must be, before anything is loaded."""
 
 from __future__ import annotations
 

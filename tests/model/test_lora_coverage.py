@@ -130,8 +130,8 @@ def test_audit_shows_the_coverage_for_a_model(tiny_model_dir, tmp_path, capsys):
     audit.main([*argv, "--lora_target_modules", "q_proj,v_proj"])
     out = capsys.readouterr().out
     assert (
-        "\nLoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4        0/3\n"
-        in out
+        "\nLoRA coverage (adapted/linear modules per decoder layer):\n"
+        "layers   attention  mlp\n0-1      2/4        0/3\n" in out
     )
     assert out.rstrip().endswith(
         "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)"

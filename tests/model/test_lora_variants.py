@@ -121,7 +121,8 @@ def test_the_variant_line():
     )
     eva = LoraConfig(r=8, init_lora_weights="eva", rank_pattern={"a": 4, "b": 12})
     assert variant_line(eva, _args(lora_init="eva", lora_init_samples=64)) == (
-        "LoRA init eva; a pass over 64 training samples before step 1; ranks after the data pass 4-12 (budget r 8 a module)"
+        "LoRA init eva; a pass over 64 training samples before step 1; "
+        "ranks after the data pass 4-12 (budget r 8 a module)"
     )
     assert variant_line(LoraConfig(r=8), _args(lora_optimizer="loraplus")) == (
         "LoRA init default; LoRA+: B at 16x the learning rate of A"

@@ -1,5 +1,5 @@
-"""The fused head-and-loss (hf_lora_ds.training.fused_head_loss): loss and gradients (hidden rows, and the head weight when
-it trains) equal the full-logits computation, and no tensor of shape (n, vocab) exists in forward or backward."""
+"""The fused head-and-loss (hf_lora_ds.training.fused_head_loss): loss and gradients (hidden rows, and the head weight
+when it trains) equal the full-logits computation, and no tensor of shape (n, vocab) exists in forward or backward."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""hf_lora_ds.training.universal_checkpoint: which checkpoints need a universal conversion, which runs can load one, and the conversion's
-reuse and failure handling. The conversion itself, on a real 2-rank ZeRO checkpoint resumed on 1 rank, is
-tests/e2e/test_universal_resume.py."""
+"""hf_lora_ds.training.universal_checkpoint: which checkpoints need a universal conversion, which runs can load one, and
+the conversion's reuse and failure handling. The conversion itself, on a real 2-rank ZeRO checkpoint resumed on 1 rank,
+is tests/e2e/test_universal_resume.py."""
 
 from __future__ import annotations
 
