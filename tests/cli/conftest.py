@@ -1,3 +1,3 @@
-"""The eval command's tests use the eval fixtures (one intra-op thread, sum-to-x records)."""
+"""The eval command's tests use the eval fixtures (sum-to-x records)."""
 
-from tests.eval.conftest import one_intra_op_thread, sum_records, sum_records_file  # noqa: F401
+from tests.eval.conftest import sum_records, sum_records_file  # noqa: F401
