@@ -14,11 +14,9 @@ import json
 import logging
 from typing import Any
 
-from transformers import Trainer, TrainerCallback, TrainerState, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainerState
 
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
-
-__all__ = ["LoggingCallback", "jsonable", "resolved_deepspeed_config"]
+__all__ = ["LoggingCallback", "jsonable"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +32,6 @@ def _json_default(obj: Any) -> Any:
 def jsonable(obj: Any) -> Any:
     """``obj`` as plain JSON types (sets → sorted lists, enums → values, anything else → ``str``)."""
     return json.loads(json.dumps(obj, default=_json_default))
-
-
-def resolved_deepspeed_config(args: TrainingArguments) -> dict[str, Any] | None:
-    """The run's DeepSpeed config with Trainer's ``"auto"`` values filled in (complete once training has begun), as
-    JSON types."""
-    config = run_deepspeed_config(args)
-    return jsonable(config) if config is not None else None
 
 
 class LoggingCallback(TrainerCallback):
