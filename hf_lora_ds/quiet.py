@@ -6,6 +6,7 @@ parent logger's filters never see records its children propagate); the constants
 
 from __future__ import annotations
 
+import importlib.abc
 import logging
 import sys
 import warnings
@@ -67,10 +68,30 @@ def _import_peft_without_bitsandbytes() -> None:
     sys.modules["bitsandbytes"] = None  # `import bitsandbytes` raises ImportError, the case peft/helpers.py handles
     try:
         import peft  # noqa: F401
+        from peft.import_utils import is_bnb_4bit_available
+
+        is_bnb_4bit_available()  # cached False while hidden, until _PeftSeesBitsandbytesOnImport clears it
+        sys.meta_path.insert(0, _PeftSeesBitsandbytesOnImport())
     except ImportError:
         pass  # as transformers above
     finally:
         del sys.modules["bitsandbytes"]
+
+
+class _PeftSeesBitsandbytesOnImport(importlib.abc.MetaPathFinder):
+    """PEFT's LoRA dispatch imports bitsandbytes on every wrap where it is installed, to test for its layers: 1.3 s
+    of every rank's start on a CPU (torch's compiler comes with it). A process that never imported it holds none of
+    its layers, so PEFT's cached "available" answers False until the first lookup of the module (a quantized load's
+    import, or a check for it) clears the cache; then PEFT sees it as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "bitsandbytes":
+            from peft.import_utils import is_bnb_4bit_available, is_bnb_available
+
+            is_bnb_available.cache_clear()
+            is_bnb_4bit_available.cache_clear()
+            sys.meta_path.remove(self)
+        return None  # the usual finders find it
 
 
 def give_peft_bitsandbytes() -> None:

@@ -86,26 +86,49 @@ def test_deepspeed_lines_that_share_the_quieted_ones_start_or_end_still_show():
         assert logger.filter(logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, message, None, None)), message
 
 
+_TINY_LORA_WRAP = """
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1)
+def wrapped_q_proj(model):
+    model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    return type(model.base_model.model.model.layers[0].self_attn.q_proj).__module__
+"""
+
+
 @pytest.mark.slow
-def test_parsing_a_run_never_imports_bitsandbytes():
-    """What run_sft.py imports and parses before it loads anything (its --help path), in a fresh interpreter (a LoRA
-    wrap imports it: PEFT's dispatch, see the test below); then
-    quantization's hand-over gives PEFT's helper the module, and QLoRA finds bitsandbytes."""
+def test_only_a_quantized_run_imports_bitsandbytes():
+    """In a fresh interpreter, as run_sft.py runs: parsing a run (its --help path) and a LoRA wrap of an unquantized
+    model leave bitsandbytes unimported (PEFT's dispatch would import it on every wrap: 1.3 s of each rank's start);
+    once a quantized load imports it, quantization's hand-over gives PEFT's helper the module and PEFT's dispatch
+    gives a 4-bit layer its bitsandbytes LoRA layer."""
     code = (
         "import runpy, sys\n"
         "sys.argv = ['run_sft.py', '--help']\n"
         "try:\n    runpy.run_path('run_sft.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-        "imported = 'bitsandbytes' in sys.modules\n"
+        "parsed = 'bitsandbytes' in sys.modules\n"
+        + _TINY_LORA_WRAP
+        + "plain = wrapped_q_proj(Qwen2ForCausalLM(config))\n"
+        "wrapped = 'bitsandbytes' in sys.modules\n"
         "import peft.helpers\n"
         "helper = peft.helpers.bnb\n"
+        "import bitsandbytes\n"  # as transformers' quantizer does in a quantized load
         "from hf_lora_ds.quiet import give_peft_bitsandbytes\n"
         "give_peft_bitsandbytes()\n"
         "from peft.import_utils import is_bnb_4bit_available\n"
-        "print(imported, helper, peft.helpers.bnb.__name__, is_bnb_4bit_available())\n"
+        "quantized = Qwen2ForCausalLM(config)\n"
+        "quantized.is_loaded_in_4bit = True\n"  # as transformers marks a 4-bit load
+        "attention = quantized.model.layers[0].self_attn\n"
+        "attention.q_proj = bitsandbytes.nn.Linear4bit(16, 16, bias=True)\n"
+        "print(parsed, wrapped, plain, helper, peft.helpers.bnb.__name__, is_bnb_4bit_available(),"
+        " wrapped_q_proj(quantized))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == "False None bitsandbytes True"
+    assert (
+        done.stdout.splitlines()[-1] == "False False peft.tuners.lora.layer None bitsandbytes True peft.tuners.lora.bnb"
+    )
 
 
 # A CPU with AVX512-BF16, where bitsandbytes tries the kernels-community kernel when imported (and logs its failure),
@@ -137,6 +160,7 @@ def _lora_wrap_output(package_first: bool) -> str:
         + ("import hf_lora_ds\n" if package_first else "")
         + (
             "import logging\n"
+            "import bitsandbytes\n"  # as a quantized load does: an unquantized run never imports it
             "from peft import LoraConfig, get_peft_model\n"
             "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
             "config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"

@@ -56,6 +56,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import hf_lora_ds  # noqa: E402, F401  (first, as in run_sft.py: it imports PEFT its way, see hf_lora_ds.quiet)
+
+# isort: split
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
