@@ -95,8 +95,17 @@ def launcher(kind: str, nproc: int = 1, accelerate_config: str | Path | None = N
     raise ValueError(f"unknown launcher {kind}")
 
 
-def sft_args(model_dir: Path, data: dict[str, Path], out: Path, *extra: str, eval_file: bool = True) -> list[str]:
-    """A short run: 4 steps of 4 samples per rank at a learning rate that lowers the loss within those steps."""
+def sft_args(
+    model_dir: Path,
+    data: dict[str, Path],
+    out: Path,
+    *extra: str,
+    eval_file: bool = True,
+    steps: int = SFT_STEPS,
+    save_steps: int | None = None,
+) -> list[str]:
+    """A short run: 4 steps of 4 samples per rank at a learning rate that lowers the loss within those steps; with
+    ``save_steps``, a checkpoint every that many steps."""
     return [
         "--model_name_or_path",
         str(model_dir),
@@ -109,7 +118,7 @@ def sft_args(model_dir: Path, data: dict[str, Path], out: Path, *extra: str, eva
         "--dataset_cache_dir",
         str(out.parent / "dataset-cache"),
         "--max_steps",
-        str(SFT_STEPS),
+        str(steps),
         "--per_device_train_batch_size",
         str(SFT_PER_DEVICE),
         "--per_device_eval_batch_size",
@@ -122,8 +131,7 @@ def sft_args(model_dir: Path, data: dict[str, Path], out: Path, *extra: str, eva
         "0",
         "--logging_steps",
         "1",
-        "--save_strategy",
-        "no",
+        *(["--save_strategy", "steps", "--save_steps", str(save_steps)] if save_steps else ["--save_strategy", "no"]),
         "--seed",
         "0",
         "--report_to",

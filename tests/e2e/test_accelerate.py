@@ -42,9 +42,7 @@ CASES = {
 def test_accelerate_deepspeed_config_is_the_engine_of_the_run(config, tiny_model_dir, sum_data, tmp_path):
     out = tmp_path / "out"
     in_run_eval = ["--eval_strategy", "steps", "--eval_steps", "2"] if config == "zero3" else []
-    args = sft_args(
-        tiny_model_dir, sum_data, out, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", *in_run_eval
-    )
+    args = sft_args(tiny_model_dir, sum_data, out, *in_run_eval, steps=2, save_steps=2)
     launch = run(launcher("accelerate", 2, config) + [str(ENTRY)] + args, tmp_path / "run.log")
     check_ok(launch)
     check_whole_job(out, launch.log, world_size=2)

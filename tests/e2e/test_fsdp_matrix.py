@@ -60,19 +60,7 @@ def accelerate_config(tmp_path: Path, state_dict_type: str, efficient: bool, **f
 
 
 def launch(state_dict_type: str, out: Path, tiny_model_dir, sum_data, tmp_path, *extra, evaluated: bool = False):
-    args = sft_args(
-        tiny_model_dir,
-        sum_data,
-        out,
-        "--max_steps",
-        str(STEPS),
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "2",
-        *extra,
-        eval_file=evaluated,
-    )
+    args = sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=evaluated, steps=STEPS, save_steps=2)
     command = launcher("accelerate", 2, accelerate_config(tmp_path, state_dict_type, RUNS[state_dict_type]))
     return run(command + [str(ENTRY)] + args, tmp_path / f"{out.name}.log")
 

@@ -2,10 +2,13 @@
 the last *complete* checkpoint, run only the steps after it, and end exactly where an uninterrupted run with the same
 seed ends.
 
-A run with a fixed seed that trained again from scratch would end with the same adapter too, so the adapter alone
-proves nothing: the resumed launch must start at the checkpoint's step and complete exactly the remaining ones
-(``StepRecorder`` in sft_entry.py), and its losses after the resume point must be the uninterrupted run's, which
-needs the optimizer state restored as well as the weights."""
+The killed run is that uninterrupted run up to its kill: it dies inside the save of its last step, after Trainer wrote
+the checkpoint's files (adapter and trainer state included) and before the completion marker. So the resumed run,
+from the complete checkpoint before it, must end with that checkpoint's adapter and log its losses. A run with a fixed
+seed that trained again from scratch would end with the same adapter too, so the adapter alone proves nothing: the
+resumed launch must start at the checkpoint's step and complete exactly the remaining ones (``StepRecorder`` in
+sft_entry.py), and its losses must be the killed run's, which needs the optimizer state restored as well as the
+weights."""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from tests.e2e.launching import (
     variant_logs,
 )
 
-STEPS = 6
+STEPS = 4  # checkpoints at 2 and 4; the run dies inside the save of step 4
 # Trainer's own checkpoints, a one-process DeepSpeed engine, and ZeRO partitioned over 2 ranks: optimizer state
 # (stage 2; stage 1 is the same DeepSpeed optimizer and checkpoint layout), then parameters too with CPU Adam
 # (stage3_offload: stage 3's checkpoint layout, which offload does not change, and the offloaded optimizer's state).
@@ -59,29 +62,19 @@ class KilledRun:
     last_checkpoint: str | None
     complete: dict[int, bool]
     marked: dict[int, bool]
+    adapter: dict[str, torch.Tensor]  # checkpoint-4's, written before the kill: the uninterrupted run's at step 4
+    losses: list[float]  # the losses of the steps after checkpoint-2, from checkpoint-4's trainer state
 
 
 @pytest.fixture(scope="module")
 def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
-    """``resumed_runs(kind, nproc)``: per launcher, an uninterrupted launch of its configurations, one launch a
-    configuration whose last rank dies inside the save of step 4, and one launch resuming them all
-    (``sft_entry.py --variant``: one run a configuration, the ranks started once)."""
+    """``resumed_runs(kind, nproc)``: per launcher, one launch a configuration whose last rank dies inside the save of
+    step 4, and one launch resuming them all (``sft_entry.py --variant``: one run a configuration, the ranks started
+    once)."""
     root = tmp_path_factory.mktemp("resume")
 
     def launch(kind: str, nproc: int, out: Path, name: str, *extra: str, evaluated: bool = False):
-        args = sft_args(
-            tiny_model_dir,
-            sum_data,
-            out,
-            "--max_steps",
-            str(STEPS),
-            "--save_strategy",
-            "steps",
-            "--save_steps",
-            "2",
-            *extra,
-            eval_file=evaluated,
-        )
+        args = sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=evaluated, steps=STEPS, save_steps=2)
         command = launcher(kind, nproc, "fsdp2" if kind == "accelerate" else None)
         return run(command + [str(ENTRY)] + args, root / f"{kind}-{name}.log")
 
@@ -92,8 +85,7 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
 
     def launch_all(kind: str, nproc: int) -> dict:
         variants = {config: engine(kind, config) for config in LAUNCHES[kind, nproc]}
-        reference, resumed = root / f"{kind}-uninterrupted", root / f"{kind}-resumed"
-        check_ok(launch(kind, nproc, reference, "uninterrupted", *variant_args(variants)))
+        resumed = root / f"{kind}-resumed"
         killed = {}
         for config, flags in variants.items():
             out = resumed / config
@@ -118,6 +110,8 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
                 get_last_checkpoint(str(out)),
                 {step: is_complete_checkpoint(out / f"checkpoint-{step}") for step in (2, 4)},
                 {step: (out / f"checkpoint-{step}" / COMPLETE_MARKER).exists() for step in (2, 4)},
+                adapter_weights(out / "checkpoint-4"),
+                losses_after(out / "checkpoint-4", step=2),
             )
         # The resumed launch is the whole job: its accuracy before and after (the shipped FSDP2 config's, as a user
         # runs it).
@@ -132,24 +126,19 @@ def resumed_runs(tiny_model_dir, sum_data, tmp_path_factory):
             evaluated=kind == "accelerate",
         )
         check_ok(again)
-        return {"reference": reference, "resumed": resumed, "killed": killed, "logs": variant_logs(again.log)}
+        return {"resumed": resumed, "killed": killed, "logs": variant_logs(again.log)}
 
     return once_per_key(launch_all)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c}" for k, n, c in CASES])
-@pytest.mark.timeout(1800)  # the first case of a launcher waits for its 2 + configurations launches
+@pytest.mark.timeout(1800)  # the first case of a launcher waits for its 1 + configurations launches
 def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     kind, nproc, config, resumed_runs, tiny_model_dir
 ):
     runs = resumed_runs(kind, nproc)
-    reference, resumed, killed, log = (
-        runs["reference"] / config,
-        runs["resumed"] / config,
-        runs["killed"][config],
-        runs["logs"][config],
-    )
+    resumed, killed, log = runs["resumed"] / config, runs["killed"][config], runs["logs"][config]
     assert killed.returncode != 0, killed.log[-3000:]
     assert killed.steps == {"start": 0, "completed": [1, 2, 3, 4]}
     assert killed.complete[2] and not killed.marked[4]
@@ -161,12 +150,12 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     note = f"resume: from {resumed / 'checkpoint-2'} (latest complete checkpoint; skipped incomplete checkpoint-4)"
     assert log.count(note) == 1, log[-3000:]
     # Every rank starts at the checkpoint's step and runs only the steps after it.
-    assert recorded_steps(resumed, nproc) == [{"start": 2, "completed": [3, 4, 5, 6]}] * nproc
+    assert recorded_steps(resumed, nproc) == [{"start": 2, "completed": [3, 4]}] * nproc
     assert len(losses_logged_by(log)) == STEPS - 2, log[-3000:]
 
-    assert trainer_state(resumed)["global_step"] == trainer_state(reference)["global_step"] == STEPS
+    assert trainer_state(resumed)["global_step"] == STEPS
     verify_adapter(resumed, base_model=tiny_model_dir)
-    expected, got = adapter_weights(reference), adapter_weights(resumed)
+    expected, got = killed.adapter, adapter_weights(resumed)
     assert expected.keys() == got.keys()
     # Bit-exact without offload (measured). With offload, DeepSpeed's CPU Adam keeps beta^t in float: multiplied step
     # by step in one run, recomputed with std::pow after a resume, which moves the last bits of the bias correction
@@ -175,12 +164,13 @@ def test_killed_during_a_save_then_resumed_matches_an_uninterrupted_run(
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], **tolerance, msg=name)
     # The same training run, not only the same end: identical losses at every step after the resume point.
-    logged = [
-        [entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > 2]
-        for out in (reference, resumed)
-    ]
-    assert len(logged[0]) == STEPS - 2
-    assert logged[0] == pytest.approx(logged[1], rel=1e-5)
+    assert len(killed.losses) == STEPS - 2
+    assert losses_after(resumed, step=2) == pytest.approx(killed.losses, rel=1e-5)
+
+
+def losses_after(out: Path, step: int) -> list[float]:
+    """The training losses ``out``'s trainer state logged after ``step``."""
+    return [entry["loss"] for entry in trainer_state(out)["log_history"] if "loss" in entry and entry["step"] > step]
 
 
 def losses_logged_by(log: str) -> list[str]:

@@ -1,10 +1,10 @@
 """Save faults under 2 ranks, ZeRO-3 (deepspeed launcher) and FSDP2 (the shipped Accelerate config): a file system
 that turns read-only, then one that fills up, each while checkpoint-4 is written. Each fault stops the run with one
 line from rank 0 naming the checkpoint, the cause and the last complete checkpoint; checkpoint-2 stays complete; and
-``--resume_from_checkpoint auto`` continues from it: the second fault is met by the first resume. Under ZeRO-3 a
-last launch (space freed) finishes the run from checkpoint-2 on both ranks; FSDP2's resume through to the end is
-test_fsdp_matrix.py's and test_resume.py's (5 launches here, for CI time). A SIGKILL inside a 2-rank save, for both
-engines, is test_resume.py's; the same faults without a launcher are tests/training/test_save_faults.py's.
+``--resume_from_checkpoint auto`` continues from it: the second fault is met by the first resume. A resume past an
+incomplete checkpoint-4 through to the end, under ZeRO and FSDP2 with 2 ranks, is test_resume.py's (a SIGKILL inside
+the save), so neither engine launches a third time here (4 launches, for CI time); the same faults without a
+launcher are tests/training/test_save_faults.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_lora_ds.model.adapter_check import verify_adapter
 from hf_lora_ds.training.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
-from tests.e2e.launching import ENTRY, REPO, Launch, check_ok, launcher, printed_lines, recorded_steps, run, sft_args
+from tests.e2e.launching import ENTRY, REPO, Launch, launcher, printed_lines, run, sft_args
 
 ENGINES = {
     "zero3": (["deepspeed"], ["--deepspeed", str(REPO / "ds_configs" / "stage3.json")]),
@@ -39,7 +38,7 @@ def check_one_error_line(launch: Launch, out: Path, cause: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", sorted(ENGINES))
-@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_read_only_then_full_disk_during_a_save_then_resumed(engine, small_disk, tiny_model_dir, sum_data, tmp_path):
     launch_kind, engine_flags = ENGINES[engine]
     out = small_disk / "out"
@@ -49,17 +48,13 @@ def test_read_only_then_full_disk_during_a_save_then_resumed(engine, small_disk,
             tiny_model_dir,
             sum_data,
             out,
-            "--max_steps",
-            "6",
-            "--save_strategy",
-            "steps",
-            "--save_steps",
-            "2",
             "--dataset_cache_dir",
             str(tmp_path / "cache"),
             *engine_flags,
             *extra,
             eval_file=False,
+            steps=6,
+            save_steps=2,
         )
         return run(launcher(launch_kind[0], 2, *launch_kind[1:]) + [str(ENTRY)] + args, tmp_path / f"{name}.log")
 
@@ -70,14 +65,3 @@ def test_read_only_then_full_disk_during_a_save_then_resumed(engine, small_disk,
     full = launch("full", "--resume_from_checkpoint", "auto", "--disk_fault", "full", "--disk_fault_step", "3")
     assert f"resume: from {out / 'checkpoint-2'} (latest complete checkpoint" in full.log, full.log[-3000:]
     check_one_error_line(full, out, "No space left on device")
-
-    if engine != "zero3":
-        return
-    (small_disk / "filler").unlink()  # the user frees space
-    resumed = launch("resumed", "--resume_from_checkpoint", "auto")
-    check_ok(resumed)
-    assert f"resume: from {out / 'checkpoint-2'} (latest complete checkpoint; skipped incomplete checkpoint-4)" in (
-        resumed.log
-    )
-    assert recorded_steps(out, 2) == [{"start": 2, "completed": [3, 4, 5, 6]}] * 2
-    verify_adapter(out, base_model=tiny_model_dir)
