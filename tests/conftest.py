@@ -25,6 +25,7 @@ from hf_lora_ds._testing.tiny_models import (
     build_tiny_qwen2,
     train_chat_tokenizer,
 )
+from tests.real_model.smollm2 import smollm2_dir, smollm2_gguf  # noqa: F401  (fixtures: tests/data reads it too)
 
 torch.set_num_threads(1)  # torch read the variable when it was first imported, maybe before this file
 

