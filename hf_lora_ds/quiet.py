@@ -6,6 +6,7 @@ parent logger's filters never see records its children propagate); the constants
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import logging
 import sys
@@ -90,7 +91,8 @@ class _PeftSeesBitsandbytesOnImport(importlib.abc.MetaPathFinder):
 
             is_bnb_available.cache_clear()
             is_bnb_4bit_available.cache_clear()
-            sys.meta_path.remove(self)
+            with contextlib.suppress(ValueError):  # another thread's lookup removed it first
+                sys.meta_path.remove(self)
         return None  # the usual finders find it
 
 
