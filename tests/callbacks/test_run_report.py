@@ -41,7 +41,8 @@ def run(make_trainer, qwen_style_tokenizer):
     with memory.phase("load"):
         model = lora_model(qwen_style_tokenizer)
         spike = b"x" * (SPIKE_MIB << 20)  # touched pages, so RSS really grows
-        time.sleep(0.3)
+        # held 2 s: on a loaded CI machine the sampler (every 5 ms) once took no sample in the 0.3 s it was held
+        time.sleep(2.0)
         del spike
     trainer = make_trainer(model=model, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=4)
     memory.attach(trainer)
