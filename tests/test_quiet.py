@@ -158,14 +158,11 @@ def _lora_wrap_output(package_first: bool) -> str:
     code = (
         _AVX512_BF16_CPU
         + ("import hf_lora_ds\n" if package_first else "")
+        + "import logging\n"
+        + "import bitsandbytes\n"  # as a quantized load does: an unquantized run never imports it
+        + _TINY_LORA_WRAP
         + (
-            "import logging\n"
-            "import bitsandbytes\n"  # as a quantized load does: an unquantized run never imports it
-            "from peft import LoraConfig, get_peft_model\n"
-            "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
-            "config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
-            "                     num_attention_heads=2, num_key_value_heads=1)\n"
-            "get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=2, target_modules=['q_proj']))\n"
+            "wrapped_q_proj(Qwen2ForCausalLM(config))\n"
             "assert 'bitsandbytes.backends.cpu.ops' in sys.modules\n"
             "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another bitsandbytes line')\n"
         )
