@@ -24,6 +24,7 @@ TESTS = Path(__file__).resolve().parent
 LAYERS: list[dict[str, list[str]]] = [
     {
         "core": [
+            "hf_lora_ds._compat",
             "hf_lora_ds.errors",
             "hf_lora_ds.distributed",
             "hf_lora_ds.devices",

@@ -17,6 +17,7 @@ from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from hf_lora_ds._compat import defer_deepspeed_kernel_compiles
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.deepspeed import run_deepspeed_config
@@ -168,6 +169,8 @@ class LoraSFTTrainer(Trainer):
             if len(samples.source_counts) > 1:
                 for name, audit in audit_by_source(samples).items():
                     print0(f"  {name}: {audit.line()}")
+        if self.is_deepspeed_enabled:
+            defer_deepspeed_kernel_compiles()  # before the engine's ZeRO optimizer imports them
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
                 result = super().train(resume.checkpoint, *args, **kwargs)

@@ -288,7 +288,14 @@ def check_process_groups_released(out: Path, world_size: int) -> None:
     can abort the rank in interpreter teardown and fail a finished job)."""
     for rank in range(world_size):
         exit_state = json.loads((out / f"e2e_exit_rank{rank}.json").read_text())
-        assert exit_state == {"process_group_alive": False}, f"rank {rank}: {exit_state}"
+        assert exit_state["process_group_alive"] is False, f"rank {rank}: {exit_state}"
+
+
+def check_compiler_not_imported(out: Path, world_size: int) -> None:
+    """No rank of an ``sft_entry.py`` launch imported torch's compiler (nothing it ran compiles: hf_lora_ds._compat)."""
+    for rank in range(world_size):
+        exit_state = json.loads((out / f"e2e_exit_rank{rank}.json").read_text())
+        assert exit_state["compiler_imported"] is False, f"rank {rank}: {exit_state}"
 
 
 def eval_report(out: Path) -> dict:

@@ -38,7 +38,7 @@
 
 It runs behind run_sft.py's error boundary (``run_cli``), as users' launches do. After ``main`` returns, each
 rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
-alive (it must not be: see ``release_process_group``).
+alive (it must not be: see ``release_process_group``), and whether torch's compiler was imported.
 """
 
 from __future__ import annotations
@@ -281,7 +281,10 @@ def main() -> None:
             run_sft.main(run_sft_args, callbacks=callbacks)
         # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
         output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
-        left = {"process_group_alive": torch.distributed.is_initialized()}
+        left = {
+            "process_group_alive": torch.distributed.is_initialized(),
+            "compiler_imported": "functorch.compile" in sys.modules,  # what torch.compile imports (hf_lora_ds._compat)
+        }
         Path(output_dir, f"e2e_exit_rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(left))
 
     run_cli(run_and_record_exit)  # behind run_sft.py's own error boundary: a user error is one line, exit code 2

@@ -29,6 +29,7 @@ from tests.e2e.launching import (
     ENTRY,
     REPO,
     adapter_weights,
+    check_compiler_not_imported,
     check_ok,
     check_own_samples,
     check_process_groups_released,
@@ -97,6 +98,7 @@ def launched(tiny_model_dir, sum_data, tmp_path_factory):
         if port := master_port(command):  # a launcher's port; python's is the package's choice, unseen here
             assert not deepspeed_shm_buffers(port), "DeepSpeed's shm allreduce buffers were left in /dev/shm"
         check_process_groups_released(out, nproc)
+        check_compiler_not_imported(out, nproc)  # ZeRO imports DeepSpeed's Muon kernels: compiled only if called
         return out, variant_logs(launch.log)
 
     return once_per_key(launch)

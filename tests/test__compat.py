@@ -1,0 +1,62 @@
+"""hf_lora_ds._compat: DeepSpeed's compiled kernels are compiled at their first call, not when ZeRO imports them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.launching import REPO
+
+# In a fresh interpreter (the pytest process may hold the kernels already): the modules that importing DeepSpeed's
+# Muon kernels adds, with and without the shim, then which kernels torch.compile was asked for, and when.
+_IMPORT_THEN_CALL = """
+import json, sys
+import torch
+import deepspeed.runtime.compiler
+from hf_lora_ds._compat import defer_deepspeed_kernel_compiles
+if sys.argv[1] == "deferred":
+    defer_deepspeed_kernel_compiles()
+before = set(sys.modules)
+from deepspeed.runtime.zero.muon import original_muon
+added = len(set(sys.modules) - before)
+asked = []
+torch.compile = lambda function: asked.append(function.__name__) or function  # records, runs eagerly
+matrix = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+first = original_muon.zeropower_via_newtonschulz5(matrix, 2)
+again = original_muon.zeropower_via_newtonschulz5(matrix, 2)
+print(json.dumps({"added": added, "asked": asked, "same": bool(torch.equal(first, again)), "shape": list(first.shape)}))
+"""
+
+
+def _kernels(mode: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_THEN_CALL, mode], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_muon_kernels_compile_at_their_first_call_not_at_import():
+    eager = _kernels("eager")
+    assert eager["added"] > 100, "DeepSpeed's Muon import no longer brings torch's compiler: drop the shim"
+    assert eager["asked"] == []  # compiled when decorated, before the recorder was in place
+    deferred = _kernels("deferred")
+    assert deferred["added"] < 20, deferred
+    assert deferred["asked"] == ["zeropower_via_newtonschulz5"], deferred  # once, at the first call
+    assert deferred["same"] and deferred["shape"] == [6, 4]
+
+
+def test_the_shim_leaves_kernels_imported_before_it_alone(monkeypatch):
+    from deepspeed.runtime import compiler
+
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.muon.original_muon", object())
+    monkeypatch.setattr(compiler, "compile", compiler.compile)
+    original = compiler.compile
+    from hf_lora_ds._compat import defer_deepspeed_kernel_compiles
+
+    defer_deepspeed_kernel_compiles()
+    assert compiler.compile is original
