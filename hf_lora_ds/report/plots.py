@@ -2,13 +2,18 @@
 
 Figures are built with ``matplotlib.figure.Figure`` and rendered by the Agg canvas directly, never through
 ``pyplot``: no display is needed, and the user's global backend (a notebook's, say) is left untouched.
-Each function returns None when the run logged nothing to plot.
+Each function returns None when the run logged nothing to plot. A run writes its report twice (when training ends,
+then with the eval's accuracy): the loss and throughput plots, whose series do not change between the two, are drawn
+once.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
+import json
+from collections.abc import Callable
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -18,6 +23,21 @@ __all__ = ["loss_plot", "memory_plot", "throughput_plot", "accuracy_plot", "accu
 
 _MEMORY_KINDS = (("gpu", "GPU allocated"), ("gpu_reserved", "GPU reserved"), ("cpu", "host RSS"))
 _ACCURACY_COLORS = {"before": "#999999", "after": "#2a7ab0"}  # the base model grey, the tuned one blue, as in the bars
+_LAST_DRAWN: dict[str, tuple[str, str]] = {}  # plot name -> (its data as JSON, the PNG drawn from it)
+
+
+def _drawn_once_per_data(plot: Callable[..., str]) -> Callable[..., str]:
+    """``plot``, returning its last PNG again while its arguments are the same data (drawing is a report's slow part)."""
+
+    @functools.wraps(plot)
+    def drawn(*data: Any) -> str:
+        key = json.dumps(data, default=repr)
+        last = _LAST_DRAWN.get(plot.__name__)
+        if last is None or last[0] != key:
+            last = _LAST_DRAWN[plot.__name__] = (key, plot(*data))
+        return last[1]
+
+    return drawn
 
 
 def _png(fig: Figure) -> str:
@@ -36,8 +56,11 @@ def loss_plot(log_history: list[dict[str, Any]]) -> str | None:
     """Training loss per logging step, with the evaluation loss when there is one."""
     curves = [(label, *_series(log_history, key)) for key, label in (("loss", "train"), ("eval_loss", "eval"))]
     curves = [c for c in curves if c[1]]
-    if not curves:
-        return None
+    return _loss_png(curves) if curves else None
+
+
+@_drawn_once_per_data
+def _loss_png(curves: list[tuple[str, list[float], list[float]]]) -> str:
     fig = Figure(figsize=(7, 3.5))
     ax = fig.add_subplot()
     for label, steps, values in curves:
@@ -84,18 +107,25 @@ def throughput_plot(log_history: list[dict[str, Any]]) -> str | None:
         for key, label in (("tokens_per_second", "all tokens/s"), ("supervised_tokens_per_second", "supervised/s"))
     ]
     rates = [r for r in rates if r[1]]
-    if not rates:
-        return None
+    fractions = [
+        (label, *_series(log_history, f"throughput/{key}"))
+        for key, label in (("padding_efficiency", "padding efficiency"), ("mfu", "MFU"))
+    ]
+    return _throughput_png(rates, [f for f in fractions if f[1]]) if rates else None
+
+
+@_drawn_once_per_data
+def _throughput_png(
+    rates: list[tuple[str, list[float], list[float]]], fractions: list[tuple[str, list[float], list[float]]]
+) -> str:
     fig = Figure(figsize=(10, 3.5))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for label, steps, values in rates:
         left.plot(steps, values, marker="o", label=label)
     left.set(xlabel="step", ylabel="tokens / s (all ranks)", title="Throughput per logging window")
     left.legend()
-    for key, label in (("padding_efficiency", "padding efficiency"), ("mfu", "MFU")):
-        steps, values = _series(log_history, f"throughput/{key}")
-        if steps:
-            right.plot(steps, values, marker="o", label=label)
+    for label, steps, values in fractions:
+        right.plot(steps, values, marker="o", label=label)
     right.set(xlabel="step", ylabel="fraction", title="Padding efficiency and MFU", ylim=(0, 1.05))
     right.legend()
     for ax in (left, right):

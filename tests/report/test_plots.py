@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 
 import pytest
 
@@ -25,8 +26,9 @@ HISTORY = [
 
 @pytest.fixture
 def drawn(monkeypatch) -> list:
-    """The figures the plots render, kept for inspection instead of only their PNG bytes."""
+    """The figures the plots render, kept for inspection instead of only their PNG bytes; none drawn before counts."""
     figures = []
+    monkeypatch.setattr(plots, "_LAST_DRAWN", {})
     render = plots._png
 
     def keep(fig):
@@ -44,6 +46,14 @@ def _lines(ax) -> dict[str, tuple[list, list]]:
 def test_a_plot_is_a_base64_png():
     png = base64.b64decode(plots.loss_plot(HISTORY))
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_plot_is_drawn_again_only_when_its_data_changed(drawn):
+    first = plots.loss_plot(HISTORY)
+    assert plots.loss_plot(copy.deepcopy(HISTORY)) == first and len(drawn) == 1  # the same data: the same PNG
+    assert plots.throughput_plot(HISTORY) and len(drawn) == 2  # each plot has its own
+    assert plots.loss_plot(HISTORY[:2]) != first and len(drawn) == 3
+    assert plots.loss_plot(HISTORY) == first and len(drawn) == 4  # only the last data is kept
 
 
 def test_loss_plot_draws_train_and_eval_loss_at_their_steps(drawn):
