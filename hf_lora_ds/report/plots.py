@@ -27,7 +27,7 @@ _LAST_DRAWN: dict[str, tuple[str, str]] = {}  # plot name -> (its data as JSON, 
 
 
 def _drawn_once_per_data(plot: Callable[..., str]) -> Callable[..., str]:
-    """``plot``, returning its last PNG again while its arguments are the same data (drawing is a report's slow part)."""
+    """``plot``, returning its last PNG again while its arguments are the same data (drawing is the slow part)."""
 
     @functools.wraps(plot)
     def drawn(*data: Any) -> str:
