@@ -213,18 +213,15 @@ def measure(
     return max(entry[key] for entry in history if key in entry)
 
 
-def predict(
-    spec: ModelSpec,
-    model_dir: Path,
-    train_file: Path,
-    config: str,
-    checkpointing: bool,
-    nproc: int = 2,
-    on_gpu: bool = False,
-) -> dict:
-    """The planner's row for the same run (``device_bytes`` per rank, ``device_items``), from ``--json``."""
-    world = 1 if config == "none" else nproc
-    args = run_arguments(spec, model_dir, train_file, config, checkpointing, on_gpu)
+def planner_world(config: str, nproc: int = 2) -> int:
+    """The ranks a configuration's run has: ``none`` is one plain process."""
+    return 1 if config == "none" else nproc
+
+
+def plan_rows(spec: ModelSpec, model_dir: Path, train_file: Path, world: int, on_gpu: bool = False) -> list[dict]:
+    """The planner's rows for the runs of ``spec`` on ``world`` ranks (``python -m hf_lora_ds.plan --json``): one per
+    shipped configuration and gradient checkpointing, each with ``device_bytes`` per rank and ``device_items``."""
+    args = run_arguments(spec, model_dir, train_file, "none", False, on_gpu)
     done = subprocess.run(
         [
             sys.executable,
@@ -247,9 +244,27 @@ def predict(
     )
     if done.returncode != 0:
         raise RuntimeError(f"planner failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def planned_row(rows: list[dict], config: str, checkpointing: bool) -> dict:
+    """``config``'s row among ``plan_rows``' (``none`` and ``ddp`` are the planner's ``none``)."""
     name = "none" if config in ("none", "ddp") else f"{config}.json"
-    rows = json.loads(done.stdout)
     return next(r for r in rows if r["config"] == name and r["gradient_checkpointing"] == checkpointing)
+
+
+def predict(
+    spec: ModelSpec,
+    model_dir: Path,
+    train_file: Path,
+    config: str,
+    checkpointing: bool,
+    nproc: int = 2,
+    on_gpu: bool = False,
+) -> dict:
+    """The planner's row for one run."""
+    rows = plan_rows(spec, model_dir, train_file, planner_world(config, nproc), on_gpu)
+    return planned_row(rows, config, checkpointing)
 
 
 def main() -> None:
@@ -264,9 +279,11 @@ def main() -> None:
         spec = SHAPES[shape]
         model_dir = build_model_dir(spec, workdir / f"model-{shape}")
         train_file = write_records(spec, workdir / f"{shape}.jsonl")
+        worlds = {planner_world(config) for config in options.configs}
+        rows = {world: plan_rows(spec, model_dir, train_file, world) for world in worlds}
         for config in options.configs:
             for gc in (value == "true" for value in options.gradient_checkpointing):
-                predicted = predict(spec, model_dir, train_file, config, gc)["device_bytes"] / 2**20
+                predicted = planned_row(rows[planner_world(config)], config, gc)["device_bytes"] / 2**20
                 measured = measure(spec, model_dir, train_file, config, gc, workdir)
                 print(
                     f"{shape:8} {config:16} {'yes' if gc else 'no':4} {predicted:14.0f} {measured:13.0f} "
