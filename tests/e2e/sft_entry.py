@@ -36,6 +36,10 @@
   2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches. Rank 0 prints
   ``[e2e] variant NAME`` before each run, so a test can read each run's part of the log.
 
+- ``first_token`` (``--eval_task first_token``): an eval task that generates one token per sample, registered here
+  for tests that need an eval set (its loss) but whose claim is not about generation, which under ZeRO-3 gathers the
+  weights for every decoding step.
+
 It runs behind run_sft.py's error boundary (``run_cli``), as users' launches do. After ``main`` returns, each
 rank writes ``OUTPUT_DIR/e2e_exit_rank{R}.json``: whether its process group is still
 alive (it must not be: see ``release_process_group``), and whether torch's compiler was imported.
@@ -64,7 +68,13 @@ from transformers import TrainerCallback  # noqa: E402
 
 from hf_lora_ds.cli import run as run_sft  # noqa: E402
 from hf_lora_ds.errors import run_cli  # noqa: E402
+from hf_lora_ds.eval.tasks import register_task  # noqa: E402
 from tests.e2e.launching import VARIANT_MARKER  # noqa: E402
+
+
+@register_task(max_new_tokens=1)
+def first_token(output: str, sample) -> bool:
+    return sample.reference.startswith(output.strip())
 
 
 def offset_loaded_weights(rank: int) -> None:
