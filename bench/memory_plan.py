@@ -67,7 +67,7 @@ SHAPES = {
         8,
         8,
         words_per_answer=1000,
-        batch_size=4,
+        batch_size=2,
         attn_implementation="eager",
         max_steps=1,
     ),
