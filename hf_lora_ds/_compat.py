@@ -7,18 +7,24 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["defer_deepspeed_kernel_compiles"]
+__all__ = ["trim_deepspeed_startup"]
 
 _MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
 
-def defer_deepspeed_kernel_compiles() -> None:
+def trim_deepspeed_startup() -> None:
+    """Skip the work DeepSpeed does on every rank's start that no run needs; call it before the engine is built.
+    Idempotent; a no-op without DeepSpeed."""
+    _defer_kernel_compiles()
+    _keep_first_cpu_info()
+
+
+def _defer_kernel_compiles() -> None:
     """Let DeepSpeed's ``torch.compile``-decorated kernels (its Muon optimizer's) be compiled at their first call.
 
     ZeRO's optimizer imports them on every run, Muon or not, and decorating with ``torch.compile`` imports torch's
-    compiler stack (~540 modules, 1-2 s of every rank's start). ``torch.compile`` compiles on the first call anyway,
-    so a run that uses Muon gets the same kernels. Idempotent; a no-op once the kernels are imported, or without
-    DeepSpeed."""
+    compiler stack (~540 modules). ``torch.compile`` compiles on the first call anyway, so a run that uses Muon gets
+    the same kernels. A no-op once the kernels are imported."""
     if _MUON_KERNELS in sys.modules:
         return
     try:
@@ -47,3 +53,22 @@ def _compile_on_first_call() -> Callable[[Callable], Callable]:
         return call
 
     return decorate
+
+
+def _keep_first_cpu_info() -> None:
+    """py-cpuinfo's ``get_cpu_info`` starts a Python interpreter on every call, and a rank that offloads to the CPU
+    asks three times (DeepSpeed's CPU Adam: its build flags, then the optimizer). The CPU does not change within a
+    process: the first answer is kept, and each caller gets its own copy."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    if getattr(cpuinfo.get_cpu_info, "keeps_first_answer", False):
+        return
+    first_answer = functools.cache(cpuinfo.get_cpu_info)
+
+    def get_cpu_info() -> dict[str, Any]:
+        return dict(first_answer())
+
+    get_cpu_info.keeps_first_answer = True  # type: ignore[attr-defined]
+    cpuinfo.get_cpu_info = get_cpu_info

@@ -1,4 +1,5 @@
-"""hf_lora_ds._compat: DeepSpeed's compiled kernels are compiled at their first call, not when ZeRO imports them."""
+"""hf_lora_ds._compat: DeepSpeed's compiled kernels are compiled at their first call, not when ZeRO imports them, and
+py-cpuinfo is asked once per process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 
 import pytest
 
+from hf_lora_ds import _compat
 from tests.e2e.launching import REPO
 
 # In a fresh interpreter (the pytest process may hold the kernels already): the modules that importing DeepSpeed's
@@ -16,9 +18,9 @@ _IMPORT_THEN_CALL = """
 import json, sys
 import torch
 import deepspeed.runtime.compiler
-from hf_lora_ds._compat import defer_deepspeed_kernel_compiles
+from hf_lora_ds._compat import trim_deepspeed_startup
 if sys.argv[1] == "deferred":
-    defer_deepspeed_kernel_compiles()
+    trim_deepspeed_startup()
 before = set(sys.modules)
 from deepspeed.runtime.zero.muon import original_muon
 added = len(set(sys.modules) - before)
@@ -56,7 +58,18 @@ def test_the_shim_leaves_kernels_imported_before_it_alone(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.muon.original_muon", object())
     monkeypatch.setattr(compiler, "compile", compiler.compile)
     original = compiler.compile
-    from hf_lora_ds._compat import defer_deepspeed_kernel_compiles
-
-    defer_deepspeed_kernel_compiles()
+    _compat._defer_kernel_compiles()
     assert compiler.compile is original
+
+
+def test_cpu_info_is_asked_once_and_each_caller_gets_a_copy(monkeypatch):
+    import cpuinfo
+
+    asked = []
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: asked.append(1) or {"arch": "X86_64", "flags": ["avx2"]})
+    _compat._keep_first_cpu_info()
+    _compat._keep_first_cpu_info()  # idempotent: not a cache around the cache
+    first = cpuinfo.get_cpu_info()
+    first["arch"] = "changed by a caller"
+    assert cpuinfo.get_cpu_info() == {"arch": "X86_64", "flags": ["avx2"]}
+    assert len(asked) == 1

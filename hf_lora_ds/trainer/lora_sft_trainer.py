@@ -17,7 +17,7 @@ from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from hf_lora_ds._compat import defer_deepspeed_kernel_compiles
+from hf_lora_ds._compat import trim_deepspeed_startup
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.deepspeed import run_deepspeed_config
@@ -170,7 +170,7 @@ class LoraSFTTrainer(Trainer):
                 for name, audit in audit_by_source(samples).items():
                     print0(f"  {name}: {audit.line()}")
         if self.is_deepspeed_enabled:
-            defer_deepspeed_kernel_compiles()  # before the engine's ZeRO optimizer imports them
+            trim_deepspeed_startup()  # before the engine and its ZeRO optimizer are built
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
                 result = super().train(resume.checkpoint, *args, **kwargs)
