@@ -34,7 +34,8 @@
 - ``--variant NAME:ARGS`` (repeatable): one launch trains several runs one after another, each with the common
   flags plus ARGS and ``--output_dir OUTPUT_DIR/NAME``; the process group is released once, after the last. A
   2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches. Rank 0 prints
-  ``[e2e] variant NAME`` before each run, so a test can read each run's part of the log.
+  ``[e2e] variant NAME`` before each run, so a test can read each run's part of the log. ARGS may hold this file's
+  flags too (``--variant preempted:--sigterm_step 2``): they add to the launch's own for that run only.
 
 - ``first_token`` (``--eval_task first_token``): an eval task that generates one token per sample, registered here
   for tests that need an eval set (its loss) but whose claim is not about generation, which under ZeRO-3 gathers the
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -233,24 +235,46 @@ class LogitsRecorder(TrainerCallback):
             torch.save({"input_ids": ids, "logits": logits, "group_lrs": rates}, Path(args.output_dir, "e2e_logits.pt"))
 
 
-def run_variants(run_sft_args: list[str], variants: list[str], callbacks: list) -> None:
-    """Each variant's run in turn in this process, the process group kept between them."""
+def run_variants(run_sft_args: list[str], variants: list[str], parser: argparse.ArgumentParser, ours) -> None:
+    """Each variant's run in turn in this process, the process group kept between them and released by the last run
+    as ``main`` releases it (also when that run is preempted). A variant's ARGS may hold this file's own flags."""
     output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
     release = run_sft.release_process_group
     run_sft.release_process_group = lambda: None
     try:
         environment = dict(os.environ)
-        for name, extra in (variant.split(":", 1) for variant in variants):
+        for index, (name, extra) in enumerate(variant.split(":", 1) for variant in variants):
             if os.environ.get("RANK", "0") == "0":
                 print(f"{VARIANT_MARKER}{name}", flush=True)
-            run_sft.main([*run_sft_args, *extra.split(), "--output_dir", str(output_dir / name)], callbacks=callbacks)
+            if index == len(variants) - 1:
+                run_sft.release_process_group = release
+            own, extra_args = parser.parse_known_args(extra.split(), namespace=copy.copy(ours))
+            run_args = [*run_sft_args, *extra_args, "--output_dir", str(output_dir / name)]
+            run_sft.main(run_args, callbacks=test_callbacks(own))
             # Accelerate exports its DeepSpeed settings (ACCELERATE_*) for the run it built; the next run would take
             # them for an ``accelerate launch`` config.
             os.environ.clear()
             os.environ.update(environment)
     finally:
         run_sft.release_process_group = release
-    release()
+
+
+def test_callbacks(ours: argparse.Namespace) -> list[TrainerCallback]:
+    """The test-only callbacks this file's flags ask for, beside the recorders every run has."""
+    callbacks = [SampleRecorder(), StepRecorder()]
+    if ours.kill_rank is not None:
+        callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
+    if ours.sigterm_step is not None:
+        callbacks.append(SigtermAtStep(ours.sigterm_step))
+    if ours.nan_grad_rank is not None:
+        callbacks.append(NaNGradient(ours.nan_grad_rank, ours.nan_grad_step))
+    if ours.record_engine_state:
+        callbacks.append(EngineStateRecorder())
+    if ours.disk_fault is not None:
+        callbacks.append(DiskFault(ours.disk_fault_step, ours.disk_fault))
+    if ours.record_logits:
+        callbacks.append(LogitsRecorder())
+    return callbacks
 
 
 def main() -> None:
@@ -268,27 +292,14 @@ def main() -> None:
     parser.add_argument("--record_logits", action="store_true")
     parser.add_argument("--variant", action="append", metavar="NAME:ARGS", default=[])
     ours, run_sft_args = parser.parse_known_args()
-    callbacks = [SampleRecorder(), StepRecorder()]
-    if ours.kill_rank is not None:
-        callbacks.append(KillRank(ours.kill_rank, ours.kill_step, ours.kill_on))
-    if ours.sigterm_step is not None:
-        callbacks.append(SigtermAtStep(ours.sigterm_step))
-    if ours.nan_grad_rank is not None:
-        callbacks.append(NaNGradient(ours.nan_grad_rank, ours.nan_grad_step))
-    if ours.record_engine_state:
-        callbacks.append(EngineStateRecorder())
-    if ours.disk_fault is not None:
-        callbacks.append(DiskFault(ours.disk_fault_step, ours.disk_fault))
     if ours.offset_loaded_weights is not None:
         offset_loaded_weights(ours.offset_loaded_weights)
-    if ours.record_logits:
-        callbacks.append(LogitsRecorder())
 
     def run_and_record_exit() -> None:
         if ours.variant:
-            run_variants(run_sft_args, ours.variant, callbacks)
+            run_variants(run_sft_args, ours.variant, parser, ours)
         else:
-            run_sft.main(run_sft_args, callbacks=callbacks)
+            run_sft.main(run_sft_args, callbacks=test_callbacks(ours))
         # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
         output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
         left = {

@@ -1,5 +1,6 @@
 """SIGTERM to every rank of a 2-rank ZeRO-3 run: each finishes the step, one complete checkpoint is written, the job
-exits 75; ``--resume_from_checkpoint auto`` runs only the remaining steps and ends where an uninterrupted run ends."""
+exits 75; ``--resume_from_checkpoint auto`` runs only the remaining steps and ends where an uninterrupted run ends.
+The uninterrupted run and the preempted one share a launch (sft_entry.py --variant, the preempted run last)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,23 @@ import torch
 
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.training.checkpoints import is_complete_checkpoint
-from tests.e2e.launching import ENTRY, REPO, adapter_weights, check_ok, launcher, run, sft_args, trainer_state
+from tests.e2e.launching import (
+    ENTRY,
+    REPO,
+    adapter_weights,
+    check_ok,
+    launcher,
+    run,
+    sft_args,
+    trainer_state,
+    variant_args,
+)
 
 STEPS = 4
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # three launches of LAUNCH_TIMEOUT_S (600 s) at most each
+@pytest.mark.timeout(1200)  # two launches of LAUNCH_TIMEOUT_S (600 s) at most each
 def test_sigterm_to_every_rank_then_resume_matches_an_uninterrupted_run(tiny_model_dir, sum_data, tmp_path):
     def launch(out, name, *extra):
         args = sft_args(
@@ -34,12 +45,11 @@ def test_sigterm_to_every_rank_then_resume_matches_an_uninterrupted_run(tiny_mod
         )
         return run(launcher("deepspeed", 2) + [str(ENTRY)] + args, tmp_path / f"{name}.log")
 
-    reference = tmp_path / "uninterrupted"
-    check_ok(launch(reference, "uninterrupted"))
-
-    out = tmp_path / "preempted"
-    preempted = launch(out, "preempted", "--sigterm_step", "2")
+    both = {"uninterrupted": "", "preempted": "--sigterm_step 2"}
+    preempted = launch(tmp_path, "preempted", *variant_args(both))
     assert preempted.returncode == PREEMPTED_EXIT_CODE, preempted.log[-3000:]
+    reference, out = tmp_path / "uninterrupted", tmp_path / "preempted"
+    assert (reference / "adapter_model.safetensors").is_file()
     assert is_complete_checkpoint(out / "checkpoint-2") and not (out / "checkpoint-3").exists()
 
     resumed = launch(out, "resumed", "--resume_from_checkpoint", "auto")
