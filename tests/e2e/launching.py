@@ -286,16 +286,19 @@ def recorded_steps(out: Path, world_size: int) -> list[dict]:
 def check_process_groups_released(out: Path, world_size: int) -> None:
     """Every rank of an ``sft_entry.py`` run left main with its process group destroyed (a gloo group alive at exit
     can abort the rank in interpreter teardown and fail a finished job)."""
-    for rank in range(world_size):
-        exit_state = json.loads((out / f"e2e_exit_rank{rank}.json").read_text())
+    for rank, exit_state in enumerate(_exit_states(out, world_size)):
         assert exit_state["process_group_alive"] is False, f"rank {rank}: {exit_state}"
 
 
 def check_compiler_not_imported(out: Path, world_size: int) -> None:
     """No rank of an ``sft_entry.py`` launch imported torch's compiler (nothing it ran compiles: hf_lora_ds._compat)."""
-    for rank in range(world_size):
-        exit_state = json.loads((out / f"e2e_exit_rank{rank}.json").read_text())
+    for rank, exit_state in enumerate(_exit_states(out, world_size)):
         assert exit_state["compiler_imported"] is False, f"rank {rank}: {exit_state}"
+
+
+def _exit_states(out: Path, world_size: int) -> list[dict]:
+    """What each rank of an ``sft_entry.py`` launch wrote as it left main (``e2e_exit_rank{R}.json``)."""
+    return [json.loads((out / f"e2e_exit_rank{rank}.json").read_text()) for rank in range(world_size)]
 
 
 def eval_report(out: Path) -> dict:
