@@ -1,9 +1,10 @@
 """Answer accuracy at every evaluation, logged as ``eval_accuracy`` through ``Trainer.log``.
 
 Trainer's evaluation gives the loss, which says little about whether answers are right. This callback runs
-``hf_lora_ds.eval.evaluate`` whenever Trainer evaluates, on every rank (under ZeRO-3 every generated token re-gathers
-the layers, so keep eval sets small there). ``predictions_dir`` keeps each evaluation's predictions; the accuracy
-before and after tuning (``log_accuracy_end_points``) joins the same series, so a dashboard draws one curve.
+``hf_lora_ds.eval.evaluate`` whenever Trainer evaluates, on every rank (through the DeepSpeed engine, which gathers
+ZeRO-3's weights for it: ``hf_lora_ds.eval.whole_weights``). ``predictions_dir`` keeps each evaluation's
+predictions; the accuracy before and after tuning (``log_accuracy_end_points``) joins the same series, so a dashboard
+draws one curve.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         system_prompt: str | None = None,
         metric_key_prefix: str = "eval",
         predictions_dir: str | None = None,
+        gather_zero3_weights: bool = True,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -45,6 +47,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         self.system_prompt = system_prompt
         self.metric_key_prefix = metric_key_prefix
         self.predictions_dir = predictions_dir
+        self.gather_zero3_weights = gather_zero3_weights
         self.history: list[dict[str, Any]] = []
 
     def attach(self, trainer: Trainer) -> AnswerAccuracyCallback:
@@ -62,7 +65,13 @@ class AnswerAccuracyCallback(LoggingCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
     ) -> None:
         result = evaluate(
-            model, self.tokenizer, self.records, self.task, batch_size=self.batch_size, system_prompt=self.system_prompt
+            self._trainer.model_wrapped if self._trainer is not None else model,  # a ZeRO-3 engine can gather
+            self.tokenizer,
+            self.records,
+            self.task,
+            batch_size=self.batch_size,
+            system_prompt=self.system_prompt,
+            gather_zero3_weights=self.gather_zero3_weights,
         )
         metrics = {f"{self.metric_key_prefix}_accuracy": result.accuracy}
         if self.predictions_dir is not None:

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
                 batch_size=args.per_device_eval_batch_size,
                 system_prompt=args.system_prompt,
                 predictions_dir=args.output_dir,
+                gather_zero3_weights=args.eval_gather_zero3_weights,
             )
         ]
         if evaluating_during_training
@@ -111,12 +112,12 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
 
     results = {}
     if eval_records:
-        # Both evals run after training, inside the live DeepSpeed engine, so ZeRO-3 can gather each layer on the fly.
+        # Both evals run after training, through the live DeepSpeed engine, which gathers ZeRO-3's weights for them.
         # "before" is the same model as the base it started from (the adapter off, or back at its start where PiSSA-like
         # inits rewrote the base): the base, even for a resumed run.
         with trainer.base_model_view():
-            results["before"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "before")
-        results["after"] = evaluate_phase(trainer.model, tokenizer, eval_records, task, args, "after")
+            results["before"] = evaluate_phase(trainer.model_wrapped, tokenizer, eval_records, task, args, "before")
+        results["after"] = evaluate_phase(trainer.model_wrapped, tokenizer, eval_records, task, args, "after")
         report_path = write_eval_report(results, Path(args.output_dir, "eval_report.json"))
         log_accuracy_end_points(trainer, results["before"].accuracy, results["after"].accuracy)
         write_run_report(trainer, report_path)

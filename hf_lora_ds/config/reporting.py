@@ -15,6 +15,14 @@ class ReportingArguments:
         default="sum_to_x",
         metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."},
     )
+    eval_gather_zero3_weights: bool = field(
+        default=True,
+        metadata={
+            "help": "Under ZeRO-3, gather the whole weights once per eval where every rank has room for them (half "
+            "its free memory), so generation runs without per-token all-gathers. false: layer by layer at every "
+            "decoding step, as in training (slower; for long generations on a model that only just fits)."
+        },
+    )
 
     # Redeclared only for their help text: hf_lora_ds.callbacks.swanlab picks the SwanLab names they leave open.
     project: str = field(

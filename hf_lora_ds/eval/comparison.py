@@ -30,6 +30,7 @@ _ROWS: list[tuple[str, Callable[[EvalResult], Any]]] = [
     ("peak accelerator memory", lambda r: _bytes(r.peak_accelerator_bytes)),
     ("peak host RSS", lambda r: _bytes(r.peak_host_rss_bytes)),
     ("ranks", lambda r: r.world_size),
+    ("weights in generation", lambda r: r.generation_weights),
 ]
 
 
@@ -63,7 +64,13 @@ def evaluate_phase(model, tokenizer, records: list, task, args: SFTTrainingArgum
     """One labelled eval of a run (``before``/``after``) at its eval batch size and system prompt, its predictions
     written to ``<output_dir>/predictions_<phase>.jsonl``."""
     result = evaluate(
-        model, tokenizer, records, task, batch_size=args.per_device_eval_batch_size, system_prompt=args.system_prompt
+        model,
+        tokenizer,
+        records,
+        task,
+        batch_size=args.per_device_eval_batch_size,
+        system_prompt=args.system_prompt,
+        gather_zero3_weights=args.eval_gather_zero3_weights,
     )
     write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
     return result

@@ -1,11 +1,12 @@
 """Generation-based answer accuracy for a model, in one process or sharded across ranks, and scoring alone.
 
 Distributed, every rank generates the prompts ``eval.sharding.shard`` gives it and ``all_gather_object`` returns the
-same predictions, in record order, to all. Under ZeRO-3 (and FSDP2) ``generate`` runs with ``synced_gpus=True`` on
-the partitioned model rather than gathering it whole on every rank (the memory ZeRO-3 exists to save): one layer is
-gathered at a time, at the price of a model's worth of all-gathers per decoding step, which the batch amortises.
-Plain DDP and ZeRO-0/1/2 hold full weights, so there ranks generate independently. Greedy outputs do not depend on
-batch neighbours in fp32; bf16/fp16 GPU kernels may rarely flip a near-tie token under other batching.
+same predictions, in record order, to all. Under ZeRO-3 the weights are gathered whole for the eval where every rank
+has room for them (:mod:`hf_lora_ds.eval.whole_weights`). Where not, and under FSDP2, ``generate`` runs with
+``synced_gpus=True`` on the sharded model: one layer is gathered at a time, at the price of a model's worth of
+all-gathers per decoding step, which the batch amortises. Plain DDP and ZeRO-0/1/2 hold full weights, so there ranks
+generate independently. Greedy outputs do not depend on batch neighbours in fp32; bf16/fp16 GPU kernels may rarely
+flip a near-tie token under other batching.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
 from hf_lora_ds.eval.generate import generate
 from hf_lora_ds.eval.sharding import merge_shards, shard
 from hf_lora_ds.eval.tasks import Sample, Task, get_task
+from hf_lora_ds.eval.whole_weights import zero3_weights_gathered
 from hf_lora_ds.training.memory_tracker import measure_peak
 
 __all__ = ["Prediction", "EvalResult", "evaluate", "score_predictions", "load_samples"]
@@ -67,6 +69,7 @@ class EvalResult:
     peak_accelerator_bytes: int | None = None
     peak_host_rss_bytes: int | None = None
     world_size: int = 1
+    generation_weights: str | None = None  # "whole", "gathered once" (ZeRO-3, per eval), "layer by layer" (per step)
     predictions: list[Prediction] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict[str, Any]:
@@ -101,12 +104,15 @@ def evaluate(
     batch_size: int = 32,
     system_prompt: str | None = None,
     max_new_tokens: int | None = None,
+    gather_zero3_weights: bool = True,
     **generation_kwargs: Any,
 ) -> EvalResult:
     """Generate a completion for every record and score it with ``task``; the same result on every rank.
 
     ``max_new_tokens`` defaults to the task's, else to the longest reference plus a few tokens. Greedy unless
-    ``generation_kwargs`` (passed to ``model.generate``) say otherwise. ``model`` may be wrapped (DDP, DeepSpeed).
+    ``generation_kwargs`` (passed to ``model.generate``) say otherwise. ``model`` may be wrapped (DDP, DeepSpeed);
+    pass a ZeRO-3 model as its DeepSpeed engine, whose weights are then gathered for the eval unless
+    ``gather_zero3_weights`` is False or some rank has no room for them.
     """
     start = time.perf_counter()
     task = get_task(task)
@@ -120,15 +126,17 @@ def evaluate(
 
     with measure_peak(module.device) as peak:
         generation_start = time.perf_counter()
-        outputs = generate(
-            module,
-            tokenizer,
-            [prompts[i] for i in mine.indices],
-            batch_size=batch_size,
-            max_new_tokens=budget,
-            synced_gpus=world_size > 1 and _shards_weights(module),
-            **generation_kwargs,
-        )
+        with zero3_weights_gathered(model, gather_zero3_weights) as gathered:
+            weights = "gathered once" if gathered else "layer by layer" if _shards_weights(module) else "whole"
+            outputs = generate(
+                module,
+                tokenizer,
+                [prompts[i] for i in mine.indices],
+                batch_size=batch_size,
+                max_new_tokens=budget,
+                synced_gpus=world_size > 1 and weights == "layer by layer",
+                **generation_kwargs,
+            )
         generation_time = time.perf_counter() - generation_start
     scored = [
         (i, _prediction(i, samples[i], prompts[i], task, out.text, out.num_tokens, out.stopped))
@@ -144,6 +152,7 @@ def evaluate(
         predictions,
         max(totals),
         world_size=world_size,
+        generation_weights=weights,
         generation_time_s=max(times),
         generated_tokens=generated,
         generated_tokens_per_s=generated / max(times),

@@ -309,7 +309,9 @@ def adapter_weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "adapter_model.safetensors"))
 
 
-def check_run(out, log: str, model_dir, world_size: int, evaluated: bool = True) -> None:
+def check_run(
+    out, log: str, model_dir, world_size: int, evaluated: bool = True, generation_weights: str | None = None
+) -> None:
     state = trainer_state(out)
     assert state["global_step"] == SFT_STEPS
     loss = losses(out)
@@ -323,12 +325,15 @@ def check_run(out, log: str, model_dir, world_size: int, evaluated: bool = True)
     assert f"global batch {batch} = {SFT_PER_DEVICE} per device x 1 accumulation x {world_size} ranks" in line
 
     if evaluated:
-        check_whole_job(out, log, world_size)
+        check_whole_job(out, log, world_size, generation_weights=generation_weights)
 
 
-def check_whole_job(out: Path, log: str, world_size: int, num_samples: int = 6) -> None:
+def check_whole_job(
+    out: Path, log: str, world_size: int, num_samples: int = 6, generation_weights: str | None = None
+) -> None:
     """The job's end a user sees: the before/after accuracy table printed once (rank 0), eval_report.json with both
-    phases over the whole eval set on every rank, and report.html with its before/after accuracy plot."""
+    phases over the whole eval set on every rank (with ``generation_weights``, how generation held the weights), and
+    report.html with its before/after accuracy plot."""
     (header,) = printed_lines(log, "eval task: ")
     assert header == "eval task: sum_to_x", header
     table = log[log.index(header) :].splitlines()
@@ -340,6 +345,8 @@ def check_whole_job(out: Path, log: str, world_size: int, num_samples: int = 6) 
         report[phase]["num_samples"] == num_samples and report[phase]["world_size"] == world_size for phase in report
     )
     assert table[2].split()[1:] == [f"{report[phase]['accuracy']:.3f}" for phase in ("before", "after")], table[2]
+    if generation_weights is not None:
+        assert [report[phase]["generation_weights"] for phase in report] == [generation_weights] * 2, report
     assert 'alt="accuracy before and after"' in (out / "report.html").read_text(encoding="utf-8")
 
 

@@ -70,6 +70,7 @@ def test_zero3_two_ranks_eval_accuracy_matches_one_process(answering_model, tmp_
     assert min(during.values()) >= 0.5, f"the comparison needs a model that answers: {during}"
     report = eval_report(out)
     assert report["after"]["world_size"] == 2
+    assert [report[phase]["generation_weights"] for phase in report] == ["gathered once"] * 2  # eval.whole_weights
 
     def one_process(name: str, adapter: list[str]) -> tuple[dict, list[dict]]:
         single = tmp_path / f"single-{name}"

@@ -38,6 +38,7 @@ from tests.e2e.launching import (
     launcher,
     master_port,
     once_per_key,
+    predicted_outputs,
     run,
     sft_args,
     trainer_state,
@@ -73,7 +74,11 @@ def launch_runs(root) -> dict[tuple[str, int], dict[str, str]]:
             "--activation_checkpointing true --eval_file=",  # training is the subject; "stage3" runs the whole job
         },
         ("deepspeed", 1): {"stage3_offload": config_flag("stage3_offload")},
-        ("torchrun", 2): {"ddp": "", "stage3": config_flag("stage3"), "auto": "--deepspeed auto"},
+        ("torchrun", 2): {
+            "ddp": "",
+            "stage3": f"{config_flag('stage3')} --eval_gather_zero3_weights false",  # deepspeed x2 gathers them once
+            "auto": "--deepspeed auto",
+        },
         ("python", 1): {
             "stage3": config_flag("stage3"),
             "stage2_file": f"--deepspeed {stage2}",
@@ -111,8 +116,17 @@ CASES += [("torchrun", 2, "ddp"), ("torchrun", 2, "stage3"), ("python", 1, "stag
 @pytest.mark.parametrize(("kind", "nproc", "config"), CASES, ids=[f"{k}-{n}-{c}" for k, n, c in CASES])
 def test_launch(kind, nproc, config, launched, tiny_model_dir, sum_data):
     out, logs = launched(kind, nproc)
-    check_run(out / config, logs[config], tiny_model_dir, nproc)
+    weights = "whole" if "stage3" not in config else "layer by layer" if kind == "torchrun" else "gathered once"
+    check_run(out / config, logs[config], tiny_model_dir, nproc, generation_weights=weights)
     check_own_samples(out / config, nproc, num_records=len(json.loads(sum_data["train"].read_text())))
+
+
+def test_zero3_generates_the_same_with_its_weights_gathered_once_and_layer_by_layer(launched):
+    """The same 2-rank ZeRO-3 run twice: under the deepspeed launcher, its evals gather the weights once; under
+    torchrun, with --eval_gather_zero3_weights false, every decoding step gathers each layer."""
+    (gathered, _), (layer_by_layer, _) = launched("deepspeed", 2), launched("torchrun", 2)
+    for phase in ("before", "after"):
+        assert predicted_outputs(gathered / "stage3", phase) == predicted_outputs(layer_by_layer / "stage3", phase)
 
 
 def test_zero3_with_activation_checkpointing_and_every_parameter_partitioned(launched, tiny_model_dir):

@@ -24,6 +24,7 @@ def result(correct: int, wrong_reasons: list[str], rss: int | None) -> EvalResul
         generated_tokens=100,
         generated_tokens_per_s=50.0,
         peak_host_rss_bytes=rss,
+        generation_weights="gathered once",
         predictions=predictions,
     )
 
@@ -38,6 +39,7 @@ def test_table_has_a_column_per_result_and_a_row_per_reason():
     assert rows["correct / samples"] == ["0 / 4", "3 / 4"]
     assert rows["generated tokens/s"] == ["50.0", "50.0"]
     assert rows["peak host RSS"] == ["1.0 MiB", "3.0 MiB"]
+    assert rows["weights in generation"] == ["gathered once", "gathered once"]
     assert rows["wrong: no prefix"] == ["4", "0"] and rows["wrong: wrong sum"] == ["0", "1"]
     assert "peak accelerator memory" not in rows, "a row with no value in any column is left out"
 
