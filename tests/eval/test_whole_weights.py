@@ -1,15 +1,20 @@
-"""hf_lora_ds.eval.whole_weights: the room rule and the ranks' agreement. The gathered eval itself is checked against
-one process in tests/e2e/test_eval_zero3.py, and against generation layer by layer in tests/e2e/test_launch_matrix.py."""
+"""hf_lora_ds.eval.whole_weights: the room rule, the ranks' agreement, and a real engine's weights and hooks. The
+gathered eval is checked against one process in tests/e2e/test_eval_zero3.py, and against generation layer by layer
+in tests/e2e/test_launch_matrix.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import psutil
+import pytest
 import torch
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from hf_lora_ds.eval import whole_weights
+from tests.e2e.launching import REPO, free_port, launch_env
 
 CPU = torch.device("cpu")
 
@@ -47,3 +52,54 @@ def test_a_model_without_zero3_or_with_gathering_off_is_left_as_it_is(monkeypatc
     monkeypatch.setattr(whole_weights, "_parameter_offload", lambda model: 1 / 0)  # never asked when off
     with whole_weights.zero3_weights_gathered(torch.nn.Linear(2, 2), enabled=False) as gathered:
         assert not gathered
+
+
+# A one-rank ZeRO-3 engine (gloo) in a fresh interpreter: DeepSpeed's process group and config stay out of this one.
+_ENGINE_SCRIPT = """
+import os, sys
+import deepspeed, torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from hf_lora_ds.eval.whole_weights import zero3_weights_gathered
+
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+deepspeed.init_distributed("gloo")
+model = get_peft_model(AutoModelForCausalLM.from_pretrained(sys.argv[1]), LoraConfig(r=4, target_modules="all-linear"))
+config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,  # no whole layer kept:
+                                "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}}  # freed after use
+trainable = [p for p in model.parameters() if p.requires_grad]
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(trainable, lr=0.1), config=config)
+offload = engine.optimizer.parameter_offload
+ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+
+def train_step():
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+
+def partitioned():
+    return all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in engine.module.parameters())
+
+train_step()
+hooks = len(offload.forward_hooks), len(offload.backward_hooks)
+with torch.no_grad():
+    layer_by_layer = engine(input_ids=ids).logits
+assert partitioned() and hooks[0] > 0
+with zero3_weights_gathered(engine) as gathered, torch.no_grad():
+    assert gathered and not offload.forward_hooks and not partitioned()
+    assert all(p.ds_status == ZeroParamStatus.AVAILABLE for p in engine.module.parameters())
+    torch.testing.assert_close(engine.module(input_ids=ids).logits, layer_by_layer, rtol=0, atol=0)
+assert (len(offload.forward_hooks), len(offload.backward_hooks)) == hooks, "the hooks are back for training"
+assert partitioned()
+train_step()
+assert partitioned(), "the hooks free each layer again after its use"
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_a_zero3_engine_has_its_weights_whole_in_the_block_and_its_hooks_back_after_it(tiny_model_dir):
+    script = [sys.executable, "-c", _ENGINE_SCRIPT, str(tiny_model_dir), str(free_port())]
+    done = subprocess.run(script, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "ok", done.stdout[-3000:] + done.stderr[-4000:]
