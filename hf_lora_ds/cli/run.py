@@ -32,7 +32,14 @@ from hf_lora_ds.data.inference_prompts import check_round_trip
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
-from hf_lora_ds.eval import evaluate_phase, get_task, load_samples, print_comparison, write_eval_report
+from hf_lora_ds.eval import (
+    evaluate_phase,
+    get_task,
+    load_samples,
+    print_comparison,
+    run_eval_options,
+    write_eval_report,
+)
 from hf_lora_ds.launch.resolve import parse_run_arguments
 from hf_lora_ds.launch.world import describe_world
 from hf_lora_ds.model.loading import load_base_model, load_tokenizer
@@ -82,13 +89,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     accuracy = (
         [
             AnswerAccuracyCallback(
-                tokenizer,
-                eval_records,
-                task,
-                batch_size=args.per_device_eval_batch_size,
-                system_prompt=args.system_prompt,
-                predictions_dir=args.output_dir,
-                gather_zero3_weights=args.eval_gather_zero3_weights,
+                tokenizer, eval_records, task, predictions_dir=args.output_dir, **run_eval_options(args)
             )
         ]
         if evaluating_during_training

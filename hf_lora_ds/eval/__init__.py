@@ -11,6 +11,7 @@ from hf_lora_ds.eval.comparison import (
     evaluate_phase,
     format_comparison,
     print_comparison,
+    run_eval_options,
     write_eval_report,
     write_predictions,
 )
@@ -32,6 +33,7 @@ from hf_lora_ds.eval.tasks import (
 __all__ = [
     "evaluate",
     "evaluate_phase",
+    "run_eval_options",
     "score_predictions",
     "load_samples",
     "EvalResult",

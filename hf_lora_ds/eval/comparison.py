@@ -19,7 +19,14 @@ from hf_lora_ds.distributed import print0, rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate
 from hf_lora_ds.sizes import format_bytes
 
-__all__ = ["evaluate_phase", "format_comparison", "print_comparison", "write_predictions", "write_eval_report"]
+__all__ = [
+    "evaluate_phase",
+    "run_eval_options",
+    "format_comparison",
+    "print_comparison",
+    "write_predictions",
+    "write_eval_report",
+]
 
 _ROWS: list[tuple[str, Callable[[EvalResult], Any]]] = [
     ("accuracy", lambda r: f"{r.accuracy:.3f}"),
@@ -60,18 +67,20 @@ def print_comparison(results: Mapping[str, EvalResult]) -> None:
     print0(format_comparison(results))
 
 
+def run_eval_options(args: SFTTrainingArguments) -> dict[str, Any]:
+    """How a run's evals generate, as ``evaluate``'s (and ``AnswerAccuracyCallback``'s) keywords: the eval batch
+    size, the system prompt, and whether ZeRO-3's weights are gathered."""
+    return {
+        "batch_size": args.per_device_eval_batch_size,
+        "system_prompt": args.system_prompt,
+        "gather_zero3_weights": args.eval_gather_zero3_weights,
+    }
+
+
 def evaluate_phase(model, tokenizer, records: list, task, args: SFTTrainingArguments, phase: str) -> EvalResult:
     """One labelled eval of a run (``before``/``after``) at its eval batch size and system prompt, its predictions
     written to ``<output_dir>/predictions_<phase>.jsonl``."""
-    result = evaluate(
-        model,
-        tokenizer,
-        records,
-        task,
-        batch_size=args.per_device_eval_batch_size,
-        system_prompt=args.system_prompt,
-        gather_zero3_weights=args.eval_gather_zero3_weights,
-    )
+    result = evaluate(model, tokenizer, records, task, **run_eval_options(args))
     write_predictions(result, Path(args.output_dir, f"predictions_{phase}.jsonl"))
     return result
 
