@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["auto_dtype", "device_memory_api"]
+__all__ = ["auto_dtype", "device_memory_api", "free_device_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,16 @@ def device_memory_api() -> Any:
         logger.warning("Accelerator memory is not traced: %s", err)
         return None
     return api
+
+
+def free_device_memory(device: torch.device) -> int | None:
+    """Bytes free on the accelerator ``device`` (by the driver, other processes' use included); None where this
+    torch cannot say (``torch.accelerator`` gained ``get_memory_info`` in torch 2.9)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if hasattr(torch.accelerator, "get_memory_info"):
+        return torch.accelerator.get_memory_info(device)[0]
+    return None
 
 
 def auto_dtype(on_accelerator: bool, fp16: bool = False) -> str:

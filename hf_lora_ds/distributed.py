@@ -23,6 +23,7 @@ __all__ = [
     "ErrorRelay",
     "WORLD_SIZE_VARIABLES",
     "launcher_world_size",
+    "launcher_ranks_per_node",
     "release_process_group",
     "exit_launched_rank",
     "print0",
@@ -42,6 +43,12 @@ def launcher_world_size() -> int:
         if os.environ.get(name):
             return int(os.environ[name])
     return 1
+
+
+def launcher_ranks_per_node() -> int:
+    """Processes the launcher started on this machine: torchrun's and accelerate's ``LOCAL_WORLD_SIZE``, the DeepSpeed
+    launcher's ``LOCAL_SIZE``; without either, all of them (one machine)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or launcher_world_size())
 
 
 def release_process_group() -> None:

@@ -25,6 +25,20 @@ def test_launcher_world_size(no_launcher, environment, expected):
     assert distributed.launcher_world_size() == expected
 
 
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"WORLD_SIZE": "4"}, 4),  # one machine
+        ({"WORLD_SIZE": "4", "LOCAL_SIZE": "2"}, 2),  # the DeepSpeed launcher's name
+        ({"WORLD_SIZE": "4", "LOCAL_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}, 1),  # torchrun's and accelerate's first
+    ],
+)
+def test_launcher_ranks_per_node(no_launcher, environment, expected):
+    for name, value in environment.items():
+        no_launcher.setenv(name, value)
+    assert distributed.launcher_ranks_per_node() == expected
+
+
 def test_process_group_released_at_the_end(tmp_path):
     """A gloo group alive at interpreter exit can abort a finished rank (SIGABRT, "terminate called without an
     active exception"): run_sft and the eval CLI end with release_process_group, which must leave none behind."""

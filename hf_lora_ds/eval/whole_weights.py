@@ -10,7 +10,6 @@ rank has no such room, generation stays layer by layer (``synced_gpus``), the me
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,8 @@ from typing import Any
 import psutil
 import torch
 
-from hf_lora_ds.distributed import gather_from_ranks
+from hf_lora_ds.devices import free_device_memory
+from hf_lora_ds.distributed import gather_from_ranks, launcher_ranks_per_node
 
 __all__ = ["zero3_weights_gathered"]
 
@@ -71,15 +71,10 @@ def _fits(partitioned: list[torch.nn.Parameter], device: torch.device) -> bool:
     CPU of the host's available memory shared by the node's ranks."""
     needed = sum(p.ds_numel * p.element_size() for p in partitioned)
     if device.type == "cpu":
-        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
-        free = psutil.virtual_memory().available // ranks_on_node
-    elif device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    elif hasattr(torch.accelerator, "get_memory_info"):  # torch >= 2.9
-        free = torch.accelerator.get_memory_info(device)[0]
+        free = psutil.virtual_memory().available // launcher_ranks_per_node()
     else:
-        return False
-    return needed <= ROOM_SHARE * free
+        free = free_device_memory(device)
+    return free is not None and needed <= ROOM_SHARE * free
 
 
 def _remove_hooks(offload: Any) -> None:

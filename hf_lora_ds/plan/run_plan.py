@@ -8,7 +8,6 @@ run_sft can plan with the arguments it already has.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
-from hf_lora_ds.distributed import launcher_world_size, print0
+from hf_lora_ds.distributed import launcher_ranks_per_node, launcher_world_size, print0
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
@@ -262,7 +261,7 @@ def _device_memory(device_memory: str | None, on_accelerator: bool) -> int:
 def run_world() -> PlanArguments:
     """The world this process was launched into, as the planner's arguments."""
     world_size = launcher_world_size()
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world_size)
+    per_node = launcher_ranks_per_node()
     return PlanArguments(world_size=world_size, nproc_per_node=per_node, nnodes=max(1, world_size // per_node))
 
 
