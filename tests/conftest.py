@@ -39,13 +39,24 @@ _CORPUS = [
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests run where CUDA is present and are skipped, saying so, everywhere else (CI)."""
+    """Files that start processes run first (see below); ``@pytest.mark.gpu`` tests run where CUDA is present and are
+    skipped, saying so, everywhere else (CI)."""
+    _files_that_start_processes_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _files_that_start_processes_first(items) -> None:
+    """The workers take whole files in this order (``--dist loadfile --no-loadscope-reorder``): the files with a test
+    that starts a process (``slow``, up to minutes a file) first, the in-process ones after, so that both workers run
+    out of work within seconds of each other instead of one finishing a long launch alone. xdist's own order (most
+    tests first) left the e2e files, few tests each, for the end."""
+    starting = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in starting)  # stable: each file's tests keep their order
 
 
 def _tokenizer(template: str):
