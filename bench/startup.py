@@ -48,11 +48,11 @@ print(json.dumps({{
 }}))
 """
 # Undone: gc.disable and gc.freeze no-ops, so the collector runs through the imports and walks their objects later.
-_WITHOUT_PAUSE = "gc.disable = gc.freeze = lambda: None"
+_COLLECTOR_ON = "gc.disable = gc.freeze = lambda: None"
 
 
-def probe(paused: bool) -> dict:
-    code = _PROBE.format(without="" if paused else _WITHOUT_PAUSE)
+def probe(kept: bool) -> dict:
+    code = _PROBE.format(without="" if kept else _COLLECTOR_ON)
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=600
     )
@@ -65,8 +65,8 @@ def main() -> None:
     options = parser.parse_args()
     results: dict[str, list[dict]] = {"kept": [], "collector on": []}
     for _ in range(options.repeats):
-        results["kept"].append(probe(paused=True))
-        results["collector on"].append(probe(paused=False))
+        results["kept"].append(probe(kept=True))
+        results["collector on"].append(probe(kept=False))
     print(f"{'imports':32} {'median CPU s':>13} {'min CPU s':>10} {'collections':>12} {'in collector s':>15}")
     medians = {}
     for variant, runs in results.items():
