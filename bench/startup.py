@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""A process's start: the CPU seconds of ``import hf_lora_ds`` and a run's imports, and of one full garbage collection
-after them (Trainer runs one as training starts), with the package's imports kept from the collector (paused, then
-frozen: hf_lora_ds/__init__.py) and without, measured side by side in fresh interpreters, alternating.
+"""A command's start: the CPU seconds of ``import hf_lora_ds`` and a run's imports, and of one full garbage collection
+after them (Trainer runs one as training starts), with the command's imports kept from the collector (paused, then
+frozen: hf_lora_ds/command_process.py) and without, measured side by side in fresh interpreters, alternating.
 
 Every rank of a launch and every CLI pays this before it does anything; on a 2-core CPU machine it is most of a
 tiny-model test run's cost.
@@ -34,7 +34,9 @@ def count(phase, info):
 gc.callbacks.append(count)
 import hf_lora_ds
 package = resource.getrusage(resource.RUSAGE_SELF)
-import hf_lora_ds.run_sft, transformers.trainer, deepspeed, datasets
+from hf_lora_ds.command_process import command_imports
+with command_imports():  # as run_sft.py's command imports
+    import hf_lora_ds.run_sft, transformers.trainer, deepspeed, datasets
 run = resource.getrusage(resource.RUSAGE_SELF)
 start = time.process_time()
 gc.collect()

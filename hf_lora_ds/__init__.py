@@ -1,38 +1,12 @@
 """hf_lora_ds: LoRA supervised fine-tuning of chat LLMs with Hugging Face Trainer and DeepSpeed.
 
 The public names load on first use (PEP 562), so that ``python -m hf_lora_ds.doctor`` runs, and names a missing
-dependency in one line, on a machine where PEFT, datasets or transformers do not import.
+dependency in one line, on a machine where PEFT, datasets or transformers do not import. Importing the package changes
+nothing in the importing process; what a command of the package does to its own is hf_lora_ds.command_process's.
 """
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib import import_module
 from typing import Any
-
-from hf_lora_ds.quiet import quiet_third_party_noise
-
-
-@contextmanager
-def _imports_kept_from_the_collector() -> Iterator[None]:
-    """The cyclic garbage collector off inside; afterwards every object alive is frozen (``gc.freeze``) and the
-    collector is back as it was. Importing torch, transformers and PEFT makes ~450k objects that live as long as the
-    process and almost no garbage, yet their allocations trigger full collections, and every later full collection
-    (Trainer runs one as training starts) would walk them again: about a fifth of each rank's and each CLI's import
-    time (bench/startup.py). The collection first: garbage made before this import is freed, not frozen."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was_enabled:
-            gc.enable()
-
-
-with _imports_kept_from_the_collector():
-    quiet_third_party_noise()  # first: the package's modules bring in PEFT, and PEFT bitsandbytes (see .quiet)
 
 _EXPORTS = {
     "SFTTrainingArguments": "hf_lora_ds.config",

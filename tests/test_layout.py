@@ -41,7 +41,8 @@ LAYERS: list[dict[str, list[str]]] = [
     {"trainer": ["hf_lora_ds.trainer"]},
     {"launch": ["hf_lora_ds.launch"]},
     {"command lines": ["hf_lora_ds.cli"]},
-    # The public facade, the ``python -m`` shims of the commands, and the test models (imported by nothing here).
+    # The public facade, the ``python -m`` shims of the commands and what they do to their process, and the test models
+    # (imported by nothing here).
     {
         "entry points": [
             "hf_lora_ds",
@@ -49,6 +50,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "hf_lora_ds.audit",
             "hf_lora_ds.merge",
             "hf_lora_ds.doctor",
+            "hf_lora_ds.command_process",
             "hf_lora_ds._testing",
         ]
     },

@@ -19,6 +19,7 @@ import sys
 from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.mask_audit import MaskAudit, audit_by_source, audit_dataset, show_samples
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
+from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.resolve import read_checked_values
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
@@ -63,3 +64,8 @@ def _show_flags() -> argparse.ArgumentParser:
         "a line (sample, where, text, trained: [start, end] character spans of text)",
     )
     return parser
+
+
+def cli() -> None:
+    """``python -m hf_lora_ds.audit``: a user error is one line on stderr and exit code 2 (hf_lora_ds.errors)."""
+    run_cli(main)

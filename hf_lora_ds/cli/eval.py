@@ -19,6 +19,7 @@ from pathlib import Path
 from hf_lora_ds.cli.flags import BASE_MODEL_SPELLINGS, respell
 from hf_lora_ds.data.records import load_records
 from hf_lora_ds.distributed import print0, release_process_group
+from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
 from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
@@ -172,3 +173,8 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
         print0(f"predictions and eval_report.json written to {args.output_dir}")
     release_process_group()
     return 0
+
+
+def cli() -> None:
+    """``python -m hf_lora_ds.eval``: a user error is one line on stderr and exit code 2 (hf_lora_ds.errors)."""
+    run_cli(main)

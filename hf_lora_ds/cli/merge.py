@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hf_lora_ds.cli.flags import BASE_MODEL_SPELLINGS, respell
-from hf_lora_ds.errors import UserError
+from hf_lora_ds.errors import UserError, run_cli
 from hf_lora_ds.launch.checks import check_output_path
 from hf_lora_ds.model.adapter_check import check_adapter_directory
 from hf_lora_ds.model.gguf_export import GGUF_OUTTYPES, export_gguf
@@ -77,3 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gguf is not None:
         print(f"GGUF ({args.gguf_type}) written to {export_gguf(args.out, args.gguf, args.gguf_type)}")
     return 0
+
+
+def cli() -> None:
+    """``python -m hf_lora_ds.merge``: a user error is one line on stderr and exit code 2 (hf_lora_ds.errors)."""
+    run_cli(main)

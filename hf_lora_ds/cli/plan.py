@@ -20,6 +20,7 @@ from argparse import Namespace
 
 import torch
 
+from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.checks import check_paths
 from hf_lora_ds.launch.resolve import read_run_values
 from hf_lora_ds.plan.planner import PlanRow, recommend
@@ -72,3 +73,8 @@ def main(argv: list[str] | None = None) -> list[PlanRow]:
     else:
         print(format_table(rows, recommended, more_devices, plans_accelerator(plan_args.device, args)))
     return rows
+
+
+def cli() -> None:
+    """``python -m hf_lora_ds.plan``: a user error is one line on stderr and exit code 2 (hf_lora_ds.errors)."""
+    run_cli(main)

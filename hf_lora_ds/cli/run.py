@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import transformers  # the module only: its trainer names import PEFT, which hf_lora_ds must import first
+import transformers  # the module only: its trainer names import PEFT, which a command imports first, its own way
 
 from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments
 from hf_lora_ds.callbacks import (

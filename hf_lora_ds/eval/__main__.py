@@ -1,6 +1,5 @@
 """``python -m hf_lora_ds.eval``: the eval command, hf_lora_ds.cli.eval."""
 
-from hf_lora_ds.cli.eval import main
-from hf_lora_ds.errors import run_cli
+from hf_lora_ds.command_process import run_command
 
-run_cli(main)
+run_command("hf_lora_ds.cli.eval")

@@ -1,6 +1,5 @@
 """``python -m hf_lora_ds.plan``: the memory plan command, hf_lora_ds.cli.plan."""
 
-from hf_lora_ds.cli.plan import main
-from hf_lora_ds.errors import run_cli
+from hf_lora_ds.command_process import run_command
 
-run_cli(main)
+run_command("hf_lora_ds.cli.plan")

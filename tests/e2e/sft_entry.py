@@ -62,16 +62,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import hf_lora_ds  # noqa: E402, F401  (first, as in run_sft.py: it imports PEFT its way, see hf_lora_ds.quiet)
+from hf_lora_ds.command_process import command_imports  # noqa: E402
 
-# isort: split
-import torch  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+with command_imports():  # as run_sft.py's command imports its modules
+    import torch
+    from transformers import TrainerCallback
 
-from hf_lora_ds.cli import run as run_sft  # noqa: E402
-from hf_lora_ds.errors import run_cli  # noqa: E402
-from hf_lora_ds.eval.tasks import register_task  # noqa: E402
-from tests.e2e.launching import VARIANT_MARKER  # noqa: E402
+    from hf_lora_ds.cli import run as run_sft
+    from hf_lora_ds.errors import run_cli
+    from hf_lora_ds.eval.tasks import register_task
+    from tests.e2e.launching import VARIANT_MARKER
 
 
 @register_task(max_new_tokens=1)

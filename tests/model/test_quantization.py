@@ -103,7 +103,7 @@ def losses(out: Path) -> list[float]:
     ids=["4bit", "8bit-gradient-checkpointing"],
 )
 def test_quantized_base_trains_only_the_adapter(flags, layer_type, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(peft.helpers, "bnb", None)  # as hf_lora_ds leaves it in a fresh process (hf_lora_ds.quiet)
+    monkeypatch.setattr(peft.helpers, "bnb", None)  # as a command leaves it (hf_lora_ds.command_process)
     watch = ParameterWatch()
     run_sft.main(qlora_flags(tmp_path / "run", *flags), callbacks=[watch])
 
