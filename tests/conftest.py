@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing.util
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,8 @@ from tests.real_model.smollm2 import smollm2_dir, smollm2_gguf  # noqa: F401  (f
 
 torch.set_num_threads(1)  # torch read the variable when it was first imported, maybe before this file
 
+E2E = Path(__file__).with_name("e2e")
+
 _CORPUS = [
     DEFAULT_SYSTEM_PROMPT,
     "王大丫丫的回答是--->0123456789 + =",
@@ -36,6 +40,31 @@ _CORPUS = [
     "Translate to French: good morning. Bonjour! What is the capital of France? Paris is.",
     "user assistant system tool Hello, how can I help you today? Tell me a joke about cats.",
 ]
+
+
+def pytest_configure(config) -> None:
+    """The session's first act, where it will launch: DeepSpeed's CPU ops start building in the background
+    (tests/e2e/deepspeed_ops.py), while the workers run the files that launch nothing of DeepSpeed's; the e2e
+    fixture waits for the build. Once, in pytest-xdist's controller (or the one process of ``-n 0``)."""
+    if hasattr(config, "workerinput") or not _launches_selected(config):
+        return
+    from tests.e2e.deepspeed_ops import start_in_background
+    from tests.e2e.launching import launch_env
+
+    log = Path(tempfile.gettempdir(), f"hf_lora_ds_deepspeed_ops_{os.getpid()}.log")
+    start_in_background(launch_env(), log)
+
+
+def _launches_selected(config) -> bool:
+    """Whether the selected tests include tests/e2e's launches: the quick tier (``-m "not slow"``) starts none."""
+    if "not slow" in (config.option.markexpr or ""):
+        return False
+    e2e = E2E.resolve()
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if path == e2e or e2e in path.parents or path in e2e.parents:
+            return True
+    return False
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,11 +81,14 @@ def pytest_collection_modifyitems(config, items):
 
 def _files_that_start_processes_first(items) -> None:
     """The workers take whole files in this order (``--dist loadfile --no-loadscope-reorder``): the files with a test
-    that starts a process (``slow``, up to minutes a file) first, the in-process ones after, so that both workers run
+    that starts a process (``slow``, up to minutes a file) first, tests/e2e's launches after the others of them (their
+    DeepSpeed ops are building meanwhile: ``pytest_configure``), the in-process files last, so that both workers run
     out of work within seconds of each other instead of one finishing a long launch alone. xdist's own order (most
     tests first) left the e2e files, few tests each, for the end."""
     starting = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in starting)  # stable: each file's tests keep their order
+    e2e = E2E.resolve()
+    # stable: each file's tests keep their order
+    items.sort(key=lambda item: (item.path not in starting, e2e in item.path.resolve().parents))
 
 
 def _tokenizer(template: str):

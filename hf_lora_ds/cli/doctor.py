@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import io
 import json
+import math
 import os
 import platform
 import sys
@@ -380,16 +381,27 @@ def _lora_run() -> Iterator[tuple[str, str]]:
             yield "FAIL", f"the loss did not go down over {TRAIN_STEPS} steps: {losses}"
         else:
             yield "ok", f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {TRAIN_STEPS} steps ({seconds:.1f} s with setup)"
-        yield (
-            "ok",
-            (
-                f"{run.get('throughput/run_tokens_per_second', float('nan')):.0f} tokens/s "
-                f"({run.get('throughput/run_supervised_tokens_per_second', float('nan')):.0f} supervised), "
-                f"MFU {run.get('throughput/run_mfu', float('nan')):.3f} of "
-                f"{run.get('throughput/peak_tflops_per_device', float('nan')):.3g} TFLOP/s"
-            ),
-        )
+        yield _throughput_verdict(run)
         yield from _check_adapter(Path(output_dir))
+
+
+_THROUGHPUT_KEYS = (
+    "throughput/run_tokens_per_second",
+    "throughput/run_supervised_tokens_per_second",
+    "throughput/run_mfu",
+    "throughput/peak_tflops_per_device",
+)
+
+
+def _throughput_verdict(run: dict[str, float]) -> tuple[str, str]:
+    """The run's tokens/s and MFU as the throughput callback logged them; a figure missing or not a positive finite
+    number is a failure of the run's measurement, not a line of ``nan``."""
+    figures = [run.get(key, math.nan) for key in _THROUGHPUT_KEYS]
+    unusable = [key for key, figure in zip(_THROUGHPUT_KEYS, figures) if not (math.isfinite(figure) and figure > 0)]
+    if unusable:
+        return "FAIL", f"the run logged no usable throughput: {', '.join(unusable)} missing or not positive"
+    tokens, supervised, mfu, peak = figures
+    return "ok", f"{tokens:.0f} tokens/s ({supervised:.0f} supervised), MFU {mfu:.3f} of {peak:.3g} TFLOP/s"
 
 
 def _check_adapter(directory: Path) -> Iterator[tuple[str, str]]:

@@ -5,32 +5,27 @@ a stage whose input failed is skipped naming it, the results are on disk after e
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.launching import REPO, launch_env
+from tests.e2e.launching import LAUNCH_TIMEOUT_S, REPO, run
 
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 import run_acceptance  # noqa: E402
 
 SCRIPT = REPO / "bench" / "gpu" / "run_acceptance.py"
+DRY_RUN_TIMEOUT_S = LAUNCH_TIMEOUT_S - 60
 
 
 @pytest.mark.slow
 def test_the_cpu_dry_run_passes_every_stage(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--work", str(work)],
-        cwd=tmp_path,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    # Inside the test's own deadline (setup.cfg's 600 s), its launches killed with it (tests/e2e/launching.run)
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--work", str(work)]
+    done = run(command, tmp_path / "dry_run.log", timeout=DRY_RUN_TIMEOUT_S)
     results = json.loads((out / "gpu_acceptance.json").read_text())
     stages = results["stages"]
     assert done.returncode == 0, json.dumps({k: v.get("error") for k, v in stages.items()}, indent=1)[-6000:]

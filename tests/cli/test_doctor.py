@@ -4,11 +4,14 @@ checks that need it skipped, and a non-zero exit."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_lora_ds.cli import doctor
 from tests.e2e.launching import REPO, launch_env
@@ -59,7 +62,12 @@ def test_a_healthy_machine_gets_every_section_and_exit_0(capsys):
     assert not [line for line in lines if line.startswith(("FAIL", "skip"))]
     run = [line for line in lines if line.startswith("ok    lora run:")]
     assert any("loss" in line and "->" in line for line in run), run
-    assert any("tokens/s" in line and "MFU" in line for line in run), run
+    (speed,) = [line for line in run if "tokens/s" in line and "MFU" in line]
+    figures = [
+        float(figure)
+        for figure in re.findall(r"(\S+) tokens/s \((\S+) supervised\), MFU (\S+) of (\S+) TFLOP", speed)[0]
+    ]
+    assert all(math.isfinite(figure) and figure > 0 for figure in figures), speed
     assert any("adapter saved" in line and "reloads" in line for line in run), run
     assert lines[-1].startswith("doctor: this machine trains LoRA runs")
 
@@ -98,6 +106,44 @@ def test_a_check_that_raises_is_its_own_failure_and_the_report_goes_on():
         "skip  matmul peak: needs attention, which failed above",
         "ok    cpu: 2 cores",
     ]
+
+
+def test_a_run_that_logged_no_throughput_fails_its_speed_line(monkeypatch):
+    from hf_lora_ds.cli import run as run_sft
+
+    def fake_main(argv):
+        state = Path(argv[argv.index("--output_dir") + 1], "trainer_state.json")
+        history = [{"loss": 4.3}, {"loss": 3.1}, {"throughput/run_mfu": float("nan")}]
+        state.write_text(json.dumps({"log_history": history}))
+
+    monkeypatch.setattr(run_sft, "main", fake_main)
+    monkeypatch.setattr(doctor, "_check_adapter", lambda directory: iter(()))
+    found = list(doctor._lora_run())
+    assert found[0][0] == "ok" and found[1][0] == "FAIL", found
+    assert "throughput/run_tokens_per_second" in found[1][1] and "throughput/run_mfu" in found[1][1], found
+
+
+def test_an_adapter_that_does_not_change_the_logits_fails(tmp_path):
+    """lora_B off zero but lora_A all zero: every tensor is there and "trained", yet B·A is zero."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hf_lora_ds.resources import DEMO_MODEL
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(DEMO_MODEL), LoraConfig(r=2, target_modules=["q_proj"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:
+                parameter.fill_(0.5 if "lora_B" in name else 0.0)
+    model.save_pretrained(tmp_path)
+    found = list(doctor._check_adapter(tmp_path))
+    assert found == [("FAIL", f"{tmp_path}: the reloaded adapter does not change the model's logits")], found
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_A" in name:
+                parameter.fill_(0.5)
+    model.save_pretrained(tmp_path)
+    assert [verdict for verdict, _ in doctor._check_adapter(tmp_path)] == ["ok"]
 
 
 @pytest.mark.parametrize("losses", [[4.3, 4.3], [4.3, 4.5], [4.3]])

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.launching import REPO, launch_env
+from tests.e2e import deepspeed_ops
+from tests.e2e.launching import launch_env
 
 TRAIN_RECORDS = 32
 EVAL_RECORDS = 6
@@ -21,16 +22,11 @@ EVAL_RECORDS = 6
 
 @pytest.fixture(scope="session", autouse=True)
 def deepspeed_cpu_ops():
-    """JIT-build DeepSpeed's CPU ops (shm_comm, cpu_adam) once, before the first launch, with the CI script itself.
-
-    Left to the launches, the first one of each op pays a multi-minute ninja build inside its timeout, and its two
-    ranks race on the same build directory. Built here, every launch loads the cached library from
-    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Each pytest-xdist worker runs this fixture: the
-    first builds, the others wait on the build's lock and then load the cached library.
-    """
+    """DeepSpeed's CPU ops (shm_comm, cpu_adam) built before the first launch (tests/e2e/deepspeed_ops.py): this waits
+    for the build the suite started in the background as it began, or builds them where it did not (one file run
+    alone), and every launch then loads the cached libraries. Each pytest-xdist worker runs this fixture."""
     start = time.perf_counter()
-    script = str(REPO / ".ci" / "prebuild_deepspeed_ops.sh")
-    done = subprocess.run(["bash", script], env=launch_env(), capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(deepspeed_ops.command(), env=launch_env(), capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"building DeepSpeed's CPU ops failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
     print(f"\nDeepSpeed CPU ops ready in {time.perf_counter() - start:.0f} s:\n{done.stdout.strip()}")
 

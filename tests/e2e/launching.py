@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -184,17 +185,18 @@ Launched = TypeVar("Launched")
 
 
 def once_per_key(launch: Callable[..., Launched]) -> Callable[..., Launched]:
-    """``launch(*key)`` run by the first test that asks for ``key`` and shared with the others; a failed launch
-    (AssertionError) fails every test of it without being launched again."""
-    done: dict[tuple, Launched | AssertionError] = {}
+    """``launch(*key)`` run by the first test that asks for ``key`` and shared with the others; a failed launch (an
+    assertion, a timeout: any exception, pytest's own failures included) fails every test of it without being
+    launched again. Only an interrupt (Ctrl-C) is not kept."""
+    done: dict[tuple, Launched | BaseException] = {}
 
     def get(*key) -> Launched:
         if key not in done:
             try:
                 done[key] = launch(*key)
-            except AssertionError as failure:
+            except (Exception, pytest.fail.Exception) as failure:
                 done[key] = failure
-        if isinstance(done[key], AssertionError):
+        if isinstance(done[key], BaseException):
             raise done[key]
         return done[key]
 

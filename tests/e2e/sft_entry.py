@@ -3,6 +3,7 @@
     deepspeed --num_gpus 2 tests/e2e/sft_entry.py [--kill_rank R --kill_step N --kill_on step_end|save]
         [--sigterm_step N] [--nan_grad_rank R --nan_grad_step N]
         [--record_engine_state] [--offset_loaded_weights R] [--disk_fault full|read_only --disk_fault_step N]
+        [--record_logits] [--record_head_outputs] [--record_phase_logits] [--variant NAME:ARGS ...]
         RUN_SFT_ARGS
 
 - ``offset_loaded_weights`` (``--offset_loaded_weights R``): rank R adds 1 to every base weight it loaded, before
@@ -31,6 +32,10 @@
   (every rank runs the forward: a collective under ZeRO-3), written by rank 0 to ``OUTPUT_DIR/e2e_logits.pt`` with
   the ids and the learning rates of the optimizer's parameter groups, so a test can load the saved adapter on the
   original base and compare, and see LoRA+'s groups as the engine holds them.
+- ``HeadOutputRecorder`` (``--record_head_outputs``): the dimensions of what the LM head returned in training and in
+  evaluation (0: the fused head's loss, 2: supervised-position logits, 3: every position's), so a test sees which
+  loss path ran. ``PhaseLogitsRecorder`` (``--record_phase_logits``): the logits of the model each eval phase
+  ("before", "after") evaluates, to ``OUTPUT_DIR/e2e_logits_<phase>.pt``.
 - ``--variant NAME:ARGS`` (repeatable): one launch trains several runs one after another, each with the common
   flags plus ARGS and ``--output_dir OUTPUT_DIR/NAME``; the process group is released once, after the last. A
   2-rank launch costs more than a 2-step run of a tiny model, so tests of many variants share launches. Rank 0 prints
@@ -235,6 +240,44 @@ class LogitsRecorder(TrainerCallback):
             torch.save({"input_ids": ids, "logits": logits, "group_lrs": rates}, Path(args.output_dir, "e2e_logits.pt"))
 
 
+class HeadOutputRecorder(TrainerCallback):
+    """What the LM head returned in training and in evaluation, as the number of dimensions of its output: 0 where
+    the fused head computed the loss itself, 2 for supervised-position logits, 3 for every position's logits. Written
+    to ``OUTPUT_DIR/e2e_head_outputs_rank{R}.json`` when training ends (evaluation during training included)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[int]] = {"train": set(), "eval": set()}
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def record(module, inputs, output):
+            self.seen["train" if module.training else "eval"].add(output.dim())
+
+        model.get_output_embeddings().register_forward_hook(record)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        seen = {phase: sorted(dims) for phase, dims in self.seen.items()}
+        Path(args.output_dir, f"e2e_head_outputs_rank{args.process_index}.json").write_text(json.dumps(seen))
+
+
+class PhaseLogitsRecorder:
+    """``run_sft``'s ``evaluate_phase`` with the logits of the model each phase evaluates (on ``LogitsRecorder.IDS``)
+    recorded first, to ``OUTPUT_DIR/e2e_logits_<phase>.pt``: "before" must be the base the run started from. Every
+    rank runs the forward (a collective under ZeRO-3); rank 0 writes."""
+
+    def __init__(self, evaluate_phase) -> None:
+        self.evaluate_phase = evaluate_phase
+
+    def __call__(self, model, tokenizer, records, task, args, phase):
+        training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([LogitsRecorder.IDS])).logits.float().cpu()
+        model.train(training)
+        if args.process_index == 0:
+            torch.save(logits, Path(args.output_dir, f"e2e_logits_{phase}.pt"))
+        return self.evaluate_phase(model, tokenizer, records, task, args, phase)
+
+
 def run_variants(run_sft_args: list[str], variants: list[str], parser: argparse.ArgumentParser, ours) -> None:
     """Each variant's run in turn in this process, the process group kept between them and released by the last run
     as ``main`` releases it (also when that run is preempted). A variant's ARGS may hold this file's own flags."""
@@ -250,13 +293,24 @@ def run_variants(run_sft_args: list[str], variants: list[str], parser: argparse.
                 run_sft.release_process_group = release
             own, extra_args = parser.parse_known_args(extra.split(), namespace=copy.copy(ours))
             run_args = [*run_sft_args, *extra_args, "--output_dir", str(output_dir / name)]
-            run_sft.main(run_args, callbacks=test_callbacks(own))
+            run_once(run_args, own)
             # Accelerate exports its DeepSpeed settings (ACCELERATE_*) for the run it built; the next run would take
             # them for an ``accelerate launch`` config.
             os.environ.clear()
             os.environ.update(environment)
     finally:
         run_sft.release_process_group = release
+
+
+def run_once(run_args: list[str], ours: argparse.Namespace) -> None:
+    """run_sft's ``main`` with the test callbacks, and each eval phase's logits recorded where asked."""
+    evaluate_phase = run_sft.evaluate_phase
+    if ours.record_phase_logits:
+        run_sft.evaluate_phase = PhaseLogitsRecorder(evaluate_phase)
+    try:
+        run_sft.main(run_args, callbacks=test_callbacks(ours))
+    finally:
+        run_sft.evaluate_phase = evaluate_phase
 
 
 def test_callbacks(ours: argparse.Namespace) -> list[TrainerCallback]:
@@ -274,6 +328,8 @@ def test_callbacks(ours: argparse.Namespace) -> list[TrainerCallback]:
         callbacks.append(DiskFault(ours.disk_fault_step, ours.disk_fault))
     if ours.record_logits:
         callbacks.append(LogitsRecorder())
+    if ours.record_head_outputs:
+        callbacks.append(HeadOutputRecorder())
     return callbacks
 
 
@@ -290,6 +346,8 @@ def main() -> None:
     parser.add_argument("--disk_fault", choices=("full", "read_only"), default=None)
     parser.add_argument("--disk_fault_step", type=int, default=None)
     parser.add_argument("--record_logits", action="store_true")
+    parser.add_argument("--record_head_outputs", action="store_true")
+    parser.add_argument("--record_phase_logits", action="store_true")
     parser.add_argument("--variant", action="append", metavar="NAME:ARGS", default=[])
     ours, run_sft_args = parser.parse_known_args()
     if ours.offset_loaded_weights is not None:
@@ -299,7 +357,7 @@ def main() -> None:
         if ours.variant:
             run_variants(run_sft_args, ours.variant, parser, ours)
         else:
-            run_sft.main(run_sft_args, callbacks=test_callbacks(ours))
+            run_once(run_sft_args, ours)
         # A gloo group still alive at exit can abort the process in interpreter teardown: main must have released it.
         output_dir = Path(run_sft_args[run_sft_args.index("--output_dir") + 1])
         left = {

@@ -1,5 +1,6 @@
 """The launch helpers' own guarantees: a launch that runs past its deadline is killed with every process it
-started, as a hung rank would otherwise keep running beside the next tests."""
+started, as a hung rank would otherwise keep running beside the next tests; a launch shared by several tests runs
+once, also when it fails."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import time
 
 import pytest
 
-from tests.e2e.launching import run
-
-pytestmark = pytest.mark.slow
+from tests.e2e.launching import once_per_key, run
 
 GRANDCHILD = "import subprocess, sys, time; open(sys.argv[1], 'w').write(str(subprocess.Popen([sys.executable, '-c', \
 'import time; time.sleep(60)']).pid)); time.sleep(60)"
 
 
+@pytest.mark.slow
 def test_a_timed_out_launch_leaves_no_rank_behind(tmp_path):
     pid_file = tmp_path / "rank.pid"
     with pytest.raises(subprocess.TimeoutExpired):
@@ -36,3 +36,28 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a killed child not yet reaped by its parent is a zombie: gone
         return stat.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        AssertionError("rank 1 exited 1"),
+        subprocess.TimeoutExpired(["deepspeed"], 600),
+        pytest.fail.Exception("Timeout (>600.0s) from pytest-timeout."),
+    ],
+    ids=["assertion", "launch timeout", "test timeout"],
+)
+def test_a_shared_launch_that_fails_is_not_launched_again_for_the_next_test(failure):
+    launched = []
+
+    def launch(*key):
+        launched.append(key)
+        raise failure
+
+    shared = once_per_key(launch)
+    for _ in range(3):  # three tests share the launch
+        with pytest.raises(type(failure)):
+            shared("deepspeed", 2)
+    assert launched == [("deepspeed", 2)]
+    shared_ok = once_per_key(lambda *key: key)
+    assert shared_ok("torchrun", 2) == ("torchrun", 2) and shared_ok("torchrun", 2) is shared_ok("torchrun", 2)

@@ -73,13 +73,27 @@ def check_saved_adapter(out, rank: int, quantized: bool = False) -> dict:
     return {**config, "group_lrs": recorded["group_lrs"]}
 
 
+def check_phases_see(out) -> None:
+    """The before eval saw the original base (PiSSA rewrote it to a residual; the adapter's start, set back on every
+    rank's partition, restores it), the after eval the trained model."""
+    ids = torch.load(out / "e2e_logits.pt")["input_ids"]
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32).eval()(input_ids=ids).logits
+    before, after = torch.load(out / "e2e_logits_before.pt"), torch.load(out / "e2e_logits_after.pt")
+    tolerance = 1e-4 * base.abs().max()
+    assert (before - base).abs().max() <= tolerance, "the before eval did not see the original base"
+    assert (after - base).abs().max() > 10 * tolerance, "the after eval saw the base, not the trained model"
+    torch.testing.assert_close(after, torch.load(out / "e2e_logits.pt")["logits"], rtol=1e-4, atol=1e-5)
+
+
 def test_deepspeed_variants(sum_data, tmp_path):
     pytest.importorskip("bitsandbytes")
     out, log = launch_variants(
         "deepspeed",
         {
             # the before/after eval (the base before, PiSSA's rewritten base restored); one token is enough for it
-            "pissa": f"--lora_init pissa --deepspeed stage3 --eval_file {sum_data['eval']} --eval_task first_token",
+            "pissa": f"--lora_init pissa --deepspeed stage3 --eval_file {sum_data['eval']} --eval_task first_token "
+            "--record_phase_logits",
             "olora": "--lora_init olora --deepspeed stage3",
             "eva": "--lora_init eva --deepspeed stage3",
             "corda": "--lora_init corda --deepspeed stage3",
@@ -93,6 +107,7 @@ def test_deepspeed_variants(sum_data, tmp_path):
     for converted in ("pissa", "olora", "corda"):
         check_saved_adapter(out / converted, rank=16)
     assert set(eval_report(out / "pissa")) == {"before", "after"}
+    check_phases_see(out / "pissa")
     assert check_saved_adapter(out / "eva", rank=8)["rank_pattern"]  # EVA moved rank between modules
     check_saved_adapter(out / "loftq", rank=8, quantized=True)
     assert check_saved_adapter(out / "loraplus", rank=8)["group_lrs"] == [LEARNING_RATE, 8 * LEARNING_RATE]

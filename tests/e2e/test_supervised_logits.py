@@ -5,6 +5,8 @@ averaged across ranks (Trainer's default). One launch trains both, one after the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -43,7 +45,8 @@ def test_zero3_two_ranks_supervised_logits_train_as_full_logits(tiny_model_dir, 
         "--eval_task",
         "first_token",  # the eval's loss is compared; its generation (one token) is not the subject
     )
-    launch = run(launcher("deepspeed", 2) + [str(ENTRY), *variant_args(variants)] + args, tmp_path / "launch.log")
+    entry = [str(ENTRY), "--record_head_outputs", *variant_args(variants)]
+    launch = run(launcher("deepspeed", 2) + entry + args, tmp_path / "launch.log")
     check_ok(launch)
     runs = {}
     for name, log in variant_logs(launch.log).items():
@@ -54,6 +57,12 @@ def test_zero3_two_ranks_supervised_logits_train_as_full_logits(tiny_model_dir, 
         check_every_lora_b_trained(out)
         assert "supervised-position logits: off" not in log  # no fallback: both paths ran as asked
         assert "fused LM head loss: off" not in log  # the supervised run's head computed the loss itself
+        # What the head returned on each rank: the loss itself (0 dimensions) or every position's logits (3); in
+        # evaluation the accuracy callback's generation computes logits (3) beside the eval loss
+        dims = 0 if name == "supervised-True" else 3
+        for rank in (0, 1):
+            head = json.loads((out / f"e2e_head_outputs_rank{rank}.json").read_text())
+            assert head["train"] == [dims] and dims in head["eval"] and set(head["eval"]) <= {dims, 3}, (name, head)
         history = trainer_state(out)["log_history"]
         runs[name] = (
             losses(out),

