@@ -1,4 +1,4 @@
-"""The README's planner table: what ``python -m hf_lora_ds.plan`` recommends for the Qwen2.5 Instruct shapes in
+"""docs/memory.md's planner table: what ``python -m hf_lora_ds.plan`` recommends for the Qwen2.5 Instruct shapes in
 examples/model_configs on common GPUs, and the 14B on 2 x 32 GB under each configuration. Planning only (config.json
 files, meta device): runs anywhere in a few minutes.
 

@@ -39,7 +39,7 @@ class LoraArguments:
         default="default",
         metadata={
             "help": "How the adapter starts (PEFT's init_lora_weights; trade-offs in hf_lora_ds.model.lora_variants "
-            "and the README): default (B zero: the base exactly), gaussian, pissa / pissa_niter_N (top singular "
+            "and docs/lora.md): default (B zero: the base exactly), gaussian, pissa / pissa_niter_N (top singular "
             "vectors of each weight; the base keeps the residual), olora (QR of each weight), eva (SVD of each "
             "layer's inputs over --lora_init_samples training samples; ranks redistributed), corda (SVD weighted "
             "by those inputs' covariance), loftq (--load_in_4bit only: fits the 4-bit quantisation error), "

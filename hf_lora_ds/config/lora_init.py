@@ -12,7 +12,7 @@ from hf_lora_ds.errors import UserError
 
 __all__ = ["INITS", "DataPass", "LoraInit", "lora_init_from_peft", "parse_lora_init"]
 
-# --lora_init -> what it costs and gives, one line each (the flag's help and the README table say the same).
+# --lora_init -> what it costs and gives, one line each (the flag's help and docs/lora.md's table say the same).
 INITS: dict[str, str] = {
     "default": "A random, B zero: starts exactly at the base (Microsoft's LoRA)",
     "gaussian": "as default with A drawn from N(0, 1/r)",

@@ -1,6 +1,6 @@
 """Two "nodes" on loopback, one rank each: what a two-machine job does, under torchrun (``--nnodes 2 --node_rank
 0|1``), under the deepspeed launcher started on each node (a two-host hostfile, ``--no_ssh --node_rank 0|1``), and
-under the deepspeed launcher as the README's multi-node job starts it: once, with a hostfile, reaching both hosts
+under the deepspeed launcher as docs/launchers.md's multi-node job starts it: once, with a hostfile, reaching both hosts
 over SSH with pdsh (an sshd of the test's own on a loopback port: tests/e2e/loopback_ssh.py)."""
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_gguf_base_to_tuned_gguf_with_run_sft_and_merge(qwen_style_tokenizer, tm
         str(tmp_path / "c"),
     ]
     run_sft.main(["--model_name_or_path", str(tmp_path), "--gguf_file", base.name, *flags])
-    # The README's second command: merge onto the GGUF base, write the tuned model as GGUF too.
+    # docs/lora.md's second GGUF command: merge onto the GGUF base, write the tuned model as GGUF too.
     merged = tmp_path / "tuned" / "model.gguf"
     assert (
         merge_main(

@@ -17,7 +17,7 @@ def test_tolerance_is_enforced(tiny_model_dir, trained_adapter, tmp_path):
 
 def test_the_bundled_adapter_merges_with_the_default_tolerance(tmp_path):
     """A trained model's logits reach ~20; fp32 rounding of the reordered arithmetic then exceeds 1e-4 absolute
-    (measured 2.1e-4 on the bundled adapter), so a fixed 1e-4 refused a correct merge of the README's own adapter."""
+    (measured 2.1e-4 on the bundled adapter), so a fixed 1e-4 refused a correct merge of docs/eval.md's own adapter."""
 
     data = REPO / "data"
     diff = merge_adapter(data / "tiny-qwen2-sum", data / "tiny-qwen2-sum-lora", tmp_path / "merged")
