@@ -35,6 +35,7 @@ from peft.tuners.lora.layer import ParamWrapper
 from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.config import RunValues
+from hf_lora_ds.config.lora_init import lora_init_from_peft
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts import MoeBlock, expert_weight_names, experts_per_token, moe_blocks, unwrapped_name
 from hf_lora_ds.model.experts_kernel import experts_kernel_text
@@ -56,6 +57,8 @@ LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.
 # A routed expert weight, as PEFT matches rank_pattern keys: "...experts.gate_up_proj", "...experts.3.w1".
 EXPERT_PATTERN = r"experts\.(?:\d+\.)?[^.]+"
 # A fused weight holds the per-expert layers transformers 4 named apart (Mixtral's w1/w3/w2).
+# The starts PEFT's ParamWrapper builds and trains from (the others read or hook a Linear weight).
+_PARAMETER_INITS = ("default", "gaussian")
 _FUSED_PARTS = {"gate_up_proj": ("gate_proj", "up_proj", "w1", "w3"), "up_proj": ("w3",), "down_proj": ("w2",)}
 
 
@@ -121,6 +124,8 @@ def resolve_targets(model: torch.nn.Module, config: LoraConfig) -> LoraConfig:
     chosen = _chosen_expert_weights(blocks, config)
     parameters += [p for block in blocks for p in block.fused_parameters() if p.rsplit(".", 1)[-1] in chosen]
     modules += [linear for block in blocks for linear in block.expert_linears if linear.rsplit(".", 1)[-1] in chosen]
+    if parameters:
+        _check_parameter_adapters(config)
     return dataclasses.replace(
         config,
         target_modules=sorted(modules),
@@ -196,6 +201,21 @@ def experts_line(model: torch.nn.Module, dropout: float) -> str | None:
     if dropout and kind:
         parts.append(f"lora_dropout {dropout:g} on the other adapters only (PEFT cannot drop a fused weight's input)")
     return "; ".join([*parts, kernel])
+
+
+def _check_parameter_adapters(config: LoraConfig) -> None:
+    """What PEFT's ParamWrapper cannot build, refused in one line instead of its traceback: DoRA, and the starts
+    that read a Linear weight (PiSSA, OLoRA, CorDA, LoftQ, orthogonal: a fused stack has no ``.weight``) or hook
+    one (EVA's data pass)."""
+    leave = "or --lora_target_experts none to leave the experts (and routers) without LoRA"
+    if config.use_dora:
+        raise UserError(f"--use_dora: PEFT has no DoRA for fused expert weights (lora.ParamWrapper); drop it, {leave}")
+    init = lora_init_from_peft(config.init_lora_weights)
+    if init.name not in _PARAMETER_INITS:
+        raise UserError(
+            f"--lora_init {init.name}: PEFT starts fused expert weights (lora.ParamWrapper) only as "
+            f"{' or '.join(_PARAMETER_INITS)}; use one of those, {leave}"
+        )
 
 
 def _chosen_expert_weights(blocks: list[MoeBlock], config: LoraConfig) -> set[str]:

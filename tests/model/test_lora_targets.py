@@ -101,9 +101,18 @@ def test_the_experts_flag_and_the_expert_rank(qwen_style_tokenizer):
             "o_proj, q_proj, v_proj (or use 'all-linear')",
         ),
         (None, {"lora_target_experts": "gate_up_proj"}, "--lora_target_experts gate_up_proj: the model has no experts"),
+        ("gpt_oss", {"use_dora": True}, "--use_dora: PEFT has no DoRA for fused expert weights (lora.ParamWrapper)"),
+        (
+            "deepseek_v3",
+            {"lora_init": "pissa"},
+            "--lora_init pissa: PEFT starts fused expert weights (lora.ParamWrapper) only as default or gaussian; use "
+            "one of those, or --lora_target_experts none to leave the experts (and routers) without LoRA",
+        ),
     ],
 )
-def test_names_that_match_nothing_are_one_line(family, flags, message, qwen_style_tokenizer, tiny_model):
+def test_names_that_match_nothing_and_adapters_peft_cannot_build_are_one_line(
+    family, flags, message, qwen_style_tokenizer, tiny_model
+):
     model = build_tiny_moe(family, qwen_style_tokenizer) if family else tiny_model
     with pytest.raises(UserError, match=f"^{re.escape(message)}"):
         wrap_with_lora(model, lora_config_from_args(LoraArguments(**flags)))
