@@ -102,8 +102,9 @@ def quantized_layers_line(model: torch.nn.Module) -> str | None:
     line = f"quantized base: {len(layers)} {layers[0] if layers else 'bitsandbytes'} layers ({kind})"
     stacks = [getattr(model.get_submodule(b.experts), name) for b in moe_blocks(model) for name in b.fused]
     if stacks:
+        count = sum(getattr(stack, "ds_numel", stack.numel()) for stack in stacks)  # ZeRO-3 leaves a local shard
         line += (
-            f"; the fused expert weights are not ({sum(stack.numel() for stack in stacks):,} parameters stay "
+            f"; the fused expert weights are not ({count:,} parameters stay "
             f"{str(stacks[0].dtype).removeprefix('torch.')}): bitsandbytes quantizes Linear layers only"
         )
     return line
