@@ -388,7 +388,7 @@ class ThroughputCallback(LoggingCallback):
             metrics["throughput/peak_tflops_per_device"] = self.peak_flops / 1e12
             metrics["throughput/run_tokens"] = self._run["real"]
             if self._active_params:  # a MoE model: the FLOPs above are of the active parameters (6·N_active)
-                metrics["throughput/active_params"], metrics["throughput/all_params"] = self._active_params
+                metrics["throughput/run_active_params"], metrics["throughput/run_all_params"] = self._active_params
             if not self._counter.labels_missing:
                 metrics["throughput/run_supervised_tokens"] = self._run["supervised"]
         self._emit(state, metrics)

@@ -176,8 +176,8 @@ def train_moe_family(family, tokenizer, sum_files, tmp_path, capsys):
     assert len(experts) == 2 * len(moe_blocks(build_tiny_moe(family, tokenizer)))  # gate_up_proj, down_proj a layer
     assert all(tensor.abs().sum() > 0 for tensor in experts.values())
     logged = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    counts = next(entry for entry in logged if "throughput/active_params" in entry)
-    assert counts["throughput/active_params"] < counts["throughput/all_params"]  # MFU's N is N_active
+    counts = next(entry for entry in logged if "throughput/run_active_params" in entry)
+    assert counts["throughput/run_active_params"] < counts["throughput/run_all_params"]  # MFU's N is N_active
     assert "experts: LoRA on gate_up_proj, down_proj (fused) of 4 experts" in capsys.readouterr().out
 
 
