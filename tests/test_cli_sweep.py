@@ -50,6 +50,7 @@ STRING_CASES = {
     "columns": "prompt",
     "sharegpt_roles": "bot=robot",
     "lora_target_modules": "no_such_proj",
+    "lora_target_experts": "no_such_weight",
     "attn_implementation": "no_such_kernel",
     "report_to": "no_such_tracker",
     "torch_compile_backend": "no_such_backend",

@@ -1,8 +1,9 @@
-"""Tiny Qwen2-architecture chat models and tokenizers built from scratch, with no download.
+"""Tiny Qwen2-architecture (and Mixture-of-Experts) chat models and tokenizers built from scratch, with no download.
 
 Tests, benchmarks and the bundled demo model (``scripts/build_tiny_model.py``) all need a chat model whose
 tokenizer behaves like Qwen's: ChatML special tokens, ``<|im_end|>`` as end of turn, byte-level BPE, digits split
-one per token. Building one locally keeps every run offline and deterministic.
+one per token. Building one locally keeps every run offline and deterministic. ``build_tiny_moe`` builds the MoE
+families users train (2 layers, 4 experts, top-2) from their transformers configs, for the same tokenizers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Iterable
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -33,6 +36,9 @@ __all__ = [
     "train_chat_tokenizer",
     "template_tokenizer",
     "build_tiny_qwen2",
+    "MOE_FAMILIES",
+    "MORE_MOE_FAMILIES",
+    "build_tiny_moe",
 ]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -313,4 +319,107 @@ def build_tiny_causal_lm(arch: str, tokenizer: PreTrainedTokenizerFast) -> PreTr
     with torch.no_grad():  # a fresh init's logits are near zero: large weights make a wrong layout show
         for param in model.parameters():
             param.add_(0.2 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+# The five families of issue 52, then the others transformers 5 builds the same way (fused experts and a router).
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "deepseek_v3")
+MORE_MOE_FAMILIES = (
+    "glm4_moe",
+    "olmoe",
+    "deepseek_v2",
+    "ernie4_5_moe",
+    "hunyuan_v1_moe",
+    "minimax_m2",
+    "phimoe",
+    "dots1",
+    "flex_olmo",
+)
+_EXPERTS = 4
+# Each family's own names for the sizes of its experts (and its shared experts and first dense layer), at hidden H.
+_MOE_FIELDS = {
+    "qwen3_moe": lambda h: {"moe_intermediate_size": h // 2, "num_experts": _EXPERTS, "head_dim": h // 4},
+    "qwen2_moe": lambda h: {
+        "moe_intermediate_size": h // 2,
+        "shared_expert_intermediate_size": h,
+        "num_experts": _EXPERTS,
+    },
+    "mixtral": lambda h: {"intermediate_size": h // 2, "num_local_experts": _EXPERTS, "head_dim": h // 4},
+    "gpt_oss": lambda h: {
+        "intermediate_size": h // 2,
+        "num_local_experts": _EXPERTS,
+        "head_dim": h // 4,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    "deepseek_v3": lambda h: {**_latent_attention(h), "n_group": 1, "topk_group": 1},
+    "deepseek_v2": lambda h: _latent_attention(h),
+    "glm4_moe": lambda h: {**_dense_first_and_shared(h), "n_group": 1, "topk_group": 1, "head_dim": h // 4},
+    "dots1": lambda h: _dense_first_and_shared(h),
+    "olmoe": lambda h: {"intermediate_size": h // 2, "num_experts": _EXPERTS},
+    "flex_olmo": lambda h: {"intermediate_size": h // 2, "num_experts": _EXPERTS},
+    "ernie4_5_moe": lambda h: {
+        "moe_intermediate_size": h // 2,
+        "moe_num_experts": _EXPERTS,
+        "moe_k": 2,
+        "moe_num_shared_experts": 1,
+        "moe_layer_start_index": 1,
+    },
+    "hunyuan_v1_moe": lambda h: {
+        "intermediate_size": h // 2,
+        "num_experts": _EXPERTS,
+        "moe_topk": 2,
+        "head_dim": h // 4,
+    },
+    "minimax_m2": lambda h: {"intermediate_size": h // 2, "num_local_experts": _EXPERTS, "head_dim": h // 4},
+    "phimoe": lambda h: {"intermediate_size": h // 2, "num_local_experts": _EXPERTS},
+}
+
+
+def _dense_first_and_shared(h: int) -> dict:
+    """A dense first layer, then routed experts beside one shared expert (DeepSeek-V3, GLM-4.5, dots.llm1)."""
+    return {
+        "moe_intermediate_size": h // 2,
+        "n_routed_experts": _EXPERTS,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+    }
+
+
+def _latent_attention(h: int) -> dict:
+    """Multi-head latent attention at hidden ``h``, on top of the dense-first layout."""
+    return {
+        **_dense_first_and_shared(h),
+        "kv_lora_rank": h // 4,
+        "q_lora_rank": h // 2,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": h // 4,
+        "num_key_value_heads": 4,
+    }
+
+
+def build_tiny_moe(family: str, tokenizer: PreTrainedTokenizerFast, hidden_size: int = 32, seed: int = 0):
+    """A randomly initialised MoE model of ``family`` (a transformers ``model_type`` of ``MOE_FAMILIES`` or
+    ``MORE_MOE_FAMILIES``) sized for ``tokenizer``: 2 layers, 4 experts, 2 a token, 4 heads; deterministic for a
+    given ``seed``."""
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,  # the dense layers'
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = AutoConfig.for_model(family, **{**common, **_MOE_FIELDS[family](hidden_size)})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -26,6 +26,7 @@ from hf_lora_ds.callbacks.base import LoggingCallback
 from hf_lora_ds.data.packing import padding_segments
 from hf_lora_ds.data.template_rule import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
+from hf_lora_ds.model.experts import experts_per_token, moe_blocks, unwrapped_name
 
 __all__ = [
     "ThroughputCallback",
@@ -58,24 +59,44 @@ _NVIDIA_DENSE_TFLOPS = (
 )
 
 
-def matmul_parameters(model: nn.Module) -> tuple[int, int]:
-    """(frozen, trainable) parameter counts of the weights a token is multiplied by; embedding lookups excluded."""
-    frozen = trainable = 0
+def matmul_parameters(model: nn.Module, active: bool = True) -> tuple[int, int]:
+    """(frozen, trainable) parameter counts of the weights a token is multiplied by; embedding lookups excluded. A
+    routed expert's weights, and their LoRA factors, count for the share of tokens routed to it (top-k of the
+    experts): the active parameters N_active of a Mixture-of-Experts model (all of them with ``active`` False)."""
+    frozen = trainable = 0.0
     seen: set[int] = set()
-    for module in model.modules():
+    shares = _routed_shares(model) if active else {}
+    for name, module in model.named_modules():
         if isinstance(module, nn.Embedding):
             continue
+        share = shares.get(unwrapped_name(name), 1.0)
         for param in module.parameters(recurse=False):
             shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3 leaves an empty local shard
             if id(param) in seen or len(shape) < 2:
                 continue
             seen.add(id(param))
-            numel = int(getattr(param, "ds_numel", param.numel()))
+            numel = int(getattr(param, "ds_numel", param.numel())) * share
             if param.requires_grad:
                 trainable += numel
             else:
                 frozen += numel
-    return frozen, trainable
+    return round(frozen), round(trainable)
+
+
+def _routed_shares(model: nn.Module) -> dict[str, float]:
+    """Module name (unwrapped) -> the share of tokens it sees, for the modules of routed experts (their LoRA layers
+    included); top-k / experts, from the config."""
+    blocks = moe_blocks(model)
+    top_k = experts_per_token(getattr(model, "config", None)) if blocks else None
+    if top_k is None:
+        return {}
+    shares = {}
+    for name, _ in model.named_modules():
+        path = unwrapped_name(name)
+        block = next((b for b in blocks if path == b.experts or path.startswith(b.experts + ".")), None)
+        if block is not None:
+            shares[path] = min(1.0, top_k / block.num_experts)
+    return shares
 
 
 def _attention_shape(model: nn.Module) -> tuple[int, int]:
@@ -102,8 +123,8 @@ def flops_per_token(shape: tuple[int, int, int, int], seq_len: float) -> float:
 
     A weight costs 2 FLOPs per token forward and 2 for the activation gradient; only trainable (LoRA) weights pay 2 more
     for their weight gradient. 12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice
-    that), T the mean processed length. Gradient-checkpointing recomputation is not model FLOPs (as in PaLM); MoE layers
-    count as dense."""
+    that), T the mean processed length. Gradient-checkpointing recomputation is not model FLOPs (as in PaLM); a MoE
+    model's routed experts count for their active share (``matmul_parameters``): N is N_active."""
     frozen, trainable, layers, attn_dim = shape
     return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
 
@@ -277,6 +298,7 @@ class ThroughputCallback(LoggingCallback):
         self._counter = _TokenCounter()
         self._hook: Any = None
         self._shape = (0, 0, 0, 0)  # (N_frozen, N_trainable, layers, d_attn), read once at train begin
+        self._active_params: tuple[int, int] | None = None  # MoE: (N_active, N) of the matmul parameters
         self._clock = _ActiveClock()
         self._window_start = 0.0
         self._run: Counter[str] = Counter()
@@ -314,6 +336,10 @@ class ThroughputCallback(LoggingCallback):
             self.peak_flops, self.peak_flops_source = peak_flops_per_device(args.device, _matmul_dtype(args, model))
         if state.is_world_process_zero:
             logger.info("Peak %.3g FLOP/s per device for MFU: %s", self.peak_flops, self.peak_flops_source)
+        active, every = sum(self._shape[:2]), sum(matmul_parameters(model, active=False))
+        self._active_params = (active, every) if active < every else None
+        if self._active_params and state.is_world_process_zero:
+            logger.info("MFU counts the active parameters of the experts: N_active %d of %d", active, every)
         self._counter.pad_token_id = getattr(kwargs.get("processing_class"), "pad_token_id", None)
         self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
         self._clock = _ActiveClock()
@@ -361,6 +387,8 @@ class ThroughputCallback(LoggingCallback):
             metrics["throughput/flops_per_token"] = flops_per_token(self._shape, seq_len)
             metrics["throughput/peak_tflops_per_device"] = self.peak_flops / 1e12
             metrics["throughput/run_tokens"] = self._run["real"]
+            if self._active_params:  # a MoE model: the FLOPs above are of the active parameters (6·N_active)
+                metrics["throughput/run_active_params"], metrics["throughput/run_all_params"] = self._active_params
             if not self._counter.labels_missing:
                 metrics["throughput/run_supervised_tokens"] = self._run["supervised"]
         self._emit(state, metrics)

@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     if len(dataset.source_counts) > 1:
         for name, source_report in audit_by_source(dataset).items():
             print(f"\n--- source {name} ---\n{source_report}")
-    coverage = meta_coverage(base_model_config(args), args.lora_target_modules, args.trust_remote_code)
-    note = coverage.check(allow_partial=True, targets=args.lora_target_modules)
-    variant = variant_line(lora_config_from_args(args), args)
+    lora = lora_config_from_args(args)
+    coverage = meta_coverage(base_model_config(args), lora, args.trust_remote_code)
+    note = coverage.check(
+        allow_partial=True, targets=args.lora_target_modules, experts_off=lora.target_parameters == []
+    )
+    variant = variant_line(lora, args)
     print("\n" + "\n".join([coverage.table(), *([note] if note else []), *([variant] if variant else [])]))
     return report
 

@@ -155,9 +155,9 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
     options = dict(batch_size=args.batch_size, system_prompt=args.system_prompt, max_new_tokens=args.max_new_tokens)
     results: dict[str, EvalResult] = {}
     if args.adapter:
-        from peft import PeftModel
+        from hf_lora_ds.model.lora import load_adapter
 
-        model = PeftModel.from_pretrained(model, args.adapter)
+        model = load_adapter(model, args.adapter)
         if args.compare:
             with model.disable_adapter():
                 results["before"] = evaluate(model, tokenizer, records, task, **options)

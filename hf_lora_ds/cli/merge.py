@@ -9,11 +9,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from hf_lora_ds.cli.flags import BASE_MODEL_SPELLINGS, respell
 from hf_lora_ds.errors import UserError, run_cli
 from hf_lora_ds.launch.checks import check_output_path
 from hf_lora_ds.model.adapter_check import check_adapter_directory
-from hf_lora_ds.model.gguf_export import GGUF_OUTTYPES, export_gguf
+from hf_lora_ds.model.gguf_export import GGUF_OUTTYPES, check_gguf_architecture, export_gguf
+from hf_lora_ds.model.gguf_import import model_source
 from hf_lora_ds.model.merge_adapter import DEFAULT_PROMPTS, MERGE_DTYPES, merge_adapter
 
 
@@ -63,6 +66,10 @@ def _check_paths(args: argparse.Namespace) -> None:
                 f"--gguf {args.gguf}: is a directory; pass the GGUF file to write (e.g. {args.gguf}/model.gguf)"
             )
         check_output_path("--gguf", args.gguf, file=True)
+        source, kwargs = model_source(
+            args.model_name_or_path, args.gguf_file, "--model_name_or_path", need_tokenizer=False
+        )
+        check_gguf_architecture(AutoConfig.from_pretrained(source, **kwargs), args.model_name_or_path)
 
 
 def main(argv: list[str] | None = None) -> int:

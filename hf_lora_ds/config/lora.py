@@ -26,6 +26,24 @@ class LoraArguments:
             "help": "Comma-separated module names to adapt, or 'all-linear' for every linear layer but the head."
         },
     )
+    lora_target_experts: str = field(
+        default="auto",
+        metadata={
+            "help": "Mixture-of-Experts models: which routed-expert weights get LoRA. auto: as the linear layers "
+            "(every expert weight under all-linear, else those --lora_target_modules names: gate_proj/up_proj name "
+            "a fused gate_up_proj, as do Mixtral's w1/w3); none; or comma-separated expert weight names "
+            "(gate_up_proj,down_proj; w1,w2,w3 for per-expert layers). Fused 3-D weights go through PEFT's "
+            "target_parameters. Shared experts follow --lora_target_modules; the router never gets LoRA unless named."
+        },
+    )
+    lora_expert_rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA rank of the expert weights (PEFT's rank_pattern), with the other adapters' scaling: "
+            "each expert has its own r x (in + out) adapter, so experts hold most of a MoE adapter. "
+            "Default: --lora_rank."
+        },
+    )
     lora_allow_partial: bool = field(
         default=False,
         metadata={
@@ -79,3 +97,8 @@ def check_lora_fields(args: LoraArguments | Namespace) -> None:
         raise UserError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     if not args.lora_target_modules.strip(" ,"):
         raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
+    if not getattr(args, "lora_target_experts", "auto").strip(" ,"):
+        raise UserError("--lora_target_experts is empty; use auto, none or names such as 'gate_up_proj,down_proj'")
+    expert_rank = getattr(args, "lora_expert_rank", None)
+    if expert_rank is not None and expert_rank < 1:
+        raise UserError(f"--lora_expert_rank must be a positive integer, got {expert_rank}")

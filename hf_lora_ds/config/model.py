@@ -1,4 +1,4 @@
-"""The base model's fields: which model, its dtype, its attention kernel, a GGUF file."""
+"""The base model's fields: which model, its dtype, its attention and experts kernels, a GGUF file."""
 
 from __future__ import annotations
 
@@ -35,6 +35,15 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."},
+    )
+    experts_implementation: Literal["auto", "grouped_mm", "batched_mm", "eager"] = field(
+        default="auto",
+        metadata={
+            "help": "Mixture-of-Experts models: the routed experts' kernel (transformers' experts_implementation). "
+            "auto: grouped_mm (torch's grouped GEMM) where it runs forward and backward on the device in the "
+            "run's dtype, else eager (a loop over the experts). batched_mm gathers each token's expert weights: "
+            "memory grows with tokens x top-k, small models only."
+        },
     )
     gguf_file: str | None = field(
         default=None,

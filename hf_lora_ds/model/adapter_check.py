@@ -19,7 +19,9 @@ from peft.utils import load_peft_weights
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig
 
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.model.experts import unwrapped_name
 from hf_lora_ds.model.lora import shape_config
+from hf_lora_ds.model.lora_targets import peft_keeps_exact_targets
 
 __all__ = [
     "AdapterIntegrityError",
@@ -155,8 +157,10 @@ def _check_values(adapter_dir: Path, weights: dict[str, torch.Tensor]) -> None:
 
 
 def _check_ranks(adapter_dir: Path, config: LoraConfig, weights: dict[str, torch.Tensor]) -> None:
-    """Without the base, the config still fixes each module's rank: lora_A is (r, in), lora_B is (out, r)."""
+    """Without the base, the config still fixes each module's rank: lora_A is (r, in), lora_B is (out, r); a fused
+    expert weight's adapter (PEFT's ``target_parameters``) stacks one rank-r adapter per expert: r x experts."""
     allowed_ranks = {config.r, *(config.rank_pattern or {}).values()}
+    expert_modules = {name.rsplit(".", 1)[0] for name in config.target_parameters or []}
     ranks: dict[str, dict[str, int]] = {}
     for name, tensor in weights.items():
         match = _LORA_KEY.match(name)
@@ -166,7 +170,10 @@ def _check_ranks(adapter_dir: Path, config: LoraConfig, weights: dict[str, torch
     if not ranks:
         raise AdapterIntegrityError(f"{adapter_dir} holds no lora_A/lora_B tensors; is it a LoRA adapter?")
     for module, found in sorted(ranks.items()):
-        if len(set(found.values())) != 1 or not set(found.values()) <= allowed_ranks:
+        rank = next(iter(found.values()))
+        stacked = unwrapped_name(module) in expert_modules  # (r x experts): the count of experts is the base's
+        fits = any(rank % allowed == 0 for allowed in allowed_ranks) if stacked else rank in allowed_ranks
+        if len(set(found.values())) != 1 or not fits:
             raise AdapterIntegrityError(
                 f"{adapter_dir}: module {module} has ranks {found}, but adapter_config.json allows r in "
                 f"{sorted(allowed_ranks)}. The weights and the config come from different runs; save them together."
@@ -202,9 +209,10 @@ def _check_against_base(
             "adapter was trained on, and save config and weights together."
         )
     try:
-        PeftModel.from_pretrained(
-            _meta_base(base_config), str(adapter_dir), config=shape_config(config), low_cpu_mem_usage=True
-        )
+        with peft_keeps_exact_targets():
+            PeftModel.from_pretrained(
+                _meta_base(base_config), str(adapter_dir), config=shape_config(config), low_cpu_mem_usage=True
+            )
     except Exception as error:  # any failure here means users cannot load the adapter either
         raise AdapterIntegrityError(
             f"PeftModel.from_pretrained failed for adapter {adapter_dir} on base {base_model}: {error}"
@@ -213,7 +221,8 @@ def _check_against_base(
 
 def _expected_shapes(base_config, config: LoraConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of the LoRA tensors peft creates for ``config`` on this base, computed on the meta device."""
-    model = get_peft_model(_meta_base(base_config), shape_config(config))  # no SVD or data pass of a weightless base
+    with peft_keeps_exact_targets():  # no SVD or data pass of a weightless base
+        model = get_peft_model(_meta_base(base_config), shape_config(config))
     state = get_peft_model_state_dict(model, save_embedding_layers=False)
     return {name: tuple(tensor.shape) for name, tensor in state.items()}
 

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.experts import experts_per_token
 from hf_lora_ds.model.gguf_import import GGUF_EXTRA
 
-__all__ = ["GGUF_OUTTYPES", "export_gguf"]
+__all__ = ["GGUF_OUTTYPES", "check_gguf_architecture", "export_gguf"]
 
 GGUF_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 _ARCHITECTURES = ("llama", "qwen2")
@@ -35,13 +36,9 @@ def export_gguf(model_dir: str | os.PathLike, out: str | os.PathLike, outtype: s
         import gguf
     except ImportError as err:
         raise UserError(f"--gguf: writing a GGUF file needs the gguf package: {GGUF_EXTRA}") from err
+    check_gguf_architecture(AutoConfig.from_pretrained(model_dir), model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = model.config
-    if config.model_type not in _ARCHITECTURES:
-        raise UserError(
-            f"--gguf: {model_dir} is a {config.model_type} model; GGUF export supports "
-            f"{' and '.join(_ARCHITECTURES)} only"
-        )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     arch = gguf.MODEL_ARCH.LLAMA if config.model_type == "llama" else gguf.MODEL_ARCH.QWEN2
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +81,18 @@ def _encode(data: np.ndarray, outtype: str, gguf) -> tuple[np.ndarray, object]:
     if outtype == "bf16":
         return gguf.quants.quantize(data, qtypes.BF16), qtypes.BF16
     return data.astype(np.float16), qtypes.F16
+
+
+def check_gguf_architecture(config: PretrainedConfig, model: str | os.PathLike) -> None:
+    """A one-line ``UserError`` for a model this export does not write, from its config alone: ``python -m
+    hf_lora_ds.merge --gguf`` asks before it merges, not after."""
+    if config.model_type in _ARCHITECTURES:
+        return
+    moe = " (a Mixture-of-Experts model: its experts are not exported)" if experts_per_token(config) else ""
+    raise UserError(
+        f"--gguf: {model} is a {config.model_type} model{moe}; GGUF export supports "
+        f"{' and '.join(_ARCHITECTURES)} only (the merged Hugging Face model is still written with --out)"
+    )
 
 
 def _add_hyperparameters(writer, config: PretrainedConfig, outtype: str, gguf) -> None:

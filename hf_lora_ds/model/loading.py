@@ -14,6 +14,7 @@ from transformers import (
 )
 
 from hf_lora_ds.config import RunValues, SFTTrainingArguments
+from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_experts_kernel
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.model.source import hub_load_errors, load_model_config
@@ -31,9 +32,10 @@ def load_tokenizer(args: RunValues, need_weights: bool = True) -> PreTrainedToke
 
 
 def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | None]:
-    """The base in the run's dtype and attention kernel, quantized and prepared for k-bit training when asked, and
-    the line saying which layers are quantized (None for a full-precision base). Under ZeRO-3 the arguments were
-    built first, so ``from_pretrained`` partitions the weights as it loads them."""
+    """The base in the run's dtype, attention and experts kernels, quantized and prepared for k-bit training when
+    asked, and the line saying which layers are quantized (None for a full-precision base). Under ZeRO-3 the
+    arguments were built first, so ``from_pretrained`` partitions the weights as it loads them."""
+    experts_kernel = choose_experts_implementation(args.experts_implementation, args.device, args.torch_dtype)
     source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)
     with hub_load_errors(args.model_name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
@@ -45,6 +47,7 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
             **source_kwargs,
         )
         model = prepare_quantized_model(plain_model(model), args)
+    use_experts_kernel(model, experts_kernel)
     return model, quantized_layers_line(model)
 
 

@@ -3,33 +3,40 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 
 import torch
 from peft import EvaConfig, LoraConfig, PeftModel, TaskType, get_peft_model
 from peft.tuners.lora.config import CordaConfig
-from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.config import RunValues
 from hf_lora_ds.config.lora_init import DataPass, parse_lora_init
-from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.lora_targets import (
+    add_dropout,
+    check_target_modules,
+    expert_fields,
+    parse_targets,
+    peft_keeps_exact_targets,
+    resolve_targets,
+)
 
 __all__ = [
     "lora_config_from_args",
     "shape_config",
     "wrap_with_lora",
+    "load_adapter",
     "check_target_modules",
     "trainable_parameters_line",
     "targets_text",
     "parse_targets",
 ]
 
-# Layer types PEFT's LoRA can adapt (bitsandbytes' 4/8-bit linears are nn.Linear subclasses).
-LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
-
 
 def lora_config_from_args(args: RunValues) -> LoraConfig:
     """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
-    ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged."""
+    ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged; the
+    experts' flags are PEFT's fields too (hf_lora_ds.model.lora_targets)."""
     init = parse_lora_init(getattr(args, "lora_init", "default"))
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
@@ -44,6 +51,7 @@ def lora_config_from_args(args: RunValues) -> LoraConfig:
         # instruction-previewed mode, the one meant for fast convergence on the task.
         eva_config=EvaConfig() if init.data_pass is DataPass.EVA else None,
         corda_config=CordaConfig(corda_method="ipm") if init.data_pass is DataPass.CORDA else None,
+        **expert_fields(args),
     )
 
 
@@ -53,39 +61,27 @@ def shape_config(config: LoraConfig) -> LoraConfig:
     return dataclasses.replace(config, init_lora_weights=True, eva_config=None, corda_config=None)
 
 
-def parse_targets(text: str) -> str | list[str]:
-    """``--lora_target_modules`` as PEFT takes it: ``all-linear`` as it is, else the list of names."""
-    targets = text.strip()
-    return targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-
-
 def wrap_with_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
-    """Wrap ``model`` unless it already is a PeftModel (a resumed or user-built adapter is kept as it is)."""
+    """Wrap ``model`` unless it already is a PeftModel (a resumed or user-built adapter is kept as it is). On a MoE
+    model the targets are resolved to exact names first, and the dropout put where PEFT takes it
+    (hf_lora_ds.model.lora_targets); ``config`` keeps the flags' words."""
     if isinstance(model, PeftModel):
         return model
-    check_target_modules(model, config)
-    return get_peft_model(model, config)
+    resolved = resolve_targets(model, config)
+    with peft_keeps_exact_targets(), warnings.catch_warnings():
+        if resolved.target_parameters:  # PEFT matches the patterns against target_modules only, and would warn
+            warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
+        wrapped = get_peft_model(model, resolved)
+    if resolved.lora_dropout != config.lora_dropout:
+        add_dropout(wrapped, config.lora_dropout)
+    return wrapped
 
 
-def check_target_modules(model: torch.nn.Module, config: LoraConfig) -> None:
-    """Every name in ``--lora_target_modules`` must name a layer LoRA can adapt (PEFT's rule: the module's full name
-    or its last dotted parts). PEFT itself raises a traceback only when no name matches at all, and trains the
-    others silently when one of several is a typo."""
-    if isinstance(config.target_modules, str):  # "all-linear"
-        return
-    adaptable = [name for name, module in model.named_modules() if isinstance(module, LORA_LAYER_TYPES)]
-    unknown = sorted(
-        target
-        for target in config.target_modules
-        if not any(name == target or name.endswith(f".{target}") for name in adaptable)
-    )
-    if unknown:
-        choices = ", ".join(sorted({name.rsplit(".", 1)[-1] for name in adaptable}))
-        raise UserError(
-            f"--lora_target_modules {','.join(sorted(config.target_modules))}: {', '.join(unknown)} "
-            f"matches no layer LoRA can adapt; the model's linear and embedding modules are {choices} "
-            "(or use 'all-linear')"
-        )
+def load_adapter(model: torch.nn.Module, adapter: str | os.PathLike) -> PeftModel:
+    """PEFT's ``from_pretrained`` of a saved adapter, with the exact targets a MoE adapter was saved with kept
+    (hf_lora_ds.model.lora_targets: PEFT 0.21 would rewrite them and fail to load DeepSeek-V3's)."""
+    with peft_keeps_exact_targets():
+        return PeftModel.from_pretrained(model, str(adapter))
 
 
 def trainable_parameters_line(model: PeftModel) -> str:

@@ -2,12 +2,13 @@
 
 PEFT raises only when no module matches the targets. Targets that match some layers only (hybrid models whose
 linear-attention layers name their projections differently) or no expert weights (MoE models whose experts are
-fused 3-D parameters, which ``all-linear`` does not reach) train silently on a fraction of the model. After
-wrapping, every linear module inside a decoder layer (and every fused expert weight block) is listed as adapted or
-not, printed as one compact table at start, saved for the run report and shown by the audit with ``--model``.
+fused 3-D parameters, which PEFT's ``all-linear`` does not reach) train silently on a fraction of the model. After
+wrapping, every linear module inside a decoder layer is listed as adapted or not, and on a MoE model every routed
+expert weight (a fused 3-D one once for all its experts), the shared experts apart and the router only when adapted;
+printed as one compact table at start, saved for the run report and shown by the audit with ``--model``.
 A run whose targets leave whole layers without any adapter, or skip the experts most layers have, stops with one
-line unless ``--lora_allow_partial``; a deliberate partial choice (``q_proj,v_proj``) trains with one line saying
-which module kinds and names it leaves out.
+line unless ``--lora_allow_partial`` (or, for the experts, ``--lora_target_experts none``); a deliberate partial
+choice (``q_proj,v_proj``) trains with one line saying which module kinds and names it leaves out.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig
+from peft.tuners.lora.layer import ParamWrapper
 from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.model.lora import parse_targets
+from hf_lora_ds.model.experts import MoeBlock, moe_blocks, unwrapped_name
+from hf_lora_ds.model.lora import shape_config, wrap_with_lora
 
 __all__ = ["LoraCoverage", "Site", "lora_coverage", "meta_coverage", "COVERAGE_FILE"]
 
 COVERAGE_FILE = "lora_coverage.txt"  # in output_dir, for the run report
-KINDS = ("attention", "mlp", "experts", "other")
+KINDS = ("attention", "mlp", "experts", "shared", "router", "other")
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.(.+)$")
 
 
@@ -42,34 +45,54 @@ class Site:
 
 
 def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
-    """The coverage of a PEFT-wrapped model: its adapter layers and the linear modules left as they were."""
-    sites, tuned = [], []
+    """The coverage of a PEFT-wrapped model: its adapter layers and the linear modules left as they were; on a MoE model
+    each routed-expert weight too (a fused one once for all its experts), the routers only when adapted."""
+    blocks = moe_blocks(model)
+    wrapped = {(unwrapped_name(n), m.parameter_name) for n, m in model.named_modules() if isinstance(m, ParamWrapper)}
+    sites = [
+        Site(block.layer, "experts", f"{name} (fused)", (block.experts, name) in wrapped)
+        for block in blocks
+        if block.layer is not None
+        for name in block.fused
+    ]
+    tuned: list[str] = []
     for path, module in model.named_modules():
         if any(path.startswith(prefix) for prefix in tuned):
             continue  # the adapter's own lora_A/lora_B and the wrapped base layer
         adapted = isinstance(module, BaseTunerLayer)
-        fused = [name for name, param in module.named_parameters(recurse=False) if param.dim() == 3]
         if adapted:
             tuned.append(path + ".")
-        elif not (isinstance(module, torch.nn.Linear) or fused):
-            continue
         match = _LAYER.search(path)
-        if match:
-            name = "/".join(fused) + " (fused)" if fused else _name(match.group(2))
-            sites.append(Site(int(match.group(1)), _kind(match.group(2)), name, adapted))
-    return LoraCoverage(sites)
+        kind = _kind(unwrapped_name(path), blocks) if match else None
+        if (
+            isinstance(module, ParamWrapper)
+            and kind != "router"
+            or not (adapted or isinstance(module, torch.nn.Linear))
+        ):
+            continue  # a fused expert weight (counted above), or no linear layer
+        if match and (adapted or kind != "router"):
+            sites.append(Site(int(match.group(1)), kind, _name(match.group(2)), adapted))
+    return LoraCoverage(sorted(sites, key=lambda site: site.layer))
 
 
-def meta_coverage(config: PretrainedConfig, targets: str, trust_remote_code: bool = False) -> LoraCoverage:
-    """The coverage ``targets`` would give a model of ``config``, built on the meta device: no weights are read, so
+def meta_coverage(config: PretrainedConfig, lora: LoraConfig, trust_remote_code: bool = False) -> LoraCoverage:
+    """The coverage ``lora`` would give a model of ``config``, built on the meta device: no weights are read, so
     the audit can show it for any model size."""
     with torch.random.fork_rng(), torch.device("meta"):
         base = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        return lora_coverage(get_peft_model(base, LoraConfig(r=8, target_modules=parse_targets(targets))))
+        return lora_coverage(wrap_with_lora(base, shape_config(lora)))
 
 
-def _kind(rest: str) -> str:
-    parts = rest.split(".")
+def _kind(path: str, blocks: list[MoeBlock]) -> str:
+    """A module's kind: inside a MoE block by the block's layout, elsewhere by its name's parts."""
+    for block in blocks:
+        if path.startswith(block.experts + "."):
+            return "experts"
+        if path.startswith(tuple(shared + "." for shared in block.shared)):
+            return "shared"
+        if path.startswith(tuple(router + "." for router in block.routers)) or path in block.routers:
+            return "router"
+    parts = path.split(".")
     if "experts" in parts:
         return "experts"
     if any("attn" in part or "attention" in part for part in parts):
@@ -110,13 +133,14 @@ class LoraCoverage:
                 rows[-1][0].append(layer)
             else:
                 rows.append(([layer], key))
+        experts = "; experts: routed-expert weights, a fused one once for all experts" if "experts" in kinds else ""
         lines = [
-            "LoRA coverage (adapted/linear modules per decoder layer):",
+            f"LoRA coverage (adapted/linear modules per decoder layer{experts}):",
             "layers   " + "".join(f"{k:<11}" for k in kinds),
         ]
         for group, key in rows:
             span = str(group[0]) if len(group) == 1 else f"{group[0]}-{group[-1]}"
-            lines.append(f"{span:<9}" + "".join(f"{f'{a}/{n}':<11}" for a, n in key))
+            lines.append(f"{span:<9}" + "".join(f"{f'{a}/{n}' if n else '-':<11}" for a, n in key))
         left = self.left_out()
         if left:
             lines.append("left out: " + "; ".join(f"{kind} {', '.join(names)}" for kind, names in left.items()))
@@ -126,13 +150,14 @@ class LoraCoverage:
         """Per kind, the module names no layer adapts."""
         adapted = {(site.kind, site.name) for site in self.sites if site.adapted}
         left: dict[str, list[str]] = {}
-        for site in self.sites:
+        for site in sorted(self.sites, key=lambda site: KINDS.index(site.kind)):
             if (site.kind, site.name) not in adapted and site.name not in left.get(site.kind, []):
                 left.setdefault(site.kind, []).append(site.name)
         return left
 
-    def problem(self) -> str | None:
-        """Layers left without any adapter, or experts most layers have but LoRA skips; None when neither."""
+    def problem(self, experts_off: bool = False) -> str | None:
+        """Layers left without any adapter, or experts most layers have but LoRA skips (unless ``experts_off``: left
+        out on purpose, ``--lora_target_experts none``); None when neither."""
         bare = [layer for layer in self.layers if not any(s.adapted for s in self.sites if s.layer == layer)]
         if bare:
             return (
@@ -141,18 +166,19 @@ class LoraCoverage:
             )
         moe = {site.layer for site in self.sites if site.kind == "experts"}
         tuned = {site.layer for site in self.sites if site.kind == "experts" and site.adapted}
-        if len(moe) > len(self.layers) / 2 and len(tuned) <= len(moe) / 2:
+        if not experts_off and len(moe) > len(self.layers) / 2 and len(tuned) <= len(moe) / 2:
             names = ", ".join(self.left_out().get("experts", ["experts"]))
             return (
                 f"LoRA adapts the experts of {len(tuned)} of the {len(moe)} MoE layers ({names} left out), so the "
-                "experts, most of the model, are not trained"
+                "experts, most of the model, are not trained (--lora_target_experts names them; none leaves them "
+                "out on purpose)"
             )
         return None
 
-    def check(self, allow_partial: bool, targets: str) -> str | None:
+    def check(self, allow_partial: bool, targets: str, experts_off: bool = False) -> str | None:
         """Raise a one-line ``UserError`` for a ``problem`` unless ``allow_partial``; else the one line to print
-        about what the targets leave out (None when they leave nothing out)."""
-        problem = self.problem()
+        about what the targets leave out (None when they leave nothing out). ``experts_off``: see ``problem``."""
+        problem = self.problem(experts_off)
         if problem and not allow_partial:
             raise UserError(
                 f"--lora_target_modules {targets}: {problem}; target those modules, or pass --lora_allow_partial true "

@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 
 import torch
-from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.adapter_check import verify_adapter
 from hf_lora_ds.model.gguf_import import model_source, plain_model
+from hf_lora_ds.model.lora import load_adapter
 
 __all__ = ["DEFAULT_PROMPTS", "MERGE_DTYPES", "MergeMismatchError", "merge_adapter"]
 
@@ -67,7 +67,7 @@ def merge_adapter(
     model = plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)).to(device)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))  # the adapter was trained on a tokenizer with added tokens
-    model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    model = load_adapter(model, adapter).eval()
     reference = _logits(model, tokenizer, prompts, device)
     merged = model.merge_and_unload()
     saved_dtype = next(merged.parameters()).dtype

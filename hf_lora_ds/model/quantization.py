@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.model.experts import moe_blocks
 from hf_lora_ds.quiet import give_peft_bitsandbytes
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ def prepare_quantized_model(model: torch.nn.Module, args: SFTTrainingArguments) 
 
 def quantized_layers_line(model: torch.nn.Module) -> str | None:
     """What was quantized, counted on the loaded model (not read from the flags): a load that silently fell back to
-    full precision would show 0 layers here. None for a full-precision base."""
+    full precision would show 0 layers here. None for a full-precision base. bitsandbytes quantizes Linear layers
+    only: a MoE model's fused 3-D expert weights, most of its parameters, stay as loaded, which the line says."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is None:
         return None
@@ -97,7 +99,15 @@ def quantized_layers_line(model: torch.nn.Module) -> str | None:
         kind += f", compute {str(config.bnb_4bit_compute_dtype).removeprefix('torch.')}"
     else:
         kind = "8-bit LLM.int8"
-    return f"quantized base: {len(layers)} {layers[0] if layers else 'bitsandbytes'} layers ({kind})"
+    line = f"quantized base: {len(layers)} {layers[0] if layers else 'bitsandbytes'} layers ({kind})"
+    stacks = [getattr(model.get_submodule(b.experts), name) for b in moe_blocks(model) for name in b.fused]
+    if stacks:
+        count = sum(getattr(stack, "ds_numel", stack.numel()) for stack in stacks)  # ZeRO-3 leaves a local shard
+        line += (
+            f"; the fused expert weights are not ({count:,} parameters stay "
+            f"{str(stacks[0].dtype).removeprefix('torch.')}): bitsandbytes quantizes Linear layers only"
+        )
+    return line
 
 
 @torch.no_grad()

@@ -8,6 +8,12 @@ cast their inputs, RMSNorm upcasts). Their difference is what each further layer
 input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused kernels,
 flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta
 device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
+
+Mixture-of-Experts layers are counted as their grouped GEMM runs them (``_planned_experts_forward``): each token's
+hidden state once per expert it is routed to (the active experts, not all of them) and, for an expert weight LoRA
+adapts, the whole stack W + BA that PEFT's ParamWrapper builds and the GEMM keeps for backward. On the meta device the
+grouped GEMM itself takes bf16 only and PEFT's fold calls autocast, which has no meta dtype: the ParamWrappers are
+switched off for that forward and the stand-in makes the W + BA they would.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from functools import cache
 import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
+from peft.tuners.lora.layer import ParamWrapper
 from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
+from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
@@ -31,6 +39,8 @@ __all__ = [
 ]
 
 _FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
+_GROUPED = "hf_lora_ds_plan_grouped"  # registered name of the stand-in experts kernel
+_LORA_STACKS = "_hf_lora_ds_lora_stacks"  # on an experts module: the stacks LoRA adapts
 _MEASURED: dict[tuple, ModelShape] = {}
 
 
@@ -176,8 +186,11 @@ def _meta_peft_model(
 ):
     # set_zero3_state: from_config would otherwise wrap the build in deepspeed.zero.Init when a ZeRO-3 run is
     # configured (run_sft plans after its arguments exist), and zero.Init cannot partition meta tensors.
+    _register_planned_experts()
     with set_zero3_state(), torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=_meta_attention(attn))
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=_meta_attention(attn), experts_implementation=_GROUPED
+        )
     model = wrap_with_lora(model, copy.deepcopy(lora))
     if adapters_in_compute_dtype:
         for param in model.parameters():
@@ -207,12 +220,17 @@ def _stored_bytes(name: str, param: torch.Tensor, dtype: torch.dtype, quantizati
 
 
 def _decoder_copy(config: PretrainedConfig, layers: int) -> PretrainedConfig:
+    """The first ``layers`` decoder layers. A MoE model's dense first layers (DeepSeek-V3 has 3 of 61) are kept to one,
+    so that the second layer, the one counted for each further layer, is a MoE layer as most are."""
     small = copy.deepcopy(config)
     text = small.get_text_config()
     text.num_hidden_layers = layers
     for key in ("layer_types", "mlp_only_layers"):
         if isinstance(getattr(text, key, None), list):
             setattr(text, key, getattr(text, key)[:layers])
+    for key in ("first_k_dense_replace", "num_dense_layers"):
+        if isinstance(getattr(text, key, None), int):
+            setattr(text, key, min(getattr(text, key), 1))
     return small
 
 
@@ -230,13 +248,18 @@ def _saved_activation_bytes(
     once; parameters not at all."""
     model = _meta_peft_model(_decoder_copy(config, layers), lora, dtype, attn, adapters_in_compute_dtype)
     model.train()
+    _lora_stacks_as_shapes(model)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     storages: dict[int, int] = {}
+    # Held until counted: a branch autograd drops mid-forward (DeepSeek's group routing) frees its storages, whose
+    # addresses the next ones would take, and the count would depend on the allocator.
+    held: list[torch.Tensor] = []
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         if storage._cdata not in params:
             storages[storage._cdata] = storage.nbytes()
+            held.append(tensor)
         return tensor
 
     decoder = model.get_base_model().get_decoder()
@@ -271,3 +294,57 @@ def _fused_attention_forward(module, query, key, value, attention_mask, **kwargs
 @cache
 def _register_fused_attention() -> None:
     AttentionInterface.register(_FUSED, _fused_attention_forward)
+
+
+class _GroupedMatmul(torch.autograd.Function):
+    """Shapes only: a grouped GEMM of the routed tokens with the expert stack, saving both for backward."""
+
+    @staticmethod
+    def forward(ctx, tokens: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(tokens, stack)
+        return tokens.new_empty(tokens.shape[0], stack.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # never run: the planner's forward is on the meta device
+        raise NotImplementedError
+
+
+def _planned_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
+    """transformers' grouped_mm experts forward in shapes (``integrations.moe.grouped_mm_experts_forward``)."""
+    top_k = top_k_index.shape[-1]
+    routed = hidden_states.repeat_interleave(top_k, dim=0)  # (tokens x top_k, hidden): one row per route
+    first = "gate_up_proj" if experts.has_gate else "up_proj"
+    out = _GroupedMatmul.apply(routed, _oriented(experts, first))
+    if experts.has_bias:
+        out = out + getattr(experts, f"{first}_bias")[top_k_index.reshape(-1)]
+    out = experts._apply_gate(out) if experts.has_gate else experts.act_fn(out)
+    out = _GroupedMatmul.apply(out, _oriented(experts, "down_proj"))
+    if experts.has_bias:
+        out = out + experts.down_proj_bias[top_k_index.reshape(-1)]
+    if experts.has_post_expert_norm:
+        out = experts.post_expert_norm(out)
+    out = out * top_k_weights.reshape(-1, 1)
+    return out.view(hidden_states.shape[0], top_k, -1).sum(dim=1).to(hidden_states.dtype)
+
+
+def _oriented(experts: torch.nn.Module, name: str) -> torch.Tensor:
+    """The stack as (experts, in, out). Adapted by LoRA, it is W + BA: a new tensor of the stack's size."""
+    stack = getattr(experts, name)
+    if name in getattr(experts, _LORA_STACKS, ()):
+        stack = stack.new_empty(stack.shape)
+    return stack if experts.is_transposed else stack.transpose(-2, -1)
+
+
+def _lora_stacks_as_shapes(model: torch.nn.Module) -> None:
+    """PEFT's ParamWrappers off for the meta forward (their fold, and the check of the parametrization they register,
+    need a real device), each experts module told which of its stacks they adapt."""
+    for wrapper in model.modules():
+        if isinstance(wrapper, ParamWrapper):
+            wrapper._disable_adapters = True
+            experts = wrapper.get_base_layer()
+            setattr(experts, _LORA_STACKS, {*getattr(experts, _LORA_STACKS, ()), wrapper.parameter_name})
+
+
+@cache
+def _register_planned_experts() -> None:
+    ExpertsInterface.register(_GROUPED, _planned_experts_forward)

@@ -32,6 +32,7 @@ from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_
 from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
+from hf_lora_ds.model.lora_targets import experts_line
 from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.training.batches import prepare_batches
 from hf_lora_ds.training.checkpoints import (
@@ -99,8 +100,10 @@ class LoraSFTTrainer(Trainer):
         # Where the adapters landed, before any engine is built: partial targets stop here (model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
         self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
-        print0(self.lora_coverage.table(), *([self.variant_line] if self.variant_line else []))
-        coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config))
+        self.lora_lines = [line for line in (self.variant_line, experts_line(model, config.lora_dropout)) if line]
+        print0(self.lora_coverage.table(), *self.lora_lines)
+        experts_off = config.target_parameters == []  # --lora_target_experts none: left out on purpose
+        coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config), experts_off)
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if coverage_note:
             print0(coverage_note)
@@ -161,7 +164,7 @@ class LoraSFTTrainer(Trainer):
             print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if self.is_world_process_zero():  # for the run report
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
-            lines = [self.lora_coverage.table(), *([self.variant_line] if self.variant_line else [])]
+            lines = [self.lora_coverage.table(), *self.lora_lines]
             (Path(self.args.output_dir) / COVERAGE_FILE).write_text("\n".join(lines) + "\n")
         samples = training_samples(self.train_dataset)  # packed rows: the samples in them
         if isinstance(samples, ChatSFTDataset):

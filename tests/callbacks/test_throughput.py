@@ -11,8 +11,11 @@ from peft import LoraConfig, get_peft_model
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.callbacks import ThroughputCallback, throughput
 from hf_lora_ds.callbacks.throughput import flops_per_token, flops_shape, matmul_parameters, peak_flops_per_device
+from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from tests.callbacks.callback_helpers import FakeClock, lora_model
 
 PEAK_FLOPS = 1e9
@@ -178,3 +181,19 @@ def test_packed_rows_and_their_sequence_parallel_shards_count_padding_as_padding
         counter(training, (), {"input_ids": ids[:, shard], "position_ids": positions[:, shard]})
     counts = counter.take(torch.device("cpu"))
     assert (counts["real"], counts["padded"], counts["sequences"]) == (10, 12, 4)
+
+
+def test_a_moe_model_counts_its_active_experts(qwen_style_tokenizer):
+    """MFU's N is N_active: a routed expert's weights, and their LoRA factors, count for the 2 of 4 experts a token
+    goes through; the rest of the model whole."""
+    model = wrap_with_lora(build_tiny_moe("qwen3_moe", qwen_style_tokenizer), lora_config_from_args(LoraArguments()))
+    every_frozen, every_trainable = matmul_parameters(model, active=False)
+    experts = [(p.numel(), p.requires_grad) for n, p in model.named_parameters() if ".experts." in n]
+    stacks = sum(numel for numel, trained in experts if not trained)
+    adapters = sum(numel for numel, trained in experts if trained)
+    assert stacks == 2 * 4 * (32 * 32 + 32 * 16) and adapters == 2 * 4 * 8 * (32 + 32 + 32 + 16)
+    assert matmul_parameters(model) == (every_frozen - stacks // 2, every_trainable - adapters // 2)
+    callback = ThroughputCallback(peak_flops=PEAK_FLOPS)
+    args = SimpleNamespace(device=torch.device("cpu"), eval_on_start=False)
+    callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True), None, model=model)
+    assert callback._active_params == (sum(matmul_parameters(model)), every_frozen + every_trainable)

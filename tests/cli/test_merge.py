@@ -119,3 +119,21 @@ def test_paths_are_checked_before_anything_is_loaded(tmp_path, trained_adapter, 
 def test_the_old_base_flag_still_works_with_a_note(tiny_model_dir, trained_adapter, tmp_path, capsys):
     assert main(["--base", str(tiny_model_dir), "--adapter", str(trained_adapter), "--out", str(tmp_path / "o")]) == 0
     assert "--base is deprecated; use --model_name_or_path" in capsys.readouterr().err
+
+
+def test_gguf_of_a_moe_model_is_refused_before_the_merge(qwen_style_tokenizer, trained_adapter, tmp_path, capsys):
+    """GGUF export writes Llama and Qwen2: for a Mixture-of-Experts base the refusal comes before a merge that, for a
+    30B model, takes its time (and leaves no half-written export)."""
+    from hf_lora_ds._testing.tiny_models import build_tiny_moe
+
+    base = tmp_path / "moe"
+    build_tiny_moe("qwen3_moe", qwen_style_tokenizer).save_pretrained(base)
+    capsys.readouterr()  # the save's progress bar
+    argv = ["--model_name_or_path", str(base), "--adapter", str(trained_adapter), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as leaving:
+        run_cli(lambda: main([*argv, "--gguf", str(tmp_path / "m.gguf")]))
+    assert leaving.value.code == 2 and not (tmp_path / "out").exists()
+    assert capsys.readouterr().err == (
+        f"error: --gguf: {base} is a qwen3_moe model (a Mixture-of-Experts model: its experts are not exported); "
+        "GGUF export supports llama and qwen2 only (the merged Hugging Face model is still written with --out)\n"
+    )

@@ -115,3 +115,23 @@ def test_checking_inside_a_zero3_run_builds_no_partitioned_model(good_adapter, t
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         unset_hf_deepspeed_config()
+
+
+def test_a_moe_adapter_stacks_one_rank_per_expert(qwen_style_tokenizer, tmp_path):
+    """A fused expert stack's lora_A is (r x experts, in): the check accepts that stacking (without the base it knows
+    no expert count, so any multiple of an allowed rank) and still refuses a stack whose A and B disagree."""
+    from hf_lora_ds._testing.tiny_models import build_tiny_moe
+    from hf_lora_ds.config.lora import LoraArguments
+    from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
+
+    base = build_tiny_moe("deepseek_v3", qwen_style_tokenizer)
+    wrap_with_lora(base, lora_config_from_args(LoraArguments(lora_expert_rank=4))).save_pretrained(tmp_path / "moe")
+    verify_adapter(tmp_path / "moe")
+    verify_adapter(tmp_path / "moe", base_model=base.config)
+    weights = load_file(tmp_path / "moe" / WEIGHTS)
+    stack = "base_model.model.model.layers.1.mlp.experts.lora_A.weight"
+    assert weights[stack].shape[0] == 4 * 4  # rank 4 (--lora_expert_rank), 4 experts
+    weights[stack] = torch.zeros(12, weights[stack].shape[1])
+    save_file(weights, tmp_path / "moe" / WEIGHTS)
+    with pytest.raises(AdapterIntegrityError, match=r"experts has ranks \{'lora_A': 12, 'lora_B': 16\}"):
+        verify_adapter(tmp_path / "moe")

@@ -109,3 +109,13 @@ def test_gguf_base_to_tuned_gguf_with_run_sft_and_merge(qwen_style_tokenizer, tm
         torch.testing.assert_close(got(**ids).logits, expected(**ids).logits)
     with pytest.raises(MissingPathError, match="--gguf_file other.gguf"):
         run_sft.main(["--model_name_or_path", str(tmp_path), "--gguf_file", "other.gguf", *flags])
+
+
+def test_only_llama_and_qwen2_are_written_a_moe_model_is_named_so(qwen_style_tokenizer, tiny_dir):
+    from hf_lora_ds._testing.tiny_models import build_tiny_moe
+    from hf_lora_ds.errors import UserError
+    from hf_lora_ds.model.gguf_export import check_gguf_architecture
+
+    check_gguf_architecture(AutoModelForCausalLM.from_pretrained(tiny_dir).config, tiny_dir)
+    with pytest.raises(UserError, match=r"^--gguf: DIR is a mixtral model \(a Mixture-of-Experts model: its experts"):
+        check_gguf_architecture(build_tiny_moe("mixtral", qwen_style_tokenizer).config, "DIR")

@@ -22,6 +22,8 @@ def model_args(path, **changes) -> SimpleNamespace:
         dtype="float32",
         torch_dtype=torch.float32,
         attn_implementation=None,
+        experts_implementation="auto",
+        device=torch.device("cpu"),
         load_in_4bit=False,
         load_in_8bit=False,
     )
@@ -48,3 +50,22 @@ def test_a_shipped_config_stands_for_its_hub_id_without_a_download():
     config = base_model_config(model_args("Qwen/Qwen2.5-7B-Instruct"))
     assert config.hidden_size == 3584
     assert (MODEL_CONFIGS / "qwen2.5-7b-instruct" / "config.json").is_file()
+
+
+def test_a_moe_base_loads_with_the_experts_kernel_chosen_and_a_forced_one_that_cannot_run_is_refused_first(
+    qwen_style_tokenizer, tmp_path, monkeypatch
+):
+    from hf_lora_ds._testing.tiny_models import build_tiny_moe
+
+    build_tiny_moe("mixtral", qwen_style_tokenizer).save_pretrained(tmp_path)
+    qwen_style_tokenizer.save_pretrained(tmp_path)
+    model, _ = load_base_model(model_args(tmp_path, experts_implementation="batched_mm"))
+    assert model.config._experts_implementation == "batched_mm"
+    loads = []
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: loads.append(a))
+    float64 = model_args(tmp_path, experts_implementation="grouped_mm", dtype="float64", torch_dtype=torch.float64)
+    with pytest.raises(
+        UserError, match="^--experts_implementation grouped_mm: torch's grouped GEMM does not run on cpu"
+    ):
+        load_base_model(float64)
+    assert loads == []  # refused before the model is read

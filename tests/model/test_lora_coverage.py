@@ -1,13 +1,16 @@
-"""LoRA coverage: the table for a dense and a MoE-shaped tiny model, the stop for partial targets, the one line for a
-deliberate choice, and the table in the run report."""
+"""LoRA coverage: the table for a dense model and for MoE families (experts per layer, shared experts apart, the
+router left alone), the stop for partial targets, the one line for a deliberate choice, and the table in the run
+report."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from peft import LoraConfig
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 from hf_lora_ds import audit
+from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, LoraCoverage, Site, lora_coverage
@@ -20,25 +23,14 @@ layers   attention  mlp
 0-1      4/4        3/3"""
 
 
+MOE_HEADER = (
+    "LoRA coverage (adapted/linear modules per decoder layer; experts: routed-expert weights, a fused one once for "
+    "all experts):"
+)
+
+
 def coverage(model, **config):
     return lora_coverage(wrap_with_lora(model, LoraConfig(r=2, **config)))
-
-
-def tiny_moe(vocab_size: int = 64) -> Qwen2MoeForCausalLM:
-    """2 layers of 4 fused experts and a shared expert, as Qwen2-MoE (and Qwen3-MoE) are built in transformers 5."""
-    config = Qwen2MoeConfig(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        moe_intermediate_size=8,
-        shared_expert_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_experts=4,
-        num_experts_per_tok=2,
-    )
-    return Qwen2MoeForCausalLM(config)
 
 
 def test_dense_all_linear_and_a_deliberate_partial_choice(tiny_model):
@@ -74,36 +66,44 @@ def test_layers_left_without_adapter_stop_unless_allowed(tiny_model):
     assert partial.check(True, "all-linear") == allowed
 
 
-def test_moe_experts_skipped_by_all_linear_stop_and_targeted_experts_pass():
-    skipped = coverage(tiny_moe(), target_modules="all-linear")
-    assert skipped.table().splitlines()[1:] == [
-        "layers   attention  mlp        experts",
-        "0-1      4/4        4/4        0/1",
-        "left out: experts gate_up_proj/down_proj (fused)",
-    ]
-    with pytest.raises(
-        UserError,
-        match=r"LoRA adapts the experts of 0 of the 2 MoE layers \(gate_up_proj/down_proj "
-        r"\(fused\) left out\), so the experts, most of the model, are not trained",
-    ):
-        skipped.check(False, "all-linear")
-    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-    targeted = coverage(tiny_moe(), target_modules="all-linear", target_parameters=experts)
-    assert targeted.table().splitlines()[2] == "0-1      4/4        4/4        1/1"
-    assert targeted.check(False, "all-linear") is None
-    # PEFT reaches Mixtral's fused experts (and router) with all-linear on its own: nothing to stop there.
-    mixtral = MixtralConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=4,
-    )
-    covered = coverage(MixtralForCausalLM(mixtral), target_modules="all-linear")
-    assert covered.table().splitlines()[2] == "0-1      4/4        1/1        1/1"
+@pytest.mark.parametrize(
+    ("family", "rows"),
+    [
+        ("qwen2_moe", ["layers   attention  experts    shared", "0-1      4/4        2/2        3/3"]),
+        ("mixtral", ["layers   attention  experts", "0-1      4/4        2/2"]),
+        (
+            "deepseek_v3",
+            [
+                "layers   attention  mlp        experts    shared",
+                "0        5/5        3/3        -          -",
+                "1        5/5        -          2/2        3/3",
+            ],
+        ),
+    ],
+)
+def test_moe_experts_per_layer_shared_apart_router_left_alone(family, rows, qwen_style_tokenizer):
+    covered = coverage(build_tiny_moe(family, qwen_style_tokenizer), target_modules="all-linear")
+    assert covered.table().splitlines() == [MOE_HEADER, *rows]
     assert covered.check(False, "all-linear") is None
+
+
+def test_experts_left_out_stop_unless_left_out_on_purpose(qwen_style_tokenizer):
+    skipped = coverage(build_tiny_moe("qwen3_moe", qwen_style_tokenizer), target_modules=["q_proj", "v_proj"])
+    assert skipped.table().splitlines()[2:] == [
+        "0-1      2/4        0/2",
+        "left out: attention k_proj, o_proj; experts gate_up_proj (fused), down_proj (fused)",
+    ]
+    stop = (
+        "LoRA adapts the experts of 0 of the 2 MoE layers (gate_up_proj (fused), down_proj (fused) left out), so the "
+        "experts, most of the model, are not trained (--lora_target_experts names them; none leaves them out on "
+        "purpose)"
+    )
+    with pytest.raises(UserError, match=re.escape(f"--lora_target_modules q_proj,v_proj: {stop}")):
+        skipped.check(False, "q_proj,v_proj")
+    assert skipped.check(False, "q_proj,v_proj", experts_off=True) == (
+        "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); experts (gate_up_proj (fused), "
+        "down_proj (fused))"
+    )
 
 
 def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
@@ -114,8 +114,15 @@ def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_
         "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)" in out
     )
     with pytest.raises(UserError, match="LoRA adapts the experts of 0 of the 2 MoE layers"):
-        make_trainer(tiny_moe(len(qwen_style_tokenizer)), qwen_style_tokenizer, tmp_path)
-    make_trainer(tiny_moe(len(qwen_style_tokenizer)), qwen_style_tokenizer, tmp_path, lora_allow_partial=True)
+        make_trainer(
+            build_tiny_moe("qwen3_moe", qwen_style_tokenizer),
+            qwen_style_tokenizer,
+            tmp_path,
+            lora_target_modules="q_proj",
+        )
+    moe = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
+    make_trainer(moe, qwen_style_tokenizer, tmp_path, lora_target_modules="q_proj", lora_target_experts="none")
+    assert "LoRA targets q_proj leave out: attention (k_proj, v_proj, o_proj); experts" in capsys.readouterr().out
 
 
 def test_run_report_shows_the_saved_table(tmp_path):

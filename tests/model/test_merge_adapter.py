@@ -4,7 +4,12 @@ refused."""
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from hf_lora_ds._testing.tiny_models import build_tiny_moe
+from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.merge_adapter import MergeMismatchError, merge_adapter
 from tests import REPO
 
@@ -52,3 +57,24 @@ def test_a_nan_logit_on_any_prompt_is_refused_and_named(tiny_model_dir, trained_
     prompts = ("Hello, how can I help you today?", "What is the capital of France?", "Tell me a joke about cats.")
     with pytest.raises(MergeMismatchError, match=r"by nan \(> .*\) in logits on prompt 2 of 3 \('What is the capital"):
         merge_adapter(tiny_model_dir, trained_adapter, tmp_path / "nan", prompts=prompts)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_a_moe_adapter_with_lora_on_the_fused_experts_merges(family, qwen_style_tokenizer, tmp_path):
+    """PEFT merges a fused expert stack's adapter (ParamWrapper) into the stack; the merged export computes base +
+    adapter. DeepSeek-V3's adapter (its dense first layer and shared experts adapted too) did not even load back in
+    PEFT 0.21 alone ("Cannot convert PEFT target(s) up_proj without also targeting gate_proj")."""
+    base = build_tiny_moe(family, qwen_style_tokenizer)
+    base.save_pretrained(tmp_path / "base")
+    qwen_style_tokenizer.save_pretrained(tmp_path / "base")
+    model = wrap_with_lora(base, lora_config_from_args(LoraArguments()))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # as after training: a fresh adapter adds nothing and would hide a bad merge
+                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(tmp_path / "adapter")
+    assert merge_adapter(tmp_path / "base", tmp_path / "adapter", tmp_path / "merged") < 1e-3
+    before, after = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("base", "merged"))
+    stack = before.model.layers[1].mlp.experts.gate_up_proj
+    assert (after.model.layers[1].mlp.experts.gate_up_proj - stack).abs().max() > 1e-3  # the experts' adapter merged

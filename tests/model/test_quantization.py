@@ -213,3 +213,20 @@ def test_loftq_starts_at_the_full_precision_base_up_to_what_rank_r_cannot_hold()
             tail = torch.linalg.svdvals(error)[4:].square().sum().sqrt()
             torch.testing.assert_close(torch.linalg.norm(error - adapter), tail, rtol=1e-4, atol=0)
             assert tail < torch.linalg.norm(error)
+
+
+def test_a_moe_base_says_its_fused_experts_are_not_quantized(qwen_style_tokenizer, tmp_path):
+    """bitsandbytes quantizes Linear layers only: a MoE model's fused expert stacks, most of its weights, stay as
+    loaded, and the quantized-base line says so instead of implying a 4-bit model."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from hf_lora_ds._testing.tiny_models import build_tiny_moe
+    from hf_lora_ds.model.quantization import quantized_layers_line
+
+    build_tiny_moe("qwen3_moe", qwen_style_tokenizer, hidden_size=64).save_pretrained(tmp_path)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=config, device_map={"": "cpu"})
+    assert quantized_layers_line(model) == (
+        "quantized base: 8 Linear4bit layers (4-bit fp4, compute float32); the fused expert weights are not "
+        f"({2 * 4 * (64 * 64 + 64 * 32):,} parameters stay float32): bitsandbytes quantizes Linear layers only"
+    )

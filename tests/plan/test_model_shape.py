@@ -8,8 +8,10 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
+from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe, build_tiny_qwen2
+from hf_lora_ds.config.lora import LoraArguments
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.source import load_model_config
 from hf_lora_ds.plan.model_shape import measure_model_shape
 from hf_lora_ds.resources import MODEL_CONFIGS
@@ -128,3 +130,38 @@ def test_the_lora_variant_is_counted(qwen_style_tokenizer):
     pissa = LoraConfig(**{**lora().to_dict(), "init_lora_weights": "pissa", "peft_type": None})
     assert measure_model_shape(config, pissa, torch.float32, 16).trainable_params == plain.trainable_params
     assert plain.init_pass_bytes == 0
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_moe_counts_every_expert_weight_and_saves_what_a_real_forward_of_the_active_experts_does(
+    family, qwen_style_tokenizer
+):
+    """The planner's meta forward (its stand-in for the grouped GEMM) saves what a real CPU forward of the LoRA'd
+    MoE saves: the routed tokens of the active experts, and W + BA of every adapted expert stack; the parameters
+    count every expert's weights and adapters. Before, the meta model raised (ParamWrapper's dropout, the meta grouped
+    GEMM's bf16 check, PEFT's autocast on meta)."""
+    lora = lora_config_from_args(LoraArguments())  # the demo's: experts adapted, dropout 0.05
+    model = build_tiny_moe(family, qwen_style_tokenizer, hidden_size=64)
+    model.set_attn_implementation("eager")
+    real = wrap_with_lora(model, lora)
+    shape = measure_model_shape(model.config, lora, torch.float32, seq_len=24, attn_implementation="eager")
+    assert shape.frozen_params == sum(p.numel() for p in real.parameters() if not p.requires_grad)
+    assert shape.trainable_params == sum(p.numel() for p in real.parameters() if p.requires_grad)
+    planned = shape.first_layer_activation_bytes + shape.layer_activation_bytes  # 2 layers
+    assert planned == pytest.approx(real_saved_bytes(real, 24), rel=0.005)
+    if family == "qwen3_moe":  # 2 layers x W + BA of gate_up_proj (4 x 64 x 64) and down_proj (4 x 64 x 32), fp32
+        none = lora_config_from_args(LoraArguments(lora_target_experts="none"))
+        without = measure_model_shape(model.config, none, torch.float32, seq_len=24, attn_implementation="eager")
+        stacks = 2 * (4 * 64 * 64 + 4 * 64 * 32) * 4
+        assert planned - (without.first_layer_activation_bytes + without.layer_activation_bytes) == stacks
+
+
+def test_a_moe_model_s_further_layers_are_counted_as_moe_layers_past_its_dense_first_ones(qwen_style_tokenizer):
+    """DeepSeek-V3 has 3 dense layers of 61: the layer counted for each further one is a MoE layer all the same."""
+    config = build_tiny_moe("deepseek_v3", qwen_style_tokenizer).config
+    lora = lora_config_from_args(LoraArguments())
+    layers = {}
+    for dense_first in (1, 2):
+        config.first_k_dense_replace = dense_first
+        layers[dense_first] = measure_model_shape(config, lora, torch.float32, seq_len=16).layer_activation_bytes
+    assert layers[2] == layers[1]

@@ -1,0 +1,37 @@
+"""hf_lora_ds.model.experts: the MoE layout read from the module tree of each family, raw and PEFT-wrapped."""
+
+from __future__ import annotations
+
+import pytest
+from peft import LoraConfig, get_peft_model
+
+from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe
+from hf_lora_ds.model.experts import expert_weight_names, experts_per_token, moe_blocks, unwrapped_name
+
+SHARED = {"qwen2_moe": "shared_expert", "deepseek_v3": "shared_experts"}
+ROUTER = {"gpt_oss": "router"}
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_each_family_layout_raw_and_wrapped(family, qwen_style_tokenizer):
+    model = build_tiny_moe(family, qwen_style_tokenizer)
+    blocks = moe_blocks(model)
+    layers = [1] if family == "deepseek_v3" else [0, 1]  # DeepSeek-V3's first layer is dense
+    assert [block.layer for block in blocks] == layers
+    block = blocks[-1]
+    assert (block.path, block.num_experts, block.fused) == ("model.layers.1.mlp", 4, ("gate_up_proj", "down_proj"))
+    assert block.shared == ((f"model.layers.1.mlp.{SHARED[family]}",) if family in SHARED else ())
+    assert f"model.layers.1.mlp.{ROUTER.get(family, 'gate')}" in block.routers
+    assert expert_weight_names(blocks) == ["down_proj", "gate_up_proj"]
+    assert experts_per_token(model.config) == 2
+    stacks = [param for block in blocks for param in block.fused_parameters()]
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["o_proj"], target_parameters=stacks))
+    assert moe_blocks(wrapped) == blocks  # ParamWrappers nest the experts twice: the names are the model's own
+
+
+def test_a_dense_model_has_no_blocks_and_gates_are_routers(tiny_model, qwen_style_tokenizer):
+    assert moe_blocks(tiny_model) == [] and experts_per_token(tiny_model.config) is None
+    block = moe_blocks(build_tiny_moe("qwen2_moe", qwen_style_tokenizer))[0]
+    assert block.routers == ("model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate")
+    name = "base_model.model.model.layers.1.mlp.experts.base_layer.base_layer"
+    assert unwrapped_name(name) == "model.layers.1.mlp.experts"
