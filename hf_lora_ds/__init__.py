@@ -5,8 +5,7 @@ dependency in one line, on a machine where PEFT, datasets or transformers do not
 nothing in the importing process; what a command of the package does to its own is hf_lora_ds.command_process's.
 """
 
-from importlib import import_module
-from typing import Any
+from hf_lora_ds._lazy import lazy_names
 
 _EXPORTS = {
     "SFTTrainingArguments": "hf_lora_ds.config",
@@ -28,15 +27,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'hf_lora_ds' has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -25,11 +25,11 @@ LAYERS: list[dict[str, list[str]]] = [
     {
         "core": [
             "hf_lora_ds._compat",
+            "hf_lora_ds._lazy",
             "hf_lora_ds.errors",
             "hf_lora_ds.distributed",
             "hf_lora_ds.devices",
             "hf_lora_ds.resources",
-            "hf_lora_ds.quiet",
             "hf_lora_ds.sizes",
         ]
     },

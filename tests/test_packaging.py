@@ -84,7 +84,7 @@ def test_the_wheel_is_what_runs(installed):
 
 def test_installed_command_trains_the_bundled_demo(installed):
     done = run(installed, "hf-lora-sft", "--max_steps", "2", "--output_dir", "out")
-    # Quiet: no warning the package could have prevented (hf_lora_ds.quiet); bitsandbytes is installed here.
+    # Quiet: no warning the package could have prevented (hf_lora_ds.command_process); bitsandbytes is installed here.
     noise = [
         line
         for line in (done.stdout + done.stderr).splitlines()

@@ -7,53 +7,35 @@
 ``python -m hf_lora_ds.eval --help`` runs the same from the command line, and scores predictions made elsewhere.
 """
 
-from hf_lora_ds.eval.comparison import (
-    evaluate_phase,
-    format_comparison,
-    print_comparison,
-    run_eval_options,
-    write_eval_report,
-    write_predictions,
-)
-from hf_lora_ds.eval.evaluator import EvalResult, Prediction, evaluate, load_samples, score_predictions
-from hf_lora_ds.eval.generate import Generation, generate, stop_token_ids
-from hf_lora_ds.eval.sum_to_x import DEFAULT_PREFIX, SumToXTask
-from hf_lora_ds.eval.tasks import (
-    ExactMatchTask,
-    NumericTask,
-    RegexTask,
-    Sample,
-    Task,
-    Verdict,
-    available_tasks,
-    get_task,
-    register_task,
-)
+from hf_lora_ds._lazy import lazy_names
 
-__all__ = [
-    "evaluate",
-    "evaluate_phase",
-    "run_eval_options",
-    "score_predictions",
-    "load_samples",
-    "EvalResult",
-    "Prediction",
-    "generate",
-    "Generation",
-    "stop_token_ids",
-    "format_comparison",
-    "print_comparison",
-    "write_predictions",
-    "write_eval_report",
-    "Task",
-    "Sample",
-    "Verdict",
-    "register_task",
-    "get_task",
-    "available_tasks",
-    "SumToXTask",
-    "DEFAULT_PREFIX",
-    "ExactMatchTask",
-    "RegexTask",
-    "NumericTask",
-]
+_EXPORTS = {
+    "evaluate": "hf_lora_ds.eval.evaluator",
+    "evaluate_phase": "hf_lora_ds.eval.comparison",
+    "run_eval_options": "hf_lora_ds.eval.comparison",
+    "score_predictions": "hf_lora_ds.eval.evaluator",
+    "load_samples": "hf_lora_ds.eval.evaluator",
+    "EvalResult": "hf_lora_ds.eval.evaluator",
+    "Prediction": "hf_lora_ds.eval.evaluator",
+    "generate": "hf_lora_ds.eval.generate",
+    "Generation": "hf_lora_ds.eval.generate",
+    "stop_token_ids": "hf_lora_ds.eval.generate",
+    "format_comparison": "hf_lora_ds.eval.comparison",
+    "print_comparison": "hf_lora_ds.eval.comparison",
+    "write_predictions": "hf_lora_ds.eval.comparison",
+    "write_eval_report": "hf_lora_ds.eval.comparison",
+    "Task": "hf_lora_ds.eval.tasks",
+    "Sample": "hf_lora_ds.eval.tasks",
+    "Verdict": "hf_lora_ds.eval.tasks",
+    "register_task": "hf_lora_ds.eval.tasks",
+    "get_task": "hf_lora_ds.eval.tasks",
+    "available_tasks": "hf_lora_ds.eval.tasks",
+    "SumToXTask": "hf_lora_ds.eval.sum_to_x",
+    "DEFAULT_PREFIX": "hf_lora_ds.eval.sum_to_x",
+    "ExactMatchTask": "hf_lora_ds.eval.tasks",
+    "RegexTask": "hf_lora_ds.eval.tasks",
+    "NumericTask": "hf_lora_ds.eval.tasks",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

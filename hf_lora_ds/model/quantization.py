@@ -15,7 +15,6 @@ import torch
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.experts import moe_blocks
-from hf_lora_ds.quiet import give_peft_bitsandbytes
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -75,7 +74,7 @@ def prepare_quantized_model(model: torch.nn.Module, args: SFTTrainingArguments) 
         return model
     from peft import prepare_model_for_kbit_training
 
-    give_peft_bitsandbytes()  # PEFT was imported without it (hf_lora_ds.quiet); the quantized load imported it
+    _give_peft_bitsandbytes()
 
     return prepare_model_for_kbit_training(
         model,
@@ -142,3 +141,13 @@ def fit_loftq(model: PeftModel, weights_path: str | None) -> int:
         lora_b.data = (u[:, :rank] * root).to(lora_b.dtype).contiguous()
         fitted += 1
     return fitted
+
+
+def _give_peft_bitsandbytes() -> None:
+    """A command imports PEFT with bitsandbytes hidden (hf_lora_ds.command_process): hand the one the quantized load
+    has now imported to the PEFT helper that was imported without it."""
+    import bitsandbytes
+    import peft.helpers
+
+    if getattr(peft.helpers, "bnb", bitsandbytes) is None:
+        peft.helpers.bnb = bitsandbytes

@@ -6,24 +6,19 @@
 arguments to its rows.
 """
 
-from hf_lora_ds.plan.planner import PlanRow, SequenceProfile, recommend
-from hf_lora_ds.plan.run_plan import (
-    PlanArguments,
-    check_run_fits,
-    parse_memory,
-    plan_run,
-    profile_from_dataset,
-    recommended_deepspeed_config,
-)
+from hf_lora_ds._lazy import lazy_names
 
-__all__ = [
-    "PlanArguments",
-    "PlanRow",
-    "SequenceProfile",
-    "check_run_fits",
-    "parse_memory",
-    "plan_run",
-    "profile_from_dataset",
-    "recommend",
-    "recommended_deepspeed_config",
-]
+_EXPORTS = {
+    "PlanArguments": "hf_lora_ds.plan.run_plan",
+    "PlanRow": "hf_lora_ds.plan.planner",
+    "SequenceProfile": "hf_lora_ds.plan.planner",
+    "check_run_fits": "hf_lora_ds.plan.run_plan",
+    "parse_memory": "hf_lora_ds.plan.run_plan",
+    "plan_run": "hf_lora_ds.plan.run_plan",
+    "profile_from_dataset": "hf_lora_ds.plan.run_plan",
+    "recommend": "hf_lora_ds.plan.planner",
+    "recommended_deepspeed_config": "hf_lora_ds.plan.run_plan",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
