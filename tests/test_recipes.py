@@ -49,7 +49,7 @@ def launch_line(recipe: Path) -> re.Match:
 
 
 def test_every_recipe_is_listed_with_its_launch_command():
-    assert len(RECIPES) == 5, [recipe.name for recipe in RECIPES]
+    assert len(RECIPES) == 6, [recipe.name for recipe in RECIPES]
     for recipe in RECIPES:
         assert launch_line(recipe)["recipe"] == f"examples/{recipe.name}"
 

@@ -199,6 +199,14 @@ class _FunctionTask(Task):
 _REGISTRY: dict[str, Callable[..., Task]] = {}
 
 
+def _registry() -> dict[str, Callable[..., Task]]:
+    """Every registered task, the demo's sum_to_x included: its module registers it, and is imported here rather
+    than by the package (whose names load on first use: hf_lora_ds._lazy)."""
+    import hf_lora_ds.eval.sum_to_x  # noqa: F401
+
+    return _REGISTRY
+
+
 def register_task(
     obj: type[Task] | Task | Callable[[str, Sample], Verdict | bool] | None = None,
     *,
@@ -224,7 +232,7 @@ def register_task(
         raise TypeError(f"register_task takes a Task subclass, a Task instance or a function, got {type(obj).__name__}")
     if not key:
         raise ValueError(f"{obj!r} has no task name; set the class attribute `name` or pass name=...")
-    if key in _REGISTRY and not overwrite:
+    if key in _registry() and not overwrite:
         raise ValueError(f"a task named {key!r} is already registered; pick another name or pass overwrite=True")
     _REGISTRY[key] = factory
     return obj
@@ -245,7 +253,7 @@ def get_task(task: str | Task, **kwargs: Any) -> Task:
         if kwargs:
             raise TypeError(f"options {sorted(kwargs)} only apply to a task looked up by name")
         return task
-    if task not in _REGISTRY:
+    if task not in _registry():
         raise UserError(
             f"unknown eval task {task!r}; registered tasks: {available_tasks()} (add yours with register_task)"
         )
@@ -253,7 +261,7 @@ def get_task(task: str | Task, **kwargs: Any) -> Task:
 
 
 def available_tasks() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 for _builtin in (ExactMatchTask, RegexTask, NumericTask):
