@@ -1,9 +1,10 @@
 """A message's content given as a list of typed parts, as OpenAI, Hugging Face and LLaMA-Factory v1 write it.
 
 Text parts (``"text"`` or LLaMA-Factory's ``"value"``) are joined in order, with nothing between, into the one string
-the chat template writes and the label rule locates; reasoning and tool-call parts become ``reasoning_content`` and
-``tool_calls``. A part this text-only package cannot train on (image, audio, file) is refused rather than dropped from a
-turn whose answer may refer to it. A template that iterates parts itself gets them as written (``PARTS_KEY``).
+the chat template writes and the label rule locates; reasoning and tool-call parts (LLaMA-Factory v1's ``tool_call``,
+one call as JSON) become ``reasoning_content`` and ``tool_calls``. A part this text-only package cannot train on
+(image, audio, file) is refused rather than dropped from a turn whose answer may refer to it. A template that
+iterates parts itself gets them as written (``PARTS_KEY``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = ["PARTS_KEY", "Parts", "drop_parts", "join_parts"]
 PARTS_KEY = "content_parts"  # a message's text parts as given, for a template that iterates them
 
 _TEXT_KEYS = ("text", "value")  # OpenAI / HF, LLaMA-Factory v1
+_CALL_KINDS = ("tool_call", "tool_calls")  # LLaMA-Factory v1 writes one call a part, as JSON
 
 
 @dataclass
@@ -46,10 +48,10 @@ def join_parts(parts: list[Any], where: str, name: str) -> Parts:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise DataError(f'{where}: field \'{label}\' must be a part object such as {{"type": "text", "text": ...}}')
         kind = part["type"]
-        if kind not in ("text", "reasoning", "tool_calls"):
+        if kind not in ("text", "reasoning", *_CALL_KINDS):
             raise DataError(
-                f"{where}: field '{label}': a {kind!r} part; only text parts can be trained on here (this package "
-                "trains text-only models): drop the part or the record"
+                f"{where}: field '{label}': a {kind!r} part; only text, reasoning and tool-call parts can be trained "
+                "on here (this package trains text-only models): drop the part or the record"
             )
         value = _part_value(part, where, label)
         if kind == "text":

@@ -44,6 +44,7 @@ from hf_lora_ds.data.template_rule import (
 )
 from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning
 from hf_lora_ds.data.turn_flags import TextMask, plan_turns, text_mask
+from hf_lora_ds.data.user_turns import with_user_turns
 from hf_lora_ds.distributed import main_process_first
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
@@ -270,16 +271,25 @@ class _Encoder:
         for conversation, where in zip(conversations, wheres):
             if conversation["messages"] is None:
                 samples.append([self.plain_text.sample(conversation)])
-            elif (found := next(located)) is not None:
-                samples.append(found)
-            else:
-                samples.append(self._rule_samples(conversation, where))
+                continue
+            found = next(located)
+            samples.append(self._rule_samples(conversation, where, found))
         return samples
 
-    def _rule_samples(self, conversation: dict[str, Any], where: str) -> list[TrainingText]:
-        turns = conversation.get("turns", self.assistant_turns)
+    def _rule_samples(
+        self, conversation: dict[str, Any], where: str, located: list[TrainingText] | None = None
+    ) -> list[TrainingText]:
+        """The conversation's samples (``located`` by the skeleton, else by the prefix rule), with the user turns its
+        flags train (``hf_lora_ds.data.user_turns``); an error names the record."""
+        turns, messages, tools = (
+            conversation.get("turns", self.assistant_turns),
+            conversation["messages"],
+            conversation["tools"],
+        )
+        plan = conversation.get("plan")
         try:
-            return prefix_samples(self.rules, conversation["messages"], turns, conversation["tools"])
+            samples = located if located is not None else prefix_samples(self.rules, messages, turns, tools)
+            return with_user_turns(self.rules, messages, tools, plan.users, samples) if plan and plan.users else samples
         except TemplateError as err:
             raise TemplateError(f"{where}: {err}") from None
 

@@ -2,8 +2,9 @@
 
 Templates spell thinking many ways (Qwen3's ``<think>`` block in the turn, DeepSeek-R1's in the generation prompt,
 GPT-OSS's ``analysis`` channel) and a few end an assistant turn with no token of their own (GLM's stop token is the
-next turn's ``<|user|>``). The label rule (hf_lora_ds.data.template_rule) needs the facts in ``TemplateTraits``, each
-probed once per dataset with marker strings no data contains.
+next turn's ``<|user|>``; where that is no token of the vocabulary, generation stops at eos). The label rule
+(hf_lora_ds.data.template_rule) needs the facts in ``TemplateTraits``, each probed once per dataset with marker
+strings no data contains.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class TemplateTraits:
     close: str | None  # written between the reasoning and the answer
     think_open: str | None  # the think tag the generation prompt ends with
     turn_closers: dict[str, str] | None  # role of the next message -> the special token the template writes
-    # after an assistant turn before it (GLM: <|user|>, <|observation|>), where it writes none after a last turn
+    # after an assistant turn before it (GLM: <|user|>, <|observation|>), or eos where it writes none there (the
+    # role token is no token of the vocabulary: generation stops at eos), where it writes none after a last turn
     iterates_parts: bool = False  # it writes the text of each part of a content given as a list of parts
 
     @property
@@ -134,7 +136,11 @@ def _turn_closers(
             longer = apply_template(tokenizer, [user, turn, {"role": role, "content": _QUERY}])
         except Exception:
             continue
-        if longer.startswith(last) and (token := next_special_token(longer[len(last) :], special_tokens)):
+        if not longer.startswith(last):
+            continue
+        # What stops generation there: the special token the next turn starts with, else eos (LLaMA-Factory's GLM-4
+        # template appends it too).
+        if token := next_special_token(longer[len(last) :], special_tokens) or tokenizer.eos_token:
             closers[role] = token
     return closers or None
 

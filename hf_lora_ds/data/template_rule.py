@@ -37,6 +37,8 @@ __all__ = [
     "trained_turns",
     "reply_spans",
     "token_difference",
+    "spaced_end_of_turn",
+    "end_of_turn_run",
 ]
 
 IGNORE_INDEX = -100  # the label of a token not trained (transformers' loss ignores it); its one definition
@@ -309,14 +311,14 @@ def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any],
     content = message["content"]  # never empty without tool calls (hf_lora_ds.data.formats)
     at = written.rfind(content)
     if at >= after and (eot := rules.end_of_turn.match(written, at + len(content))):  # the common case, at once
-        return at, _end_of_turn_run(rules, written, eot.end())
+        return at, end_of_turn_run(rules, written, eot.end())
     found = False
     for needle in dict.fromkeys((content, content.lstrip("\n"))):
         at = written.rfind(needle)
         while at >= after:
             found = True
-            if eot := _spaced_end_of_turn(rules, written, at + len(needle)):
-                return at, _end_of_turn_run(rules, written, eot)
+            if eot := spaced_end_of_turn(rules, written, at + len(needle)):
+                return at, end_of_turn_run(rules, written, eot)
             at = written.rfind(needle, after, at + len(needle) - 1)
     if not found:
         raise TemplateError(
@@ -330,14 +332,14 @@ def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any],
     )
 
 
-def _spaced_end_of_turn(rules: TurnRules, written: str, at: int) -> int | None:
+def spaced_end_of_turn(rules: TurnRules, written: str, at: int) -> int | None:
     """The end of the end-of-turn token at ``at``, or after whitespace there (Mixtral-8x22B's ``' ' + eos_token``):
     the whitespace the template writes before the token is part of what the model generates, trained as written."""
     eot = rules.end_of_turn.match(written, _SPACE.match(written, at).end())
     return eot.end() if eot else None
 
 
-def _end_of_turn_run(rules: TurnRules, written: str, at: int) -> int:
+def end_of_turn_run(rules: TurnRules, written: str, at: int) -> int:
     """The end of the tokens the template writes right after the first end-of-turn token of a reply, with no text
     between them (Command-A: ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``): the model generates all of them."""
     while found := rules.end_of_turn.match(written, at):

@@ -9,6 +9,7 @@ import pytest
 from hf_lora_ds._testing.tiny_models import template_tokenizer
 from hf_lora_ds.data.content_parts import drop_parts
 from hf_lora_ds.data.formats import to_conversation
+from hf_lora_ds.data.mask_audit import show_samples
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.template_rule import TemplateError
 from tests.data.peer_records import END, build, chatml, expect, labels_of, sample
@@ -34,7 +35,7 @@ def test_llamafactory_v1_value_parts_with_reasoning_and_tool_calls():
                 "role": "assistant",
                 "content": [
                     {"type": "reasoning", "value": "Look it up."},
-                    {"type": "tool_calls", "value": json.dumps(call)},
+                    {"type": "tool_call", "value": json.dumps(call)},
                 ],
                 "loss_weight": 1.0,
             },
@@ -53,12 +54,45 @@ def test_llamafactory_v1_value_parts_with_reasoning_and_tool_calls():
     assert messages[3] == {"role": "assistant", "content": "Sunny."}
 
 
+def test_llamafactory_v1_tool_call_parts_train_as_the_calls_they_are(qwen3_tokenizer, tmp_path):
+    """LLaMA-Factory v1 (its reason_tool_use demo's shape): a tool_call part holds one call as JSON; two parts are
+    two calls. With a template that writes tools (Qwen3's), the turn trains its reasoning and the calls as written."""
+    calls = [{"name": "get_weather", "arguments": {"city": city}} for city in ("Paris", "Rome")]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    record = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "value": "Weather in Paris and Rome?"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "reasoning", "value": "Look both up."},
+                    *({"type": "tool_call", "value": json.dumps(call)} for call in calls),
+                ],
+            },
+            {"role": "tool", "content": [{"type": "text", "value": "sunny"}]},
+            {"role": "tool", "content": [{"type": "text", "value": "rain"}]},
+            {"role": "assistant", "content": [{"type": "text", "value": "Sunny, then rain."}]},
+        ],
+        "tools": json.dumps(tools),
+    }
+    assert to_conversation(record, "r")["messages"][1]["tool_calls"] == [
+        {"type": "function", "function": call} for call in calls
+    ]
+    shown = json.loads(show_samples(build([record], qwen3_tokenizer, tmp_path), 1, "jsonl"))
+    written = "".join(f"<tool_call>\n{json.dumps(call)}\n</tool_call>" for call in calls)
+    reply = "<think>\nLook both up.\n</think>\n\n" + written.replace(
+        "</tool_call><tool_call>", "</tool_call>\n<tool_call>"
+    )
+    assert [shown["text"][a:b] for a, b in shown["trained"]][0] == reply + END
+
+
 @pytest.mark.parametrize(
     ("part", "message"),
     [
         (
             {"type": "image_url", "image_url": {"url": "x.png"}},
-            r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image_url' part; only text parts can be trained",
+            r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image_url' part; only text, reasoning and tool-call "
+            "parts",
         ),
         ({"type": "input_audio", "input_audio": {}}, r"field 'messages\[0\].content\[1\]': a 'input_audio' part"),
         ({"type": "text"}, r"field 'messages\[0\].content\[1\]': a 'text' part needs 'text' \(or 'value'\)"),

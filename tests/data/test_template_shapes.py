@@ -2,7 +2,9 @@
 compared with replies spelled out here from each model's documented format, after the prompt inference renders.
 
 - GLM-4 (glm-4-9b-chat) writes no end-of-turn token after a reply: the next turn's role token (``<|user|>``) stops
-  generation, so the reply is trained through it.
+  generation, so the reply is trained through it. With a tokenizer in which that role token is no token (only the
+  template's literal tokens are), generation stops at eos: the reply is trained through eos, each turn in a text of
+  its own (the history inference renders has no eos after a turn).
 - Mixtral-8x22B-Instruct-v0.1's default template (Mistral's v3 tokenizer) writes ``' ' + content + ' ' + eos``:
   the space before ``</s>`` is trained as written.
 - Mistral-7B-Instruct-v0.3 and Mistral-Nemo-Instruct-2407 write the system prompt only into the user turn that is
@@ -41,7 +43,11 @@ SOURCES = {
     "calling revision), as quoted whole in a public chat-template viewer script",
     "mistral_nemo_instruct_2407": "mistralai/Mistral-Nemo-Instruct-2407 chat_template, as its GGUF's "
     "tokenizer.chat_template metadata prints it",
+    # The same template with a tokenizer that has only the tokens it writes literally: its next turn's role token
+    # (written as '<|' + role + '|>') is no token of the vocabulary, so generation stops at eos.
+    "glm4_9b_chat_literal_tokens": "glm4_9b_chat.jinja, with the special tokens the template writes as literals",
 }
+FILES = {"glm4_9b_chat_literal_tokens": "glm4_9b_chat"}  # a shape that shares its template file
 MISTRAL_SPECIALS = [
     "<s>",
     "</s>",
@@ -72,6 +78,7 @@ TOKENS = {  # special tokens, eos, bos as each model's tokenizer_config.json has
     "mixtral_8x22b_v3_default": (MISTRAL_SPECIALS, "</s>", "<s>"),
     "mistral_7b_instruct_v0_3": (MISTRAL_SPECIALS, "</s>", "<s>"),
     "mistral_nemo_instruct_2407": (MISTRAL_SPECIALS, "</s>", "<s>"),
+    "glm4_9b_chat_literal_tokens": (["<sop>", "<|system|>", "<|assistant|>"], "<|endoftext|>", None),
 }
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call12345"}'
 
@@ -88,6 +95,7 @@ REPLIES = {
     "mixtral_8x22b_v3_default": lambda content: f" {content} </s>",
     "mistral_7b_instruct_v0_3": _mistral_reply(" "),
     "mistral_nemo_instruct_2407": _mistral_reply(""),
+    "glm4_9b_chat_literal_tokens": lambda content: f"\n{content}<|endoftext|>",  # what LLaMA-Factory trains too
 }
 
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -136,6 +144,7 @@ RECORDS = {
 # The records a template itself cannot take, and the line that says so.
 REFUSED = {
     ("glm4_9b_chat", "tools"): "does not render the tool call 'get_weather' of assistant turn 1",  # no tool_calls
+    ("glm4_9b_chat_literal_tokens", "tools"): "does not render the tool call 'get_weather' of assistant turn 1",
     ("mixtral_8x22b_v3_default", "single_system"): "raised an exception: Conversation roles must alternate",
     ("mixtral_8x22b_v3_default", "multi_system"): "raised an exception: Conversation roles must alternate",
     ("mixtral_8x22b_v3_default", "alpaca"): "raised an exception: Conversation roles must alternate",
@@ -146,7 +155,7 @@ REFUSED = {
 @functools.cache
 def tokenizer(name: str):
     base = train_chat_tokenizer(["the cat sat on a mat. Hello there! why how 12 + 3 = 15, It is sunny."] * 10, 400)
-    built = template_tokenizer(base, (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"))
+    built = template_tokenizer(base, (TEMPLATES / f"{FILES.get(name, name)}.jinja").read_text(encoding="utf-8"))
     specials, eos, bos = TOKENS[name]
     bos_token = {"bos_token": bos} if bos else {}
     built.add_special_tokens({"additional_special_tokens": specials, "eos_token": eos, **bos_token})
@@ -225,6 +234,9 @@ def test_the_audit_line_says_what_ends_a_reply_with_no_end_of_turn_token(tmp_pat
     assert "replies end in the next turn's role token (<|user|>" in line and "3/3 spans end in the end-of-turn" in line
     mistral = audit_dataset(ChatSFTDataset(records, tokenizer("mistral_nemo_instruct_2407"), cache_dir=tmp_path))
     assert "role token" not in mistral.line()
+    literal = ChatSFTDataset(records, tokenizer("glm4_9b_chat_literal_tokens"), cache_dir=tmp_path)
+    assert "replies end in eos (<|endoftext|>) where that role token is no token" in audit_dataset(literal).line()
+    assert len(literal) == 3  # the two turns of the multi-turn record each in a text of its own
 
 
 @pytest.mark.parametrize("name", list(SOURCES))

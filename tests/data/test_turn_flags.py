@@ -180,7 +180,7 @@ def test_span_training_inside_a_turn_the_flag_switches_off(chatml_tokenizer, tmp
             {"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 0, "end_offset": 1}]},
             r"field 'messages\[1\].train_detail\[0\]' needs integer begin_offset and end_offset and a boolean train",
         ),
-        ({"role": "assistant", "content": "a", "weight": 0}, r"^record 0: no assistant turn is trained"),
+        ({"role": "assistant", "content": "a", "weight": 0}, r"^record 0: no turn is trained"),
     ],
 )
 def test_flags_that_cannot_be_honoured_exactly_are_refused_in_one_line(message, error, chatml_tokenizer, tmp_path):
@@ -190,12 +190,37 @@ def test_flags_that_cannot_be_honoured_exactly_are_refused_in_one_line(message, 
     assert "\n" not in str(err.value)
 
 
-def test_a_flag_that_would_train_a_user_turn_is_refused_and_one_that_keeps_it_off_is_accepted():
-    with pytest.raises(DataError, match=r"^r: field 'conversations\[3\].train': a user turn cannot be trained here"):
-        record = axolotl_record()
-        record["conversations"][3]["train"] = True  # as axolotl's own example does
-        to_conversation(record, "r")
+def test_a_flag_that_switches_a_user_turn_on_is_read_and_one_that_keeps_it_off_too():
+    record = axolotl_record()
+    record["conversations"][3]["train"] = True  # as axolotl's own example does
+    assert to_conversation(record, "r")["flags"] == {0: False, 1: False, 2: True, 3: True}
     assert to_conversation(axolotl_record(), "r")["flags"] == {0: False, 1: False, 2: True}  # off: as they are
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"role": "user", "content": "q", "weight": 1},
+            r"^r: field 'messages\[0\].weight': a user turn cannot be trained by weight \(assistant turns are, and "
+            r"user turns by axolotl's train or ms-swift's loss\)",
+        ),
+        ({"role": "user", "content": "q", "loss_weight": 1.0}, r"field 'messages\[0\].loss_weight': a user turn"),
+        ({"role": "user", "content": "q", "train": True, "weight": 1}, r"field 'messages\[0\].weight': a user turn"),
+        ({"role": "system", "content": "q", "train": True}, r"field 'messages\[0\].train': a system turn cannot"),
+        (
+            {"role": "system", "content": "qq", "train_detail": [{"begin_offset": 0, "end_offset": 1, "train": True}]},
+            r"field 'messages\[0\].train_detail': a system turn cannot be trained here \(only assistant and user",
+        ),
+    ],
+)
+def test_a_flag_that_would_train_a_turn_no_peer_trains_is_refused_in_one_line(message, error):
+    """OpenAI's weight and LLaMA-Factory's loss_weight are read on assistant turns only; no peer trains a system
+    turn."""
+    record = {"messages": [message, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(DataError, match=error) as err:
+        to_conversation(record, "r")
+    assert "\n" not in str(err.value)
 
 
 def test_flags_keep_to_their_turn_when_a_system_turn_is_put_first(chatml_tokenizer, tmp_path):
