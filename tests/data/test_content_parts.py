@@ -86,6 +86,51 @@ def test_llamafactory_v1_tool_call_parts_train_as_the_calls_they_are(qwen3_token
     assert [shown["text"][a:b] for a, b in shown["trained"]][0] == reply + END
 
 
+def test_axolotl_per_part_train_flags_switch_the_characters_of_their_part(chatml_tokenizer, tmp_path):
+    """axolotl's documented content parts example: a part without a flag follows the turn, one with a flag is
+    trained or not as it says; the turn's end of turn follows the turn (trained by default)."""
+    thinking, answer = "Let me think step by step...", " The answer is 4."
+    record = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": thinking, "train": False}, {"type": "text", "text": answer}],
+            },
+        ]
+    }
+    text = chatml(("user", "What is 2+2?"), ("assistant", thinking + answer))
+    start = text.index(answer + END)
+    trained = [start <= i < start + len(answer + END) for i in range(len(text))]
+    assert sample(build([record], chatml_tokenizer, tmp_path)) == labels_of(chatml_tokenizer, text, trained)
+    record["messages"][1]["content"][1]["weight"] = 0  # every part off: the end of turn alone
+    end = text.index(END, start)
+    trained = [end <= i < end + len(END) for i in range(len(text))]
+    assert sample(build([record], chatml_tokenizer, tmp_path / "b")) == labels_of(chatml_tokenizer, text, trained)
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"role": "assistant", "content": [{"type": "reasoning", "value": "r", "train": False}]},
+            r"^r: field 'messages\[1\].content\[0\]': a training flag on a 'reasoning' part",
+        ),
+        (
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "ab", "train": False}],
+                "train_detail": [{"begin_offset": 0, "end_offset": 0, "train": True}],
+            },
+            r"^r: field 'messages\[1\].content': training flags on its parts and a train_detail",
+        ),
+    ],
+)
+def test_part_flags_that_cannot_be_placed_are_refused(message, error):
+    with pytest.raises(DataError, match=error):
+        to_conversation({"messages": [{"role": "user", "content": "q"}, message]}, "r")
+
+
 @pytest.mark.parametrize(
     ("part", "message"),
     [
