@@ -85,7 +85,7 @@ def to_conversation(
         conversation = _plain_text(record, kind, where, names)
         conversation["unused"] = _unused(record, kind, names, [])
         return conversation
-    tools = tool_schemas(record.get("tools"), where, names["tools"])
+    tools = tool_schemas(record["tools"], where, names["tools"]) if "tools" in record else None
     turns = _Turns(where)
     if kind == "sharegpt":
         roles = {**SHAREGPT_ROLES, **options.sharegpt_roles}
@@ -100,7 +100,8 @@ def to_conversation(
         messages.insert(0, {"role": "system", "content": system_prompt})
         turns.shift(1)
     conversation = {"messages": messages, "tools": tools, "unused": _unused(record, kind, names, turns.unused)}
-    return conversation | turns.fields()
+    conversation.update(turns.fields())
+    return conversation
 
 
 def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, Any]]:

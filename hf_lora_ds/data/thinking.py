@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hf_lora_ds.data.content_parts import drop_parts
+from hf_lora_ds.data.content_parts import PARTS_KEY, drop_parts
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.template_probes import TemplateTraits
 
@@ -65,7 +65,7 @@ def as_template_reads(conversation: dict[str, Any], traits: TemplateTraits, wher
     reasoning), answers in the tags the model writes (``TemplateTraits.answer_tags``), whose length the turn's
     ``train_detail`` offsets then count past."""
     messages, detail = conversation["messages"], conversation.get("detail", {})
-    if not traits.iterates_parts:  # it is given the joined text (hf_lora_ds.data.content_parts)
+    if not traits.iterates_parts and any(PARTS_KEY in message for message in messages):  # it is given the joined text
         messages = [drop_parts(message) for message in messages]
     if traits.writes_reasoning:
         moved = move_inline_reasoning(messages)
