@@ -128,11 +128,6 @@ def _kind(record: dict, where: str) -> str:
                 f"{where}: a 'prompt' without a 'completion' (TRL's prompt-only kind) has nothing to train on; "
                 f"a record needs {ACCEPTED_KINDS}"
             )
-        if "label" in record:
-            raise DataError(
-                f"{where}: field 'label': unpaired preference data (TRL's KTO kind), not SFT; drop the "
-                "records labelled false and the field"
-            )
         return "prompt_completion"
     if "text" in record:
         return "text"
@@ -140,6 +135,11 @@ def _kind(record: dict, where: str) -> str:
 
 
 def _refuse_foreign_fields(record: dict, where: str, names: FieldNames) -> None:
+    if isinstance(record.get("label"), bool):  # TRL's KTO kind, LLaMA-Factory's kto_tag: a verdict on the answer
+        raise DataError(
+            f"{where}: field '{names['label']}': unpaired preference data (KTO), not SFT; drop the records labelled "
+            "false and the field"
+        )
     if REFUSED_FIELDS.keys().isdisjoint(record):  # most records: none of them
         return
     for name, what in REFUSED_FIELDS.items():

@@ -333,6 +333,10 @@ def test_llamafactory_alpaca_history_rounds_are_context_and_trained(chatml_token
         ),
         ({"prompt": "q"}, r"^r: a 'prompt' without a 'completion' \(TRL's prompt-only kind\)"),
         ({"prompt": "q", "completion": "a", "label": False}, r"^r: field 'label': unpaired preference data"),
+        (  # LLaMA-Factory's kto_en_demo.json as it ships: messages with a desirable / undesirable verdict
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": True},
+            r"^r: field 'label': unpaired preference data \(KTO\), not SFT",
+        ),
         ({"prompt": "q", "chosen": "a", "rejected": "b"}, r"^r: field 'chosen' holds a preference pair"),
         (
             {
