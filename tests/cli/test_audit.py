@@ -106,7 +106,7 @@ def test_audit_reads_dataset_info_entries_named_by_dataset(tiny_model_dir, tmp_p
 def test_audit_jsonl_shows_the_human_turns_axolotl_flags_trained_once(tiny_model_dir, tmp_path, capsys):
     """axolotl's documented per-message example, through the audit as a script reads it: each human turn flagged
     train: true is one trained span, its content and end of turn."""
-    from tests.data.test_user_turns import JOKE, axolotl_documented_example
+    from tests.data.peer_records import JOKE, axolotl_documented_example
 
     data = write_records(tmp_path / "axolotl.jsonl", [axolotl_documented_example()])
     argv = ["--train_file", data, "--model_name_or_path", str(tiny_model_dir), "--show_samples", "1"]

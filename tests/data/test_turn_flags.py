@@ -6,42 +6,31 @@ import pytest
 
 from hf_lora_ds.data.formats import to_conversation
 from hf_lora_ds.data.records import DataError
-from tests.data.peer_records import END, build, chatml, expect, labels_of, sample, trained_chars
-
-JOKE = "I'm doing very well, thank you!"
-TEXT = chatml(
-    ("system", "You are an AI assistant."),
-    ("user", "Hello"),
-    ("assistant", "Hello"),
-    ("user", "How are you?"),
-    ("assistant", JOKE),
-    ("user", "Tell me a joke"),
-    ("assistant", "Hi there!"),
+from tests.data.peer_records import (
+    END,
+    JOKE,
+    axolotl_documented_example,
+    axolotl_text,
+    build,
+    chatml,
+    expect,
+    labels_of,
+    sample,
+    trained_chars,
 )
+
+TEXT = axolotl_text("Tell me a joke")
 
 
 def axolotl_record(**last_turn) -> dict:
-    """axolotl's fine-grained example (docs/dataset-formats/conversation.qmd), with flags only where this package
-    can honour them: on assistant turns."""
-    return {
-        "conversations": [
-            {"from": "system", "value": "You are an AI assistant.", "train": False},
-            {"from": "human", "value": "Hello", "train": False},
-            {"from": "assistant", "value": "Hello", "train": True},
-            {"from": "human", "value": "How are you?"},
-            {
-                "from": "assistant",
-                "value": JOKE,
-                "train_detail": [
-                    {"begin_offset": 0, "end_offset": 8, "train": False},
-                    {"begin_offset": 9, "end_offset": 18, "train": True},
-                    {"begin_offset": 19, "end_offset": 30, "train": False},
-                ],
-            },
-            {"from": "human", "value": "Tell me a joke"},
-            {"from": "assistant", "value": "Hi there!", **last_turn},
-        ]
-    }
+    """axolotl's documented example with its human turns unflagged (their training: tests/data/test_user_turns.py)
+    and its last question other than the answer before it."""
+    record = axolotl_documented_example()
+    turns = record["conversations"]
+    del turns[3]["train"]
+    turns[5] = {"from": "human", "value": "Tell me a joke"}
+    turns[6] = {"from": "assistant", "value": "Hi there!", **last_turn}
+    return record
 
 
 def trained_tokens(tokenizer, trained: list[bool]) -> int:

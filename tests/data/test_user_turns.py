@@ -11,45 +11,18 @@ from hf_lora_ds._testing.tiny_models import template_tokenizer
 from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.mask_audit import show_samples
 from hf_lora_ds.data.template_rule import TemplateError
-from tests.data.peer_records import END, build, chatml, labels_of, sample
-
-JOKE = "I'm doing very well, thank you!"
-
-
-def axolotl_documented_example() -> dict:
-    """axolotl's fine-grained example (docs/dataset-formats/conversation.qmd), written here from what it says: every
-    turn flagged, two human turns with train: true (the second repeats the answer before it), one answer trained in
-    the span its train_detail gives (offsets inclusive)."""
-    return {
-        "conversations": [
-            {"from": "system", "value": "You are an AI assistant.", "train": False},
-            {"from": "human", "value": "Hello", "train": False},
-            {"from": "assistant", "value": "Hello", "train": True},
-            {"from": "human", "value": "How are you?", "train": True},
-            {
-                "from": "assistant",
-                "value": JOKE,
-                "train_detail": [
-                    {"begin_offset": 0, "end_offset": 8, "train": False},
-                    {"begin_offset": 9, "end_offset": 18, "train": True},
-                    {"begin_offset": 19, "end_offset": 30, "train": False},
-                ],
-            },
-            {"from": "human", "value": JOKE, "train": True},
-            {"from": "assistant", "value": "Hi there!", "train": True},
-        ]
-    }
-
-
-TEXT = chatml(
-    ("system", "You are an AI assistant."),
-    ("user", "Hello"),
-    ("assistant", "Hello"),
-    ("user", "How are you?"),
-    ("assistant", JOKE),
-    ("user", JOKE),
-    ("assistant", "Hi there!"),
+from tests.data.peer_records import (
+    END,
+    JOKE,
+    axolotl_documented_example,
+    axolotl_text,
+    build,
+    chatml,
+    labels_of,
+    sample,
 )
+
+TEXT = axolotl_text()
 # (header the turn follows, trained text right after it), in order: each user turn its content and end of turn.
 TRAINED = [
     ("<|im_start|>assistant\n", "Hello" + END),
