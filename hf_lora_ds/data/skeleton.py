@@ -64,14 +64,8 @@ class Locator:
     def __init__(self, rules: TurnRules, assistant_turns: AssistantTurns):
         self.rules = rules
         self.assistant_turns = assistant_turns
-        # A template that writes no token after a final turn gets one appended by the rule, one that appends its
-        # thinking-off marker to every rendering gets it moved: neither is a plain render.
-        traits = rules.traits
-        self.blind = (
-            content_blind(rules.tokenizer.get_chat_template())
-            and traits.turn_closers is None
-            and traits.off_suffix is None
-        )
+        # A template that writes no token after a final turn gets one appended by the rule: not a plain render.
+        self.blind = content_blind(rules.tokenizer.get_chat_template()) and rules.traits.turn_closers is None
         self.thinking = rules.thinking_on({})  # plain turns (no reasoning) are all prompted alike
         self._skeletons: dict[Shape, _Skeleton | None] = {}
 
