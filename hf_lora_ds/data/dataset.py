@@ -25,7 +25,6 @@ import torch
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.data.content_parts import drop_parts
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
 from hf_lora_ds.data.plain_text import PlainText
@@ -42,8 +41,9 @@ from hf_lora_ds.data.template_rule import (
     prefix_samples,
     render_samples,
 )
-from hf_lora_ds.data.thinking import ThinkingOptions, move_inline_reasoning
+from hf_lora_ds.data.thinking import ThinkingOptions, as_template_reads
 from hf_lora_ds.data.turn_flags import TextMask, plan_turns, text_mask
+from hf_lora_ds.data.user_turns import with_user_turns
 from hf_lora_ds.distributed import main_process_first
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
@@ -240,18 +240,7 @@ class _Encoder:
             if conversation["messages"] is None:  # plain text (TRL's standard kinds)
                 yield conversation
                 continue
-            if not self.rules.traits.iterates_parts:  # it is given the joined text (hf_lora_ds.data.content_parts)
-                conversation["messages"] = [drop_parts(message) for message in conversation["messages"]]
-            if self.rules.traits.writes_reasoning:
-                moved = move_inline_reasoning(conversation["messages"])
-                for i in conversation.get("detail", {}):
-                    if moved[i]["content"] != conversation["messages"][i]["content"]:
-                        raise DataError(
-                            f"{where}: train_detail of message {i}: its content holds a <think> block "
-                            "that the template writes apart, so its offsets cannot be placed; give the "
-                            "reasoning as reasoning_content"
-                        )
-                conversation["messages"] = moved
+            conversation["messages"] = as_template_reads(conversation, self.rules.traits, where)
             plan = plan_turns(conversation, self.assistant_turns, where)
             if plan is not None:
                 conversation["plan"], conversation["turns"] = plan, plan.located
@@ -270,16 +259,25 @@ class _Encoder:
         for conversation, where in zip(conversations, wheres):
             if conversation["messages"] is None:
                 samples.append([self.plain_text.sample(conversation)])
-            elif (found := next(located)) is not None:
-                samples.append(found)
-            else:
-                samples.append(self._rule_samples(conversation, where))
+                continue
+            found = next(located)
+            samples.append(self._rule_samples(conversation, where, found))
         return samples
 
-    def _rule_samples(self, conversation: dict[str, Any], where: str) -> list[TrainingText]:
-        turns = conversation.get("turns", self.assistant_turns)
+    def _rule_samples(
+        self, conversation: dict[str, Any], where: str, located: list[TrainingText] | None = None
+    ) -> list[TrainingText]:
+        """The conversation's samples (``located`` by the skeleton, else by the prefix rule), with the user turns its
+        flags train (``hf_lora_ds.data.user_turns``); an error names the record."""
+        turns, messages, tools = (
+            conversation.get("turns", self.assistant_turns),
+            conversation["messages"],
+            conversation["tools"],
+        )
+        plan = conversation.get("plan")
         try:
-            return prefix_samples(self.rules, conversation["messages"], turns, conversation["tools"])
+            samples = located if located is not None else prefix_samples(self.rules, messages, turns, tools)
+            return with_user_turns(self.rules, messages, tools, plan.users, samples) if plan and plan.users else samples
         except TemplateError as err:
             raise TemplateError(f"{where}: {err}") from None
 

@@ -5,17 +5,25 @@ ShareGPT, TRL prompt/completion and text, tool calling, other columns through ``
 and turned into ``{"messages": [...], "tools": [...] | None}``. Every turn goes through one validator (``_messages``),
 so a bad turn gets the same message, naming the record's location and the user's field, whatever the other turns hold.
 Fields no reader uses are listed in ``unused``; another framework's field this package cannot honour (images,
-preference pairs) is refused.
+preference pairs) is refused. A dataset's own column and speaker names come mapped by ``columns``; tool schemas and
+calls are read by ``tool_calls``.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
-from hf_lora_ds.data.content_parts import PARTS_KEY, join_parts, tool_call_json
+from hf_lora_ds.data.columns import (
+    COLUMN_ALIASES,
+    SHAREGPT_ROLES,
+    FieldNames,
+    FormatOptions,
+    map_columns,
+    parse_mapping,
+)
+from hf_lora_ds.data.content_parts import PARTS_KEY, Parts, join_parts
 from hf_lora_ds.data.records import DataError
+from hf_lora_ds.data.tool_calls import sharegpt_call, tool_call, tool_schemas
 from hf_lora_ds.data.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
 
 __all__ = [
@@ -29,35 +37,7 @@ __all__ = [
 ]
 
 ROLES = ("system", "user", "assistant", "tool")
-# ShareGPT ``from`` values as LLaMA-Factory and axolotl write them.
-SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-    "function_call": "function_call",  # an assistant turn whose value is a JSON tool call
-    "observation": "tool",
-    "tool": "tool",
-}
-# --columns keys that are other names for the alpaca fields.
-COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
-KNOWN_FIELDS = (
-    "instruction",
-    "input",
-    "output",
-    "system",
-    "reasoning",
-    "history",
-    "messages",
-    "conversations",
-    "tools",
-    "prompt",
-    "completion",
-    "text",
-)
-# A record with one of them has a known format.
-FORMAT_FIELDS = ("instruction", "output", "messages", "conversations", "completion", "text")
+_PLAIN_KEYS = frozenset(("role", "content"))
 # What each kind reads; any other field of a record is named as unused in the data summary.
 USED_FIELDS = {
     "sharegpt": {"conversations", "system", "tools"},
@@ -82,47 +62,6 @@ ACCEPTED_KINDS = (
     "'history'), 'prompt' and 'completion' (TRL, standard or conversational), or 'text' (TRL language modeling); "
     "other column names can be mapped with --columns (e.g. --columns prompt=question,response=answer)"
 )
-ALPACA_FIELDS = {"instruction", "output"}  # both required in an alpaca record
-
-
-@dataclass(frozen=True)
-class FormatOptions:
-    """How records are read: ``columns`` maps a known field to the dataset's column, ``sharegpt_roles`` adds or
-    overrides ShareGPT ``from`` names (values: user, assistant, system, tool or function_call), ``turn_keys`` are a
-    ShareGPT turn's speaker and text keys (LLaMA-Factory's ``role_tag`` and ``content_tag``)."""
-
-    columns: dict[str, str] = field(default_factory=dict)
-    sharegpt_roles: dict[str, str] = field(default_factory=dict)
-    turn_keys: tuple[str, str] = ("from", "value")
-
-    def __post_init__(self) -> None:
-        for key, column in self.columns.items():
-            if COLUMN_ALIASES.get(key, key) not in KNOWN_FIELDS:
-                known = sorted(set(KNOWN_FIELDS) | set(COLUMN_ALIASES))
-                raise ValueError(f"--columns {key}={column}: unknown field {key!r}; map one of {known}")
-        allowed = set(SHAREGPT_ROLES.values())
-        for name, role in self.sharegpt_roles.items():
-            if role not in allowed:
-                raise ValueError(f"--sharegpt_roles {name}={role}: unknown role {role!r}; use one of {sorted(allowed)}")
-
-    @classmethod
-    def from_flags(cls, columns: str | None, sharegpt_roles: str | None) -> FormatOptions:
-        return cls(parse_mapping(columns, "--columns"), parse_mapping(sharegpt_roles, "--sharegpt_roles"))
-
-
-def parse_mapping(text: str | dict | None, flag: str) -> dict[str, str]:
-    """``"a=b,c=d"`` (a flag) or a dict (the YAML file) as a ``{a: b, c: d}`` dict."""
-    if not text:
-        return {}
-    if isinstance(text, dict):
-        return {str(k): str(v) for k, v in text.items()}
-    mapping = {}
-    for pair in text.split(","):
-        key, sep, value = (part.strip() for part in pair.partition("="))
-        if not sep or not key or not value:
-            raise ValueError(f"{flag} {text!r}: expected comma-separated key=value pairs, got {pair.strip()!r}")
-        mapping[key] = value
-    return mapping
 
 
 def to_conversation(
@@ -139,14 +78,14 @@ def to_conversation(
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
     # A null field is an absent one: Arrow sources (parquet, save_to_disk, the Hub) give every row every column.
-    record, names = _map_columns({k: v for k, v in record.items() if v is not None}, options.columns, where)
+    record, names = map_columns({k: v for k, v in record.items() if v is not None}, options.columns, where)
     _refuse_foreign_fields(record, where, names)
     kind = _kind(record, where)
     if kind == "text" or (kind == "prompt_completion" and isinstance(record["prompt"], str)):
         conversation = _plain_text(record, kind, where, names)
         conversation["unused"] = _unused(record, kind, names, [])
         return conversation
-    tools = _tools(record.get("tools"), where, names["tools"])
+    tools = tool_schemas(record["tools"], where, names["tools"]) if "tools" in record else None
     turns = _Turns(where)
     if kind == "sharegpt":
         roles = {**SHAREGPT_ROLES, **options.sharegpt_roles}
@@ -161,7 +100,8 @@ def to_conversation(
         messages.insert(0, {"role": "system", "content": system_prompt})
         turns.shift(1)
     conversation = {"messages": messages, "tools": tools, "unused": _unused(record, kind, names, turns.unused)}
-    return conversation | turns.fields()
+    conversation.update(turns.fields())
+    return conversation
 
 
 def to_messages(record: Any, system_prompt: str | None = None, where: str = "record") -> list[dict[str, Any]]:
@@ -188,18 +128,20 @@ def _kind(record: dict, where: str) -> str:
                 f"{where}: a 'prompt' without a 'completion' (TRL's prompt-only kind) has nothing to train on; "
                 f"a record needs {ACCEPTED_KINDS}"
             )
-        if "label" in record:
-            raise DataError(
-                f"{where}: field 'label': unpaired preference data (TRL's KTO kind), not SFT; drop the "
-                "records labelled false and the field"
-            )
         return "prompt_completion"
     if "text" in record:
         return "text"
     raise DataError(f"{where}: missing field: a record needs {ACCEPTED_KINDS}; found fields {sorted(record)}")
 
 
-def _refuse_foreign_fields(record: dict, where: str, names: _FieldNames) -> None:
+def _refuse_foreign_fields(record: dict, where: str, names: FieldNames) -> None:
+    if isinstance(record.get("label"), bool):  # TRL's KTO kind, LLaMA-Factory's kto_tag: a verdict on the answer
+        raise DataError(
+            f"{where}: field '{names['label']}': unpaired preference data (KTO), not SFT; drop the records labelled "
+            "false and the field"
+        )
+    if REFUSED_FIELDS.keys().isdisjoint(record):  # most records: none of them
+        return
     for name, what in REFUSED_FIELDS.items():
         if record.get(name) not in (None, "", [], {}):
             raise DataError(
@@ -208,12 +150,14 @@ def _refuse_foreign_fields(record: dict, where: str, names: _FieldNames) -> None
             )
 
 
-def _unused(record: dict, kind: str, names: _FieldNames, message_keys: list[str]) -> list[str]:
+def _unused(record: dict, kind: str, names: FieldNames, message_keys: list[str]) -> list[str]:
     """The record's fields its kind does not read (named as the user wrote them), then its unused message keys."""
-    return sorted(names[name] for name in record.keys() - USED_FIELDS[kind]) + sorted(set(message_keys))
+    if not (unread := record.keys() - USED_FIELDS[kind]) and not message_keys:
+        return []
+    return sorted(names[name] for name in unread) + sorted(set(message_keys))
 
 
-def _plain_text(record: dict, kind: str, where: str, names: _FieldNames) -> dict[str, Any]:
+def _plain_text(record: dict, kind: str, where: str, names: FieldNames) -> dict[str, Any]:
     """TRL's standard kinds, trained as TRL trains them: no chat template, the completion (or all the text) learnt."""
     if kind == "text":
         text = _string_field(record, "text", where, label=names["text"])
@@ -229,7 +173,7 @@ def _plain_text(record: dict, kind: str, where: str, names: _FieldNames) -> dict
     return {"text": prompt + completion, "prompt_chars": len(prompt), "messages": None, "tools": None}
 
 
-def _prompt_completion(record: dict, where: str, names: _FieldNames, turns: _Turns) -> list[dict[str, Any]]:
+def _prompt_completion(record: dict, where: str, names: FieldNames, turns: _Turns) -> list[dict[str, Any]]:
     """TRL's conversational prompt/completion: the prompt's turns are context, the completion's assistant turns
     (several, tool calls and results among them) are what is trained."""
     prompt, completion = record["prompt"], record["completion"]
@@ -283,66 +227,8 @@ def _unused_keys(message: dict, used: set[str], list_name: str) -> list[str]:
     return [f"{list_name}[].{key}" for key in message.keys() - used if message[key] is not None]
 
 
-class _FieldNames(dict):
-    """Known field -> the name the record gave it: the ``--columns`` column it was renamed from, else the field's
-    own name, so that errors name what the user wrote (``field 'thought'``, not ``'reasoning'``)."""
-
-    def __missing__(self, field_name: str) -> str:
-        return field_name
-
-
-def _map_columns(record: dict, columns: dict[str, str], where: str) -> tuple[dict, _FieldNames]:
-    """Rename the dataset's columns to the known fields (``prompt``/``query`` → instruction, ``response`` → output),
-    and say which column each renamed field came from.
-
-    A record already in a known format needs none of the mapped columns, so one ``--columns`` serves a mixture of
-    layouts; a record in no known format is told which mapped column it lacks.
-    """
-    names = _FieldNames()
-    if not columns:
-        return record, names  # already the caller's own copy
-    mapped = dict(record)
-    missing = []
-    for key, column in columns.items():
-        if column in record:
-            mapped[COLUMN_ALIASES.get(key, key)] = mapped.pop(column)
-            names[COLUMN_ALIASES.get(key, key)] = column
-        else:
-            missing.append((key, column))
-    if unmet := _unmet_columns(missing, mapped):
-        key, column = unmet[0]
-        raise DataError(
-            f"{where}: missing field '{column}' (mapped to {key} by --columns); found fields {sorted(record)}"
-        )
-    return mapped, names
-
-
-def _unmet_columns(missing: list[tuple[str, str]], mapped: dict) -> list[tuple[str, str]]:
-    """The missing mapped columns the record needed: all of them when it is in no known format, else the alpaca
-    field (instruction, output) it still lacks, so the user hears of their column, not of 'output' they never wrote."""
-    if not any(name in mapped for name in FORMAT_FIELDS):
-        return missing
-    if "messages" in mapped or "conversations" in mapped or not ALPACA_FIELDS & mapped.keys():
-        return []  # a chat, TRL or text record
-    return [(key, column) for key, column in missing if COLUMN_ALIASES.get(key, key) in ALPACA_FIELDS - mapped.keys()]
-
-
-def _tools(tools: Any, where: str, name: str) -> list[dict] | None:
-    """A record's tool schemas: a list of objects, or that list as a JSON string (LLaMA-Factory stores it so)."""
-    if tools is None or tools == "" or tools == []:
-        return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: field '{name}' is not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise DataError(f"{where}: field '{name}' must be a list of tool schemas (objects)")
-    return tools
-
-
 def _sharegpt_messages(
-    record: dict, where: str, speakers: tuple[dict[str, str], tuple[str, str]], names: _FieldNames, flags: _Turns
+    record: dict, where: str, speakers: tuple[dict[str, str], tuple[str, str]], names: FieldNames, flags: _Turns
 ) -> list[dict[str, Any]]:
     """ShareGPT turns as messages; a ``function_call`` turn becomes an assistant turn carrying that tool call.
     ``speakers``: the roles of the ``from`` names, and the turn's speaker and text keys (``from``, ``value``)."""
@@ -368,7 +254,7 @@ def _sharegpt_messages(
         extras = {key: turn[key] for key in ("reasoning_content", DETAIL_KEY, *FLAG_KEYS) if key in turn}
         flags.unused += _unused_keys(turn, used, list_name)
         if role == "function_call":
-            call = _sharegpt_call(value, where, name)
+            call = sharegpt_call(value, where, name)
             messages.append({"role": "assistant", "content": "", "tool_calls": [call], **extras})
         else:
             messages.append({"role": role, "content": value, **extras})
@@ -386,12 +272,7 @@ def _sharegpt_messages(
     return messages
 
 
-def _sharegpt_call(value: str, where: str, name: str) -> dict[str, Any]:
-    call = tool_call_json(value, where, f"{name}.value")
-    return _tool_call({"function": call} if isinstance(call, dict) else call, where, f"{name}.value")
-
-
-def _alpaca_messages(record: dict, where: str, names: _FieldNames) -> list[dict[str, Any]]:
+def _alpaca_messages(record: dict, where: str, names: FieldNames) -> list[dict[str, Any]]:
     if "instruction" not in record and "prompt" in record:  # half of a TRL record mapped by --columns
         raise DataError(
             f"{where}: missing field 'instruction' (alpaca); a TRL 'prompt'/'completion' record is read as it is "
@@ -449,6 +330,9 @@ def _messages(
         raise DataError(f"{where}: field '{list_name}' must be a non-empty list of {{role, content}} objects")
     result = []
     for i, message in enumerate(messages):
+        if _plain_turn(message, first=i == 0 and system_first):
+            result.append({"role": message["role"], "content": message["content"]})
+            continue
         name = f"{list_name}[{i}]"
         if not isinstance(message, dict):
             raise DataError(f"{where}: field '{name}' must be an object with 'role' and 'content'")
@@ -458,7 +342,7 @@ def _messages(
         if role == "system" and (i != 0 or not system_first):
             raise DataError(f"{where}: field '{name}.role': a system turn may only come first")
         given = message.get("content")
-        message = _parts_read(message, where, f"{name}.{content_field}")
+        message = _parts_read(message, role, where, f"{name}.{content_field}")
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
             raise DataError(f"{where}: field '{name}.tool_calls': only assistant turns make tool calls")
@@ -480,7 +364,7 @@ def _messages(
             if not isinstance(calls, list):
                 raise DataError(f"{where}: field '{name}.tool_calls' must be a list")
             out["tool_calls"] = [
-                _tool_call(call, where, f"{name}.tool_calls[{j}]") if validate_calls else call
+                tool_call(call, where, f"{name}.tool_calls[{j}]") if validate_calls else call
                 for j, call in enumerate(calls)
             ]
         turns.read(message, role, content, i, name, list_name, USED_MESSAGE_KEYS)
@@ -490,19 +374,46 @@ def _messages(
     return result
 
 
-def _parts_read(message: dict, where: str, name: str) -> dict:
+def _plain_turn(message: Any, first: bool) -> bool:
+    """Whether ``message`` is a valid turn of a role and a non-blank text and nothing else: most turns, which need no
+    more reading (no parts, calls, reasoning, flags or unused keys), so the validator takes them as they are."""
+    if type(message) is not dict or not message.keys() <= _PLAIN_KEYS:
+        return False
+    role, content = message.get("role"), message.get("content")
+    return role in ROLES and (first or role != "system") and type(content) is str and content.strip() != ""
+
+
+def _parts_read(message: dict, role: str, where: str, name: str) -> dict:
     """A message whose content is a list of parts, as one with their text joined, their reasoning as
-    ``reasoning_content`` and their tool calls added to its ``tool_calls`` (``hf_lora_ds.data.content_parts``)."""
+    ``reasoning_content``, their tool calls added to its ``tool_calls`` (``hf_lora_ds.data.content_parts``) and
+    their training flags (axolotl's per-part ``train``) as the ``train_detail`` of the text they cover."""
     content = message.get("content")
     if not isinstance(content, list):
         return message
     parts = join_parts(content, where, name)
     joined = {**message, "content": parts.text}
+    if detail := _part_flags(parts, role, where):
+        if message.get(DETAIL_KEY) is not None:
+            raise DataError(f"{where}: field '{name}': training flags on its parts and a {DETAIL_KEY}; give one")
+        joined[DETAIL_KEY] = detail
     if parts.reasoning and not message.get("reasoning_content"):
         joined["reasoning_content"] = parts.reasoning
     if parts.calls:
         joined["tool_calls"] = [*(message.get("tool_calls") or []), *parts.calls]
     return joined
+
+
+def _part_flags(parts: Parts, role: str, where: str) -> list[dict[str, Any]]:
+    """The parts' training flags as ``train_detail`` spans of the joined text (offsets inclusive, as axolotl
+    counts them); a flag on a part that is no text has no characters to switch and is refused."""
+    detail = []
+    for part, label, span in parts.placed:
+        flag = message_flag(part, role, where, label)
+        if flag is not None and span is None:
+            raise DataError(f"{where}: field '{label}': a training flag on a {part['type']!r} part; flag text parts")
+        if flag is not None and span[1] > span[0]:
+            detail.append({"begin_offset": span[0], "end_offset": span[1] - 1, "train": flag})
+    return detail
 
 
 def _reasoning(message: dict, role: str, where: str, name: str) -> dict[str, str]:
@@ -532,29 +443,3 @@ def _string_field(
     if not allow_empty and not value.strip():
         raise DataError(f"{where}: field '{label}' is empty")
     return value
-
-
-def _tool_call(call: Any, where: str, name: str) -> dict[str, Any]:
-    """An OpenAI-style call ``{"type": "function", "function": {"name", "arguments"}}``; ``arguments`` given as a
-    JSON string is parsed, since chat templates (Qwen2.5's) serialise it themselves with ``tojson``."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        raise DataError(f"{where}: field '{name}' must be an object with 'function': {{name, arguments}}")
-    fn_name = function.get("name")
-    if not isinstance(fn_name, str) or not fn_name.strip():
-        raise DataError(f"{where}: field '{name}.function.name' must be a non-empty string")
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as err:
-            raise DataError(
-                f"{where}: field '{name}.function.arguments': tool call is not valid JSON "
-                f"({err.msg} at column {err.colno})"
-            ) from None
-    if not isinstance(arguments, dict):
-        raise DataError(f"{where}: field '{name}.function.arguments' must be a JSON object")
-    normal = {"type": "function", "function": {"name": fn_name, "arguments": arguments}}
-    if call.get("id") is not None:  # the call's id, which Mistral's templates write and its result refers to
-        normal["id"] = _string_field(call, "id", where, label=f"{name}.id")
-    return normal

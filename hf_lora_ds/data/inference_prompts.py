@@ -79,6 +79,8 @@ def round_trip(dataset: ChatSFTDataset, limit: int | None = None) -> RoundTrip:
             for sample in encoder.samples(conversation, where):
                 ids = sample_tokens(tokenizer, sample.text, sample.spans)
                 for turn in sample.turns:
+                    if messages[turn]["role"] != "assistant":  # a user turn a flag trains follows no prompt
+                        continue
                     result.turns += 1
                     thinking = encoder.rules.thinking_on(messages[turn])
                     difference = turn_difference(tokenizer, messages, turn, conversation["tools"], ids, thinking)

@@ -5,9 +5,10 @@ that straddles a span boundary is an error (the tokenizer merged template and co
 each span's tokens must decode to the span's text. ``batch_labels`` gives the same labels and the same first error
 for a batch, without a Python loop over every token of every span: where the offsets run in order (as a fast
 tokenizer's do), each span's tokens are found by binary search, and all of the batch's decode checks are one call.
-``tokenized_labels`` tokenizes a batch and labels it; a token merged across the start of a span (the end of a turn's
-inference prompt and the start of its reply: ``<think>\n`` + ``\n</think>``) is no error there but resolved as
-inference sees it: the prompt is tokenized on its own, as inference tokenizes it, and the reply after it.
+``tokenized_labels`` tokenizes a batch and labels it, placing each span's tokens from its edges alone where that is
+proven (reading every token's offsets is a Python tuple per token); a token merged across the start of a span (the
+end of a turn's inference prompt and the start of its reply: ``<think>\n`` + ``\n</think>``) is no error there but
+resolved as inference sees it: the prompt is tokenized on its own, as inference tokenizes it, and the reply after it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -93,10 +95,46 @@ def batch_labels(
     # The tokens the rule visits for a span: those that end after it starts and start before it ends.
     first, stop = np.searchsorted(ends, low, side="right"), np.searchsorted(starts, high, side="left")
     _check(tokenizer, texts, flat, ids, (starts, ends), (low, high), (first, stop))
-    covered = np.zeros(total + 1, dtype=np.int64)
+    return FlatLabels(ids, _trained(ids, first, stop), lengths)
+
+
+def _trained(ids: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """``ids`` with every token outside the ranges ``first[j]:stop[j]`` set to -100."""
+    covered = np.zeros(len(ids) + 1, dtype=np.int64)
     np.add.at(covered, first, 1)
     np.add.at(covered, np.maximum(first, stop), -1)
-    return FlatLabels(ids, np.where(np.cumsum(covered[:-1]) > 0, ids, np.int32(IGNORE_INDEX)), lengths)
+    return np.where(np.cumsum(covered[:-1]) > 0, ids, np.int32(IGNORE_INDEX))
+
+
+def _labels_at_span_edges(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    input_ids: Sequence[Sequence[int]],
+    encodings: Sequence[Any],
+) -> FlatLabels | None:
+    """``batch_labels``' answer without every token's offsets: each span's tokens are those from the one holding its
+    first character to the one holding its last (the tokenizers library's ``char_to_token``), proven by decoding to
+    the span's text; None where that fails for any span of the batch (a token across an edge decodes to more, a
+    character no token covers has none, an empty span has no last character): the offsets then decide, and name any
+    error."""
+    lengths = np.array([len(ids) for ids in input_ids], dtype=np.int64)
+    offset = np.cumsum(lengths) - lengths
+    flat, first, stop = [], [], []
+    for k, (encoding, text_spans) in enumerate(zip(encodings, spans)):
+        for start, end in text_spans:
+            a = encoding.char_to_token(start) if end > start else None
+            z = encoding.char_to_token(end - 1) if a is not None else None
+            if z is None:
+                return None
+            flat.append((k, start, end))
+            first.append(offset[k] + a)
+            stop.append(offset[k] + z + 1)
+    ids = np.fromiter(chain.from_iterable(input_ids), dtype=np.int32, count=int(lengths.sum()))
+    decoded = _decode(tokenizer, [ids[a:b].tolist() for a, b in zip(first, stop)])
+    if decoded != [texts[k][start:end] for k, start, end in flat]:
+        return None
+    return FlatLabels(ids, _trained(ids, np.array(first, dtype=np.int64), np.array(stop, dtype=np.int64)), lengths)
 
 
 def tokenized_labels(
@@ -107,9 +145,14 @@ def tokenized_labels(
 ) -> FlatLabels:
     """The texts tokenized and labelled (``batch_labels``); a text with a token across a span's start is tokenized
     in pieces cut at its spans' starts (``sample_tokens``), and only then can a crossing token be an error. Texts
-    with a training-flag mask (``hf_lora_ds.data.turn_flags``) then have its characters' tokens switched off."""
-    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    with a training-flag mask (``hf_lora_ds.data.turn_flags``) then have its characters' tokens switched off.
+    Every token's offsets (millions of Python tuples) are read only where a span's edges cannot place its tokens
+    (``_labels_at_span_edges``), or for a mask."""
+    encoded = tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False)
+    ids, encodings = encoded["input_ids"], encoded.encodings
+    if masks is None and (flat := _labels_at_span_edges(tokenizer, texts, spans, ids, encodings)) is not None:
+        return flat
+    offsets = [encoding.offsets for encoding in encodings]
     try:
         flat = batch_labels(tokenizer, texts, spans, offsets, ids)
     except TemplateError:

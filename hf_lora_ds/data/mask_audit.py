@@ -36,14 +36,19 @@ class MaskAudit:
     round_trip: RoundTrip | None = None  # checked by the CLI on every record (hf_lora_ds.data.inference_prompts)
     flags: dict[str, int] | None = None  # what the records' training flags changed (hf_lora_ds.data.turn_flags)
     stop_tokens: tuple[str, ...] | None = None  # a template with no end-of-turn token: what ends a reply (GLM-4)
+    eos_token: str | None = None
 
     def stop_line(self) -> str | None:
         """What a reply is trained through where the template writes no end-of-turn token after it, or None."""
         if not self.stop_tokens:
             return None
+        roles = [token for token in self.stop_tokens if token != self.eos_token]
+        said = [f"the next turn's role token ({', '.join(roles)})"] if roles else []
+        if self.eos_token in self.stop_tokens:
+            said.append(f"eos ({self.eos_token}) where that role token is no token of the vocabulary")
         return (
-            f"replies end in the next turn's role token ({', '.join(self.stop_tokens)}), which stops generation: "
-            "the template writes no end-of-turn token, so a reply is trained through that token"
+            f"replies end in {' or '.join(said)}, which stops generation: the template writes no end-of-turn "
+            "token, so a reply is trained through that token"
         )
 
     def flags_line(self) -> str | None:
@@ -177,12 +182,13 @@ def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAud
         example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
         flags=dataset.flag_counts if source is None else None,
         stop_tokens=_stop_tokens(dataset),
+        eos_token=dataset.tokenizer.eos_token,
     )
 
 
 def _stop_tokens(dataset: ChatSFTDataset) -> tuple[str, ...] | None:
     """The tokens the label rule trains a reply through where the template writes none after it
-    (``hf_lora_ds.data.template_probes``: the token it writes when a user turn or a tool result follows)."""
+    (``hf_lora_ds.data.template_probes``: the token it writes when a user turn or a tool result follows, or eos)."""
     closers = dataset.encoder.rules.traits.turn_closers
     return tuple(dict.fromkeys(closers.values())) if closers else None
 

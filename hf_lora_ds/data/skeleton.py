@@ -31,6 +31,7 @@ __all__ = ["Locator"]
 _STAND_IN = "\ue000{}\ue001"  # private-use characters around the message index: no template writes them itself
 _STAND_INS = re.compile("\ue000(\\d+)\ue001")
 Place = tuple[int, int]  # (piece, offset in it) of a skeleton position that lies outside every stand-in
+_PLAIN_KEYS = frozenset(("role", "content"))  # a message with nothing a template could read besides its text
 Shape = tuple[str, ...]  # the roles of a conversation's messages (and the turns it trains, where a record chose them)
 
 
@@ -82,9 +83,7 @@ class Locator:
     def _shape(self, conversation: dict[str, Any]) -> Shape | None:
         """The conversation's shape, its skeleton built on first sight; None when no skeleton can stand for it."""
         messages = conversation["messages"]
-        plain = all(
-            m.keys() == {"role", "content"} and isinstance(m["content"], str) and m["content"] for m in messages
-        )
+        plain = all(m.keys() == _PLAIN_KEYS and isinstance(m["content"], str) and m["content"] for m in messages)
         if not (self.blind and plain and not conversation["tools"]):
             return None  # tools, tool calls and reasoning are read by templates; an empty content tests false
         turns = conversation.get("turns")  # trained turns that a record's flags chose, part of the shape

@@ -2,8 +2,9 @@
 
 Templates spell thinking many ways (Qwen3's ``<think>`` block in the turn, DeepSeek-R1's in the generation prompt,
 GPT-OSS's ``analysis`` channel) and a few end an assistant turn with no token of their own (GLM's stop token is the
-next turn's ``<|user|>``). The label rule (hf_lora_ds.data.template_rule) needs the facts in ``TemplateTraits``, each
-probed once per dataset with marker strings no data contains.
+next turn's ``<|user|>``; where that is no token of the vocabulary, generation stops at eos). The label rule
+(hf_lora_ds.data.template_rule) needs the facts in ``TemplateTraits``, each probed once per dataset with marker
+strings no data contains.
 """
 
 from __future__ import annotations
@@ -29,8 +30,18 @@ class TemplateTraits:
     close: str | None  # written between the reasoning and the answer
     think_open: str | None  # the think tag the generation prompt ends with
     turn_closers: dict[str, str] | None  # role of the next message -> the special token the template writes
-    # after an assistant turn before it (GLM: <|user|>, <|observation|>), where it writes none after a last turn
+    # after an assistant turn before it (GLM: <|user|>, <|observation|>), or eos where it writes none there (the
+    # role token is no token of the vocabulary: generation stops at eos), where it writes none after a last turn
     iterates_parts: bool = False  # it writes the text of each part of a content given as a list of parts
+    # What it appends to whatever it renders with thinking off (Hunyuan: an empty block after the prompt, and after
+    # a finished conversation too): the prompt inference builds ends with it, the history never holds it.
+    off_suffix: str | None = None
+    # The opening of the think block the model writes in its reply, where the template writes no reasoning but
+    # spells the block as its off_suffix (Hunyuan: '<think>\n'); ``close`` is then the block's close.
+    reply_block: str | None = None
+    # The tags the model writes around its answer where the template takes them off history turns (Hunyuan's
+    # '<answer>\n' ... '\n</answer>'), as its own output has them.
+    answer_tags: tuple[str, str] | None = None
 
     @property
     def writes_reasoning(self) -> bool:
@@ -75,7 +86,11 @@ def probe_template(tokenizer: PreTrainedTokenizerBase, special_tokens: tuple[str
     think_open = _think_open(tokenizer, user)
     closers = _turn_closers(tokenizer, user, special_tokens)
     parts = _iterates_parts(tokenizer)
-    return TemplateTraits(_close(tokenizer, user, think_open), think_open, closers, parts)
+    close, suffix = _close(tokenizer, user, think_open), _off_suffix(tokenizer, user)
+    block = _block_in_reply(suffix) if close is None and think_open is None else None
+    return TemplateTraits(
+        block[1] if block else close, think_open, closers, parts, suffix, block and block[0], _answer_tags(tokenizer)
+    )
 
 
 def _think_open(tokenizer: PreTrainedTokenizerBase, user: dict) -> str | None:
@@ -107,6 +122,47 @@ def _close(tokenizer: PreTrainedTokenizerBase, user: dict, think_open: str | Non
     return prompt[prompt.rindex(think_open) + len(think_open) :] + closing_tag(think_open) + "\n\n"
 
 
+def _off_suffix(tokenizer: PreTrainedTokenizerBase, user: dict) -> str | None:
+    """What the template appends with thinking off both to a generation prompt and to a finished turn, or None
+    (Qwen3 writes its empty block into the prompt only: None)."""
+    turn = {"role": "assistant", "content": _ANSWER}
+    try:
+        renders = [
+            [apply_template(tokenizer, chat, prompt, enable_thinking=on) for on in (True, False)]
+            for chat, prompt in (([user], True), ([user, turn], False))
+        ]
+    except Exception:
+        return None
+    (prompt_on, prompt_off), (turn_on, turn_off) = renders
+    suffix = prompt_off[len(prompt_on) :]
+    if not suffix or not prompt_off.startswith(prompt_on) or turn_off != turn_on + suffix:
+        return None
+    return suffix
+
+
+def _block_in_reply(suffix: str | None) -> tuple[str, str] | None:
+    """The opening and close of the think block the model writes in its reply, spelled as the empty block the
+    template appends with thinking off (``<think>\n\n</think>\n``: the reasoning goes between its blank lines)."""
+    found = re.fullmatch(r"(<[^<>|\s/]{1,38}>)(\s*)(</[^<>|\s]{1,38}>)(\s*)", suffix or "")
+    if found is None or found.group(3) != closing_tag(found.group(1)):
+        return None
+    tag, space, close, after = found.groups()
+    return tag + space[: len(space) // 2], space[len(space) // 2 :] + close + after
+
+
+def _answer_tags(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str] | None:
+    """``('<answer>\n', '\n</answer>')`` where the template writes a history turn wrapped in them as its answer
+    alone (Hunyuan), as the model wraps it; else None."""
+    user, answer = {"role": "user", "content": _QUERY}, "7f3a-answer-probe-9"  # no letter of 'answer' at its ends
+    tagged = {"role": "assistant", "content": f"<answer>\n{answer}\n</answer>"}
+    try:
+        history = apply_template(tokenizer, [user, tagged, user])
+        plain = apply_template(tokenizer, [user, {"role": "assistant", "content": answer}, user])
+    except Exception:
+        return None
+    return ("<answer>\n", "\n</answer>") if history == plain and answer in plain else None
+
+
 def _iterates_parts(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether a user content given as two text parts renders as their texts, not as the list's Python spelling
     (what a template that writes the content as a string makes of a list)."""
@@ -134,7 +190,11 @@ def _turn_closers(
             longer = apply_template(tokenizer, [user, turn, {"role": role, "content": _QUERY}])
         except Exception:
             continue
-        if longer.startswith(last) and (token := next_special_token(longer[len(last) :], special_tokens)):
+        if not longer.startswith(last):
+            continue
+        # What stops generation there: the special token the next turn starts with, else eos (LLaMA-Factory's GLM-4
+        # template appends it too).
+        if token := next_special_token(longer[len(last) :], special_tokens) or tokenizer.eos_token:
             closers[role] = token
     return closers or None
 

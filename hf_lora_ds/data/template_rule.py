@@ -37,6 +37,8 @@ __all__ = [
     "trained_turns",
     "reply_spans",
     "token_difference",
+    "spaced_end_of_turn",
+    "end_of_turn_run",
 ]
 
 IGNORE_INDEX = -100  # the label of a token not trained (transformers' loss ignores it); its one definition
@@ -166,13 +168,38 @@ def render_through(
     rules: TurnRules, messages: list[dict[str, Any]], end: int, tools: list[dict] | None, thinking: bool
 ) -> str:
     """``messages[:end]`` rendered; for a template that writes no token after a final assistant turn (GLM), with
-    the special token it writes there when the conversation goes on (its stop token), so the model learns to stop."""
+    the special token it writes there when the conversation goes on (its stop token, or eos), so the model learns to
+    stop; for one that appends its thinking-off marker to whatever it renders (Hunyuan), the last turn as inference
+    meets it (``_reply_after_prompt``)."""
+    if rules.traits.off_suffix is not None and messages[end - 1]["role"] == "assistant":
+        return _reply_after_prompt(rules, messages, end, tools, thinking)
     text = render_record(rules.tokenizer, messages[:end], tools=tools, enable_thinking=thinking)
     closers = rules.traits.turn_closers
     if closers is None or messages[end - 1]["role"] != "assistant":
         return text
     following = messages[end]["role"] if end < len(messages) else "user"
     return text + closers.get(following, closers.get("user", ""))
+
+
+def _reply_after_prompt(
+    rules: TurnRules, messages: list[dict[str, Any]], end: int, tools: list[dict] | None, thinking: bool
+) -> str:
+    """The conversation through assistant turn ``end - 1`` for a template that appends its thinking-off marker to
+    every rendering (Hunyuan's empty ``<think>`` block, after a finished turn too): the turn's inference prompt, which
+    ends with the marker where thinking is off, then the turn as the template writes it after its thinking-on prompt,
+    which never holds the marker; where the model writes the think block itself (``reply_block``), the turn's
+    reasoning in it first."""
+    tokenizer, i = rules.tokenizer, end - 1
+    prompt = render_record(tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=thinking)
+    bare = render_record(tokenizer, messages[:i], add_generation_prompt=True, tools=tools, enable_thinking=True)
+    through = render_record(tokenizer, messages[:end], tools=tools, enable_thinking=True)
+    if not through.startswith(bare):
+        return render_record(tokenizer, messages[:end], tools=tools, enable_thinking=thinking)  # the rule says why
+    block = ""
+    if thinking and rules.traits.reply_block is not None:
+        reasoning = (messages[i].get("reasoning_content") or "").strip()
+        block = rules.traits.reply_block + reasoning + rules.traits.close
+    return prompt + block + through[len(bare) :]
 
 
 def _generated_text(
@@ -309,14 +336,14 @@ def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any],
     content = message["content"]  # never empty without tool calls (hf_lora_ds.data.formats)
     at = written.rfind(content)
     if at >= after and (eot := rules.end_of_turn.match(written, at + len(content))):  # the common case, at once
-        return at, _end_of_turn_run(rules, written, eot.end())
+        return at, end_of_turn_run(rules, written, eot.end())
     found = False
     for needle in dict.fromkeys((content, content.lstrip("\n"))):
         at = written.rfind(needle)
         while at >= after:
             found = True
-            if eot := _spaced_end_of_turn(rules, written, at + len(needle)):
-                return at, _end_of_turn_run(rules, written, eot)
+            if eot := spaced_end_of_turn(rules, written, at + len(needle)):
+                return at, end_of_turn_run(rules, written, eot)
             at = written.rfind(needle, after, at + len(needle) - 1)
     if not found:
         raise TemplateError(
@@ -330,14 +357,14 @@ def _answer(rules: TurnRules, written: str, after: int, message: dict[str, Any],
     )
 
 
-def _spaced_end_of_turn(rules: TurnRules, written: str, at: int) -> int | None:
+def spaced_end_of_turn(rules: TurnRules, written: str, at: int) -> int | None:
     """The end of the end-of-turn token at ``at``, or after whitespace there (Mixtral-8x22B's ``' ' + eos_token``):
     the whitespace the template writes before the token is part of what the model generates, trained as written."""
     eot = rules.end_of_turn.match(written, _SPACE.match(written, at).end())
     return eot.end() if eot else None
 
 
-def _end_of_turn_run(rules: TurnRules, written: str, at: int) -> int:
+def end_of_turn_run(rules: TurnRules, written: str, at: int) -> int:
     """The end of the tokens the template writes right after the first end-of-turn token of a reply, with no text
     between them (Command-A: ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``): the model generates all of them."""
     while found := rules.end_of_turn.match(written, at):

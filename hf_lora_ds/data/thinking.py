@@ -11,9 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hf_lora_ds.data.content_parts import drop_parts
+from hf_lora_ds.data.content_parts import PARTS_KEY, drop_parts
+from hf_lora_ds.data.records import DataError
+from hf_lora_ds.data.template_probes import TemplateTraits
 
-__all__ = ["THINK_OPEN", "THINK_CLOSE", "ThinkingOptions", "split_inline_think", "move_inline_reasoning"]
+__all__ = [
+    "THINK_OPEN",
+    "THINK_CLOSE",
+    "ThinkingOptions",
+    "split_inline_think",
+    "move_inline_reasoning",
+    "as_template_reads",
+]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EmptyThink = Literal["train", "mask"]
@@ -48,3 +57,42 @@ def move_inline_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]
                 message = {**drop_parts(message), "content": answer, "reasoning_content": reasoning}
         out.append(message)
     return out
+
+
+def as_template_reads(conversation: dict[str, Any], traits: TemplateTraits, where: str) -> list[dict[str, Any]]:
+    """The conversation's messages as its template reads them: a content given as parts joined (unless the template
+    iterates them), a ``<think>`` block in a content moved to ``reasoning_content`` (where the template writes
+    reasoning), answers in the tags the model writes (``TemplateTraits.answer_tags``), whose length the turn's
+    ``train_detail`` offsets then count past."""
+    messages, detail = conversation["messages"], conversation.get("detail", {})
+    if not traits.iterates_parts and any(PARTS_KEY in message for message in messages):  # it is given the joined text
+        messages = [drop_parts(message) for message in messages]
+    if traits.writes_reasoning:
+        moved = move_inline_reasoning(messages)
+        if changed := [i for i in detail if moved[i]["content"] != messages[i]["content"]]:
+            raise DataError(
+                f"{where}: train_detail of message {changed[0]}: its content holds a <think> block that the template "
+                "writes apart, so its offsets cannot be placed; give the reasoning as reasoning_content"
+            )
+        messages = moved
+    if traits.answer_tags:
+        wrapped = wrap_answers(messages, traits.answer_tags)
+        shift = len(traits.answer_tags[0])
+        for i in [i for i in detail if wrapped[i]["content"] != messages[i]["content"]]:
+            detail[i] = [(begin + shift, end + shift, train) for begin, end, train in detail[i]]
+        messages = wrapped
+    return messages
+
+
+def wrap_answers(messages: list[dict[str, Any]], tags: tuple[str, str]) -> list[dict[str, Any]]:
+    """Assistant answers in the ``tags`` their model writes around them (Hunyuan's ``<answer>``, which its template
+    takes off history turns), unless the content already holds the opening tag; tool-call turns as they are."""
+    opening, closing = tags
+    return [
+        {**drop_parts(message), "content": opening + message["content"] + closing}
+        if message["role"] == "assistant"
+        and not message.get("tool_calls")
+        and opening.strip() not in message["content"]
+        else message
+        for message in messages
+    ]

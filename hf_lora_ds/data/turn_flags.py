@@ -2,7 +2,9 @@
 
 Every peer lets a record say which turns are learnt, each in its own words (axolotl's ``train`` and ``train_detail``,
 OpenAI's ``weight``, LLaMA-Factory's ``loss_weight``, ms-swift's ``loss`` and ``loss_scale``); all are read here.
-Weights are 0 or 1: the loss is a plain mean, so a fractional weight is refused rather than rounded. Switched-off
+Weights are 0 or 1: the loss is a plain mean, so a fractional weight is refused rather than rounded. A user turn is
+trained where axolotl or ms-swift would train it (``train`` / ``loss`` true, or ``train_detail`` spans; located by
+``hf_lora_ds.data.user_turns``); OpenAI and LLaMA-Factory read their weights on assistant turns only. Switched-off
 characters inside a located turn become a ``TextMask`` applied after tokenizing, only for texts that have one.
 """
 
@@ -31,6 +33,8 @@ __all__ = [
 
 # Message keys that switch a turn's training: axolotl, OpenAI, LLaMA-Factory v1, ms-swift (loss_scale and loss).
 FLAG_KEYS = ("train", "weight", "loss_weight", "loss_scale", "loss")
+USER_FLAG_KEYS = ("train", "loss")  # the keys whose frameworks train a user turn they switch on (axolotl, ms-swift)
+TRAINABLE_ROLES = ("assistant", "user")
 DETAIL_KEY = "train_detail"
 Span = tuple[int, int]
 
@@ -46,12 +50,14 @@ def message_flag(message: dict, role: str, where: str, name: str) -> bool | None
         keys = ", ".join(f"{key}={message[key]!r}" for key in said)
         raise DataError(f"{where}: field '{name}': contradictory training flags ({keys})")
     flag = next(iter(said.values()), None)
+    # A user turn is trained by the keys of the frameworks that train one (axolotl, ms-swift); OpenAI's weight and
+    # LLaMA-Factory's loss_weight are read on assistant turns only, so switching a user turn on with them is refused.
     if flag and role != "assistant":
-        key = next(iter(said))
-        raise DataError(
-            f"{where}: field '{name}.{key}': a {role} turn cannot be trained here (only assistant turns are, after "
-            "their inference prompt); drop the flag or set it to false / 0"
-        )
+        if refused := [key for key in said if role != "user" or key not in USER_FLAG_KEYS]:
+            raise DataError(
+                f"{where}: field '{name}.{refused[0]}': a {role} turn cannot be trained by {refused[0]} (assistant "
+                "turns are, and user turns by axolotl's train or ms-swift's loss); drop the flag or set it to false / 0"
+            )
     return flag
 
 
@@ -94,20 +100,24 @@ def train_detail(message: dict, content: str, role: str, where: str, name: str) 
     for (_, end, _), (begin, _, _) in zip(spans, spans[1:]):
         if begin < end:
             raise DataError(f"{where}: field '{label}': spans overlap (at character {begin}); give each character once")
-    if role != "assistant" and any(train for _, _, train in spans):
-        raise DataError(f"{where}: field '{label}': a {role} turn cannot be trained here (only assistant turns are)")
-    return spans if role == "assistant" else None
+    if role not in TRAINABLE_ROLES and any(train for _, _, train in spans):
+        raise DataError(
+            f"{where}: field '{label}': a {role} turn cannot be trained here (only assistant and user turns are)"
+        )
+    return spans if role in TRAINABLE_ROLES else None
 
 
 @dataclass(frozen=True)
 class TurnPlan:
-    """Which assistant turns a conversation trains: ``located`` (the turns the template rule finds, in order), the
-    flag-decided state of each assistant turn, and what the flags changed against the defaults."""
+    """Which turns a conversation trains: ``located`` (the assistant turns the template rule finds, in order),
+    ``users`` (the user turns the flags train, located after them), the flag-decided state of each assistant turn
+    and of those user turns, and what the flags changed against the defaults (which train no user turn)."""
 
     located: list[int]
     trained: dict[int, bool]
     default: frozenset[int]
     detail: dict[int, list[tuple[int, int, bool]]] = field(default_factory=dict)
+    users: list[int] = field(default_factory=list)
 
     @property
     def switched_off(self) -> int:
@@ -129,14 +139,18 @@ def plan_turns(conversation: dict[str, Any], assistant_turns: AssistantTurns, wh
     start = conversation.get("completion_from", 0)
     if not (flags or detail or start):
         return None
-    assistants = [i for i, m in enumerate(conversation["messages"]) if m["role"] == "assistant"]
+    roles = [m["role"] for m in conversation["messages"]]
+    assistants = [i for i, role in enumerate(roles) if role == "assistant"]
     eligible = [i for i in assistants if i >= start]
     default = frozenset(eligible[-1:] if assistant_turns == "last" else eligible)
     trained = {i: flags.get(i, i in default) for i in assistants}
-    located = [i for i in assistants if trained[i] or any(on for _, _, on in detail.get(i, ()))]
-    if not located:
-        raise DataError(f"{where}: no assistant turn is trained (the record's training flags switch every one off)")
-    return TurnPlan(located, trained, default, {i: detail[i] for i in located if i in detail})
+    spans_on = {i for i, spans in detail.items() if any(on for _, _, on in spans)}
+    located = [i for i in assistants if trained[i] or i in spans_on]
+    users = [i for i, role in enumerate(roles) if role == "user" and (flags.get(i) or i in spans_on)]
+    if not (located or users):
+        raise DataError(f"{where}: no turn is trained (the record's training flags switch every assistant turn off)")
+    trained |= {i: flags.get(i, False) for i in users}
+    return TurnPlan(located, trained, default, {i: detail[i] for i in located + users if i in detail}, users)
 
 
 @dataclass(frozen=True)

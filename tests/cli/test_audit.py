@@ -101,3 +101,18 @@ def test_audit_reads_dataset_info_entries_named_by_dataset(tiny_model_dir, tmp_p
     )
     main(["--train_file", str(folder), "--dataset", "sums", "--model_name_or_path", str(tiny_model_dir)])
     assert "data: 1 samples from 1 source(s) (sums: 1); unused fields: note (1 record)" in capsys.readouterr().out
+
+
+def test_audit_jsonl_shows_the_human_turns_axolotl_flags_trained_once(tiny_model_dir, tmp_path, capsys):
+    """axolotl's documented per-message example, through the audit as a script reads it: each human turn flagged
+    train: true is one trained span, its content and end of turn."""
+    from tests.data.peer_records import JOKE, axolotl_documented_example
+
+    data = write_records(tmp_path / "axolotl.jsonl", [axolotl_documented_example()])
+    argv = ["--train_file", data, "--model_name_or_path", str(tiny_model_dir), "--show_samples", "1"]
+    main([*argv, "--show_samples_format", "jsonl"])
+    shown = json.loads(capsys.readouterr().out.strip())
+    spans = [shown["text"][a:b] for a, b in shown["trained"]]
+    assert spans == ["Hello<|im_end|>", "How are you?<|im_end|>", " very well", "<|im_end|>", JOKE + "<|im_end|>"] + [
+        "Hi there!<|im_end|>"
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 
 END = "<|im_end|>"
+JOKE = "I'm doing very well, thank you!"
 
 
 def chatml(*turns: tuple[str, str]) -> str:
@@ -41,3 +42,41 @@ def build(records, tokenizer, tmp_path, **kwargs) -> ChatSFTDataset:
 
 def sample(dataset: ChatSFTDataset, i: int = 0) -> tuple[list[int], list[int]]:
     return dataset[i]["input_ids"], dataset[i]["labels"]
+
+
+def axolotl_documented_example() -> dict:
+    """axolotl's fine-grained example (docs/dataset-formats/conversation.qmd), written here from what it says: every
+    turn flagged, two human turns with train: true (the second repeats the answer before it), one answer trained in
+    the span its train_detail gives (offsets inclusive)."""
+    return {
+        "conversations": [
+            {"from": "system", "value": "You are an AI assistant.", "train": False},
+            {"from": "human", "value": "Hello", "train": False},
+            {"from": "assistant", "value": "Hello", "train": True},
+            {"from": "human", "value": "How are you?", "train": True},
+            {
+                "from": "assistant",
+                "value": JOKE,
+                "train_detail": [
+                    {"begin_offset": 0, "end_offset": 8, "train": False},
+                    {"begin_offset": 9, "end_offset": 18, "train": True},
+                    {"begin_offset": 19, "end_offset": 30, "train": False},
+                ],
+            },
+            {"from": "human", "value": JOKE, "train": True},
+            {"from": "assistant", "value": "Hi there!", "train": True},
+        ]
+    }
+
+
+def axolotl_text(question: str = JOKE) -> str:
+    """The ChatML text of axolotl's documented example (its second human turn ``question``)."""
+    return chatml(
+        ("system", "You are an AI assistant."),
+        ("user", "Hello"),
+        ("assistant", "Hello"),
+        ("user", "How are you?"),
+        ("assistant", JOKE),
+        ("user", question),
+        ("assistant", "Hi there!"),
+    )

@@ -1,4 +1,4 @@
-"""ShareGPT, tool-call and column-mapped records: exact label vectors from hand-written pieces, and their errors."""
+"""ShareGPT, tool-call and peer records: exact label vectors from hand-written pieces, and their errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
-from hf_lora_ds.data.formats import FormatOptions, parse_mapping, to_conversation
+from hf_lora_ds.data.formats import to_conversation
 from hf_lora_ds.data.records import DataError
 
 SYSTEM = "You are a helpful assistant."
@@ -78,15 +78,6 @@ def test_sharegpt_with_system_exact_labels(chatml_tokenizer, tmp_path):
     assert ds[0]["labels"] == labels
 
 
-def test_sharegpt_role_names_can_be_mapped():
-    record = {"conversations": [{"from": "person", "value": "Hi"}, {"from": "bot", "value": "Hello"}]}
-    options = FormatOptions.from_flags(None, "person=user,bot=assistant")
-    assert to_conversation(record, "r", options=options)["messages"] == [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello"},
-    ]
-
-
 def test_tool_call_conversation_trains_the_call_not_the_result(tools_tokenizer, tmp_path):
     ds = build([{"messages": TOOL_MESSAGES, "tools": [TOOL]}], tools_tokenizer, tmp_path)
     input_ids, labels = expected(tools_tokenizer, tool_pieces())
@@ -110,13 +101,6 @@ def test_openai_style_string_arguments_and_sharegpt_tools_give_the_same_sample(t
 def test_template_without_tool_support_is_refused(chatml_tokenizer, tmp_path):
     with pytest.raises(TemplateError, match="does not render the tool call 'get_weather' of assistant turn 1"):
         build([{"messages": TOOL_MESSAGES, "tools": [TOOL]}], chatml_tokenizer, tmp_path)
-
-
-def test_column_mapping_reads_other_layouts(chatml_tokenizer, tmp_path):
-    options = FormatOptions.from_flags("prompt=question,response=answer", None)
-    mapped = build([{"question": "12=", "answer": "15", "id": 7}], chatml_tokenizer, tmp_path / "a", formats=options)
-    alpaca = build([{"instruction": "12=", "output": "15"}], chatml_tokenizer, tmp_path / "b")
-    assert mapped[0] == alpaca[0]
 
 
 @pytest.mark.parametrize(
@@ -188,58 +172,6 @@ def test_a_bad_turn_gets_one_message_whatever_the_other_turns_hold(bad_turn, mes
         record["tools"] = [TOOL]
     with pytest.raises(DataError, match=message):
         to_conversation(record, "r")
-
-
-@pytest.mark.parametrize(
-    ("columns", "record", "message"),
-    [
-        (
-            {"reasoning": "thought"},
-            {"instruction": "q", "output": "a", "thought": ["a", "list"]},
-            r"^r: field 'thought' must be a string, got list",
-        ),
-        (
-            {"prompt": "question", "response": "answer"},
-            {"question": "q", "answer": 3},
-            r"^r: field 'answer' must be a string, got int",
-        ),
-        (
-            {"messages": "dialog"},
-            {"dialog": [{"role": "user", "content": 7}]},
-            r"^r: field 'dialog\[0\].content' must be a string, got int",
-        ),
-        (
-            {"conversations": "turns", "system": "persona"},
-            {"turns": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "persona": 1},
-            r"^r: field 'persona' must be a string, got int",
-        ),
-        (
-            {"tools": "functions"},
-            {"instruction": "q", "output": "a", "functions": "{"},
-            r"^r: field 'functions' is not valid JSON",
-        ),
-    ],
-    ids=["reasoning", "response", "messages", "sharegpt-system", "tools"],
-)
-def test_a_bad_value_in_a_mapped_column_names_the_users_column(columns, record, message):
-    with pytest.raises(DataError, match=message):
-        to_conversation(record, "r", options=FormatOptions(columns=columns))
-
-
-def test_mapped_column_missing_and_bad_flags():
-    options = FormatOptions(columns={"prompt": "question", "response": "answer"})
-    with pytest.raises(DataError, match=r"^r: missing field 'question' \(mapped to prompt by --columns\)"):
-        to_conversation({"answer": "x"}, "r", options=options)
-    # Half mapped: the user's missing column is named, not the 'output' it would have become.
-    with pytest.raises(DataError, match=r"^r: missing field 'answer' \(mapped to response by --columns\)"):
-        to_conversation({"question": "q", "reply": "a"}, "r", options=options)
-    assert to_conversation({"instruction": "q", "output": "a"}, "r", options=options)["messages"][-1]["content"] == "a"
-    with pytest.raises(ValueError, match="--columns answer=x: unknown field 'answer'"):
-        FormatOptions(columns={"answer": "x"})
-    with pytest.raises(ValueError, match="--sharegpt_roles bot=robot: unknown role 'robot'"):
-        FormatOptions(sharegpt_roles={"bot": "robot"})
-    with pytest.raises(ValueError, match="expected comma-separated key=value pairs, got 'prompt'"):
-        parse_mapping("prompt", "--columns")
 
 
 # ---- the peers' record kinds (TRL, LLaMA-Factory), from their documented formats ----
@@ -333,6 +265,10 @@ def test_llamafactory_alpaca_history_rounds_are_context_and_trained(chatml_token
         ),
         ({"prompt": "q"}, r"^r: a 'prompt' without a 'completion' \(TRL's prompt-only kind\)"),
         ({"prompt": "q", "completion": "a", "label": False}, r"^r: field 'label': unpaired preference data"),
+        (  # LLaMA-Factory's kto_en_demo.json as it ships: messages with a desirable / undesirable verdict
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": True},
+            r"^r: field 'label': unpaired preference data \(KTO\), not SFT",
+        ),
         ({"prompt": "q", "chosen": "a", "rejected": "b"}, r"^r: field 'chosen' holds a preference pair"),
         (
             {
@@ -389,12 +325,6 @@ def test_unused_fields_and_message_keys_are_named_with_counts(chatml_tokenizer, 
     assert plain.unused_note() == "; unused fields: id (2 records)"
 
 
-def test_a_column_mapped_field_that_goes_unused_is_named_as_the_user_wrote_it():
-    options = FormatOptions(columns={"system": "persona"})
-    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "persona": "p"}
-    assert to_conversation(record, "r", options=options)["unused"] == ["persona"]
-
-
 def test_null_message_keys_are_absent_ones_not_unused_fields():
     """Arrow sources give every message every key any message of the column has, null where it had none."""
     record = {
@@ -405,10 +335,3 @@ def test_null_message_keys_are_absent_ones_not_unused_fields():
     }
     conversation = to_conversation(record, "r")
     assert conversation["unused"] == ["messages[].name"] and "flags" not in conversation
-
-
-def test_a_half_mapped_trl_record_is_told_both_ways_to_read_it():
-    options = FormatOptions.from_flags("response=completion", None)
-    told = r"read as it is without --columns, or as a chat turn with --columns prompt=prompt,response=completion"
-    with pytest.raises(DataError, match=r"^r: missing field 'instruction' \(alpaca\); a TRL .* " + told):
-        to_conversation({"prompt": "1=", "completion": "0 + 1"}, "r", options=options)

@@ -97,3 +97,44 @@ def test_a_token_merged_across_a_replys_start_is_resolved_as_inference_tokenizes
     assert flat.ids[: flat.lengths[0]].tolist() == expected == sample_tokens(tokenizer, text, spans)
     assert flat.labels[: flat.lengths[0]].tolist() == [-100] * len(ids(prompt)) + ids(reply)
     assert flat.ids[flat.lengths[0] :].tolist() == ids(TEXTS[2])  # the other text keeps its whole tokenization
+
+
+def _labelled(tokenizer, texts, spans, masks=None) -> tuple[list, list] | str:
+    from hf_lora_ds.data.labels import tokenized_labels
+
+    try:
+        flat = tokenized_labels(tokenizer, texts, spans, masks)
+    except TemplateError as err:
+        return str(err)
+    return flat.ids.tolist(), flat.labels.tolist()
+
+
+def _spaces_uncovered_tokenizer():
+    """Words split on whitespace: no token covers a space (as in tokenizers that drop what they split on)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({word for text in TEXTS for word in text.split()})
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_labels_placed_at_span_edges_are_those_every_tokens_offsets_give(chatml_tokenizer, seed):
+    """tokenized_labels without masks places each span's tokens from its edges alone; with masks (here none that
+    switch anything) it reads every token's offsets. Same ids and labels, or the same error, on spans that fit the
+    tokens, cut through one, start at a character no token covers, hold nothing."""
+    rng = random.Random(seed)
+    tokenizer = chatml_tokenizer if seed % 2 else _spaces_uncovered_tokenizer()
+    spans = []
+    for text in TEXTS:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        bounds = {0, len(text)} | {end for _, end in offsets} | {start for start, _ in offsets}
+        bounds |= {rng.randrange(len(text)) for _ in range(rng.randint(0, 1))}
+        picked = sorted(rng.sample(sorted(bounds), min(len(bounds), 2 * rng.randint(0, 2))))
+        spans.append(list(zip(picked[0::2], picked[1::2])))
+    if seed % 10 == 0:  # an empty span, at the start (no character before it)
+        spans[0] = [(0, 0), *spans[0]]
+    at_edges = _labelled(tokenizer, TEXTS, spans)
+    assert at_edges == _labelled(tokenizer, TEXTS, spans, [None] * len(TEXTS))

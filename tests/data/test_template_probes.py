@@ -64,3 +64,26 @@ def test_a_template_that_raises_on_the_probes_has_no_traits():
 def test_next_special_token_is_the_longest_that_starts_the_text():
     assert next_special_token("<|im_end|>\n", ("<|im", "<|im_end|>")) == "<|im_end|>"
     assert next_special_token("\n<|im_end|>", ("<|im_end|>",)) is None
+
+
+def test_the_thinking_off_marker_appended_to_every_render_and_the_think_answer_shape_are_found():
+    """Hunyuan's templates append '<think>\\n\\n</think>\\n' to whatever they render with thinking off and write no
+    reasoning: the model writes that block in its reply; the dense template takes '<answer>' tags off history."""
+    from tests.data.test_template_shapes import encoder as shape_encoder
+
+    dense, a13b = (shape_encoder(name).rules.traits for name in ("hunyuan_dense_instruct", "hunyuan_a13b_instruct"))
+    for found in (dense, a13b):
+        assert (found.off_suffix, found.reply_block, found.close) == (
+            "<think>\n\n</think>\n",
+            "<think>\n",
+            "\n</think>\n",
+        )
+    assert dense.answer_tags == ("<answer>\n", "\n</answer>") and a13b.answer_tags is None
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3", "qwen3_5_think", "deepseek_r1_distill", "nemotron_3_nano", "glm4moe", "llama3"]
+)
+def test_templates_that_write_their_empty_block_into_the_prompt_only_have_no_off_marker(name):
+    found = traits(name)
+    assert (found.off_suffix, found.reply_block, found.answer_tags) == (None, None, None)

@@ -155,3 +155,37 @@ def test_ignore_index_has_one_definition():
         if re.search(r"^IGNORE_INDEX\s*=", path.read_text(encoding="utf-8"), re.M)
     )
     assert defining == ["data/template_rule.py"]
+
+
+# A content-blind template that appends its thinking-off marker to whatever it renders, as Hunyuan's do.
+OFF_MARKER_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n' }}{% endif %}"
+)
+
+
+def test_a_thinking_off_marker_appended_to_every_render_ends_each_turns_prompt_and_no_history(chatml_tokenizer):
+    """Each turn trains after its inference prompt, which ends with the marker; the history holds none, so each turn
+    is a text of its own (and the skeleton, which cannot prove that, leaves such a template to the rule)."""
+    from hf_lora_ds._testing.tiny_models import template_tokenizer
+    from hf_lora_ds.data.dataset import _Encoder
+    from hf_lora_ds.data.formats import FormatOptions
+    from hf_lora_ds.data.thinking import ThinkingOptions
+
+    tokenizer = template_tokenizer(chatml_tokenizer, OFF_MARKER_TEMPLATE)
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi"},
+        {"role": "user", "content": "Why"},
+        {"role": "assistant", "content": "So"},
+    ]
+    encoder = _Encoder(tokenizer, None, None, "all", FormatOptions(), ThinkingOptions())
+    samples = encoder.samples({"messages": messages, "tools": None})
+    for sample, turn in zip(samples, (1, 3)):
+        prompt = tokenizer.apply_chat_template(
+            messages[:turn], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        assert prompt.endswith("<|assistant|><think>\n\n</think>\n")
+        assert sample.text == prompt + messages[turn]["content"] + "<|end|>"
+        assert [sample.text[a:b] for a, b in sample.spans] == [messages[turn]["content"] + "<|end|>"]

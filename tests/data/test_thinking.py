@@ -11,7 +11,8 @@ import pytest
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.records import DataError
-from hf_lora_ds.data.thinking import ThinkingOptions
+from hf_lora_ds.data.template_probes import TemplateTraits
+from hf_lora_ds.data.thinking import ThinkingOptions, as_template_reads
 from tests.data.test_formats import expected
 
 USER = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -147,3 +148,23 @@ def test_template_without_reasoning_support(chatml_tokenizer, tmp_path):
 def test_bad_reasoning_fields_are_named(qwen3_tokenizer, tmp_path, message, error):
     with pytest.raises(DataError, match=re.escape(error)):
         samples([{"messages": [message, {"role": "assistant", "content": "y"}]}], qwen3_tokenizer, tmp_path)
+
+
+def test_answers_go_into_the_tags_the_model_writes_and_train_detail_offsets_follow():
+    """Where the template reads '<answer>' tags off history (Hunyuan's dense template), an answer is given them;
+    an answer that has them already, and a tool-call turn, are left as they are."""
+    traits = TemplateTraits(None, None, None, answer_tags=("<answer>\n", "\n</answer>"))
+    tagged = "<answer>\nyes\n</answer>"
+    conversation = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "the cat sat"},
+            {"role": "assistant", "content": tagged},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+        ],
+        "detail": {1: [(4, 7, False)]},  # "cat"
+    }
+    messages = as_template_reads(conversation, traits, "r")
+    assert [m["content"] for m in messages[1:]] == ["<answer>\nthe cat sat\n</answer>", tagged, ""]
+    begin, end, _ = conversation["detail"][1][0]
+    assert messages[1]["content"][begin:end] == "cat"

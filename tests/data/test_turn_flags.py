@@ -6,42 +6,31 @@ import pytest
 
 from hf_lora_ds.data.formats import to_conversation
 from hf_lora_ds.data.records import DataError
-from tests.data.peer_records import END, build, chatml, expect, labels_of, sample, trained_chars
-
-JOKE = "I'm doing very well, thank you!"
-TEXT = chatml(
-    ("system", "You are an AI assistant."),
-    ("user", "Hello"),
-    ("assistant", "Hello"),
-    ("user", "How are you?"),
-    ("assistant", JOKE),
-    ("user", "Tell me a joke"),
-    ("assistant", "Hi there!"),
+from tests.data.peer_records import (
+    END,
+    JOKE,
+    axolotl_documented_example,
+    axolotl_text,
+    build,
+    chatml,
+    expect,
+    labels_of,
+    sample,
+    trained_chars,
 )
+
+TEXT = axolotl_text("Tell me a joke")
 
 
 def axolotl_record(**last_turn) -> dict:
-    """axolotl's fine-grained example (docs/dataset-formats/conversation.qmd), with flags only where this package
-    can honour them: on assistant turns."""
-    return {
-        "conversations": [
-            {"from": "system", "value": "You are an AI assistant.", "train": False},
-            {"from": "human", "value": "Hello", "train": False},
-            {"from": "assistant", "value": "Hello", "train": True},
-            {"from": "human", "value": "How are you?"},
-            {
-                "from": "assistant",
-                "value": JOKE,
-                "train_detail": [
-                    {"begin_offset": 0, "end_offset": 8, "train": False},
-                    {"begin_offset": 9, "end_offset": 18, "train": True},
-                    {"begin_offset": 19, "end_offset": 30, "train": False},
-                ],
-            },
-            {"from": "human", "value": "Tell me a joke"},
-            {"from": "assistant", "value": "Hi there!", **last_turn},
-        ]
-    }
+    """axolotl's documented example with its human turns unflagged (their training: tests/data/test_user_turns.py)
+    and its last question other than the answer before it."""
+    record = axolotl_documented_example()
+    turns = record["conversations"]
+    del turns[3]["train"]
+    turns[5] = {"from": "human", "value": "Tell me a joke"}
+    turns[6] = {"from": "assistant", "value": "Hi there!", **last_turn}
+    return record
 
 
 def trained_tokens(tokenizer, trained: list[bool]) -> int:
@@ -180,7 +169,7 @@ def test_span_training_inside_a_turn_the_flag_switches_off(chatml_tokenizer, tmp
             {"role": "assistant", "content": "abc", "train_detail": [{"begin_offset": 0, "end_offset": 1}]},
             r"field 'messages\[1\].train_detail\[0\]' needs integer begin_offset and end_offset and a boolean train",
         ),
-        ({"role": "assistant", "content": "a", "weight": 0}, r"^record 0: no assistant turn is trained"),
+        ({"role": "assistant", "content": "a", "weight": 0}, r"^record 0: no turn is trained"),
     ],
 )
 def test_flags_that_cannot_be_honoured_exactly_are_refused_in_one_line(message, error, chatml_tokenizer, tmp_path):
@@ -190,12 +179,37 @@ def test_flags_that_cannot_be_honoured_exactly_are_refused_in_one_line(message, 
     assert "\n" not in str(err.value)
 
 
-def test_a_flag_that_would_train_a_user_turn_is_refused_and_one_that_keeps_it_off_is_accepted():
-    with pytest.raises(DataError, match=r"^r: field 'conversations\[3\].train': a user turn cannot be trained here"):
-        record = axolotl_record()
-        record["conversations"][3]["train"] = True  # as axolotl's own example does
-        to_conversation(record, "r")
+def test_a_flag_that_switches_a_user_turn_on_is_read_and_one_that_keeps_it_off_too():
+    record = axolotl_record()
+    record["conversations"][3]["train"] = True  # as axolotl's own example does
+    assert to_conversation(record, "r")["flags"] == {0: False, 1: False, 2: True, 3: True}
     assert to_conversation(axolotl_record(), "r")["flags"] == {0: False, 1: False, 2: True}  # off: as they are
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"role": "user", "content": "q", "weight": 1},
+            r"^r: field 'messages\[0\].weight': a user turn cannot be trained by weight \(assistant turns are, and "
+            r"user turns by axolotl's train or ms-swift's loss\)",
+        ),
+        ({"role": "user", "content": "q", "loss_weight": 1.0}, r"field 'messages\[0\].loss_weight': a user turn"),
+        ({"role": "user", "content": "q", "train": True, "weight": 1}, r"field 'messages\[0\].weight': a user turn"),
+        ({"role": "system", "content": "q", "train": True}, r"field 'messages\[0\].train': a system turn cannot"),
+        (
+            {"role": "system", "content": "qq", "train_detail": [{"begin_offset": 0, "end_offset": 1, "train": True}]},
+            r"field 'messages\[0\].train_detail': a system turn cannot be trained here \(only assistant and user",
+        ),
+    ],
+)
+def test_a_flag_that_would_train_a_turn_no_peer_trains_is_refused_in_one_line(message, error):
+    """OpenAI's weight and LLaMA-Factory's loss_weight are read on assistant turns only; no peer trains a system
+    turn."""
+    record = {"messages": [message, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(DataError, match=error) as err:
+        to_conversation(record, "r")
+    assert "\n" not in str(err.value)
 
 
 def test_flags_keep_to_their_turn_when_a_system_turn_is_put_first(chatml_tokenizer, tmp_path):
