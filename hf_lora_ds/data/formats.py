@@ -1,7 +1,7 @@
 """What a record must hold, in every format it may come in, converted to one validated conversation.
 
 Users bring SFT data in the shape it was published in, so each record is recognised by its fields (alpaca, messages,
-ShareGPT, TRL prompt/completion and text, tool calling, other columns through ``--columns``; README.md shows each)
+ShareGPT, TRL prompt/completion and text, tool calling, other columns through ``--columns``; docs/data.md shows each)
 and turned into ``{"messages": [...], "tools": [...] | None}``. Every turn goes through one validator (``_messages``),
 so a bad turn gets the same message, naming the record's location and the user's field, whatever the other turns hold.
 Fields no reader uses are listed in ``unused``; another framework's field this package cannot honour (images,
