@@ -225,8 +225,6 @@ def epoch(base, tokenizer, samples: ChatSFTDataset, batching: str, rows: int, wo
     dataset = PackedDataset(samples, samples.max_length) if batching == "packed" else samples
     args = SFTTrainingArguments(
         output_dir=str(workdir / batching),
-        model_name_or_path="bench",
-        train_file=__file__,
         num_train_epochs=1,
         per_device_train_batch_size=rows,
         learning_rate=1e-4,

@@ -87,8 +87,6 @@ def grouped_gemm_calls(trainer, batch: dict) -> int:
 def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdir: str, batch_size: int, device):
     args = SFTTrainingArguments(
         **common_args(workdir, batch_size) | {"use_cpu": device.type == "cpu"},
-        model_name_or_path="bench",
-        train_file=__file__,
         experts_implementation="eager" if variant == "moe_eager" else "auto",
         lora_dropout=0.0,  # as TRL's must be: PEFT's ParamWrapper refuses dropout on expert weights
     )

@@ -51,8 +51,6 @@ def measure(mode: str, dataset: ChatSFTDataset, tokenizer, args: argparse.Namesp
         collator = build_collator("padding_free" if mode == "padding_free" else "padded", tokenizer)
     training_args = SFTTrainingArguments(
         output_dir=f"{workdir}/{mode}",
-        model_name_or_path="bench",
-        train_file=__file__,
         num_train_epochs=1,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,

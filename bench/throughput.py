@@ -150,7 +150,7 @@ def make_trainer(variant: str, model, tokenizer, dataset: ChatSFTDataset, workdi
         return SFTTrainer(
             model, args=config, train_dataset=dataset.samples, processing_class=tokenizer, peft_config=lora_config()
         )
-    args = SFTTrainingArguments(**common_args(workdir, batch_size), model_name_or_path="bench", train_file=__file__)
+    args = SFTTrainingArguments(**common_args(workdir, batch_size))
     return LoraSFTTrainer(
         model,
         args,

@@ -22,15 +22,17 @@ from tqdm import tqdm
 __all__ = [
     "ErrorRelay",
     "WORLD_SIZE_VARIABLES",
-    "launcher_world_size",
-    "launcher_ranks_per_node",
-    "release_process_group",
+    "describe_world",
+    "effective_global_batch",
     "exit_launched_rank",
+    "gather_from_ranks",
+    "launcher_ranks_per_node",
+    "launcher_world_size",
+    "main_process_first",
     "print0",
     "process_group_exists",
     "rank_and_world",
-    "gather_from_ranks",
-    "main_process_first",
+    "release_process_group",
 ]
 
 # The variables accelerate itself reads for the world size of a CPU launch (torchrun/deepspeed, then MPI flavours).
@@ -227,3 +229,30 @@ class ErrorRelay:
         with contextlib.suppress(RuntimeError):
             while time.monotonic() < deadline and not all(self.store.check([key]) for key in others):
                 time.sleep(self.POLL_S)
+
+
+def effective_global_batch(args: Any) -> int:
+    """Samples (rows, when packed) per optimizer step over all ranks: the number DeepSpeed calls
+    ``train_batch_size``. The ranks of a sequence-parallel group train the same batch, so they count once."""
+    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size // sequence_parallel
+
+
+def describe_world(args: Any) -> str:
+    """One line for rank 0 to print at start: ranks, device, backend and how the global batch is made up."""
+    state = args.distributed_state
+    backend = getattr(state, "backend", None) or "none"
+    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
+    groups = args.world_size // sequence_parallel
+    replicas = (
+        f"{args.world_size} ranks"
+        if sequence_parallel == 1
+        else (
+            f"{groups} data-parallel group{'s' if groups > 1 else ''} (of {sequence_parallel} sequence-parallel ranks)"
+        )
+    )
+    return (
+        f"world size {args.world_size} (launcher {launcher_world_size()}), rank {args.process_index}, "
+        f"device {args.device}, backend {backend}; global batch {effective_global_batch(args)} = "
+        f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x {replicas}"
+    )

@@ -7,10 +7,12 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
 from tqdm import tqdm
+from transformers import TrainingArguments
 
 from hf_lora_ds import distributed
 
@@ -218,3 +220,31 @@ def test_print0_lifts_a_live_progress_bar_off_its_line(monkeypatch, capsys):
     bar.close()
     assert captured.out == "CPU Memory before entering the eval : 681.8\n"
     assert "\r" in captured.err and "1/3" in captured.err  # cleared, then redrawn below the line
+
+
+def test_global_batch_and_description(tmp_path, no_launcher):
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=3, gradient_accumulation_steps=4, report_to="none"
+    )
+    assert distributed.effective_global_batch(args) == 3 * 4 * args.world_size
+    assert f"global batch {3 * 4 * args.world_size} = 3 per device x 4 accumulation x" in distributed.describe_world(
+        args
+    )
+
+
+def test_sequence_parallel_ranks_share_a_batch(monkeypatch):
+    """4 ranks in groups of 2 train 2 batches a micro-step: the global batch counts each group once."""
+    args = SimpleNamespace(
+        per_device_train_batch_size=3,
+        gradient_accumulation_steps=4,
+        world_size=4,
+        sequence_parallel_size=2,
+        process_index=0,
+        device="cpu",
+        distributed_state=SimpleNamespace(backend="gloo"),
+    )
+    monkeypatch.setattr(distributed, "launcher_world_size", lambda: 4)
+    assert distributed.effective_global_batch(args) == 3 * 4 * 2
+    assert distributed.describe_world(args).endswith(
+        "global batch 24 = 3 per device x 4 accumulation x 2 data-parallel groups (of 2 sequence-parallel ranks)"
+    )

@@ -157,3 +157,29 @@ def test_every_module_has_its_test_module_at_the_same_path():
         if path.resolve().is_relative_to(PACKAGE) and defines_code(path) and not mirrored_test(path).is_file()
     ]
     assert missing == []
+
+
+def _annotations(tree: ast.AST) -> list[ast.expr]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            found += [arg.annotation for arg in every if arg is not None and arg.annotation is not None]
+            found += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+    return found
+
+
+def test_no_argparse_namespace_stands_for_the_run_outside_the_command_lines():
+    """The run's configuration is typed (SFTTrainingArguments, or its fields alone: RunFields); an argparse Namespace
+    is a command line's own business (hf_lora_ds/cli/)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "cli" in path.relative_to(PACKAGE).parts:
+            continue
+        for annotation in _annotations(ast.parse(path.read_text(encoding="utf-8"))):
+            if "Namespace" in ast.unparse(annotation):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{annotation.lineno}")
+    assert offenders == [], offenders

@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from argparse import Namespace
 
 import torch
 
+from hf_lora_ds.config import RunFields
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.checks import check_paths
 from hf_lora_ds.launch.resolve import read_run_values
@@ -40,13 +40,12 @@ from hf_lora_ds.resources import DEMO_ARGUMENTS
 PLAN_DEFAULTS = {**DEMO_ARGUMENTS, "train_file": None, "eval_file": None}
 
 
-def parse(argv: list[str]) -> tuple[Namespace, PlanArguments]:
-    """run_sft's fields as parsed values (through its parser; no arguments object, which would prepare a launch),
-    with their paths checked as run_sft checks them, and the planner's own."""
-    namespace = read_run_values(argv, PLAN_DEFAULTS, extra=[PlanArguments])
-    check_paths(namespace)
-    plan_args = PlanArguments(**{name: getattr(namespace, name) for name in PlanArguments.__dataclass_fields__})
-    return namespace, plan_args
+def parse(argv: list[str]) -> tuple[RunFields, PlanArguments]:
+    """run_sft's fields (no arguments object, which would prepare a launch), with their paths checked as run_sft
+    checks them, and the planner's own."""
+    values, plan_args = read_run_values(argv, PLAN_DEFAULTS, extra=[PlanArguments])
+    check_paths(values)
+    return values, plan_args
 
 
 def main(argv: list[str] | None = None) -> list[PlanRow]:

@@ -8,8 +8,8 @@ and the mixed precision that goes with it.
 
 from __future__ import annotations
 
-from argparse import Namespace
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 
 import torch
 from transformers import TrainingArguments
@@ -26,7 +26,7 @@ from hf_lora_ds.config.reliability import ReliabilityArguments
 from hf_lora_ds.config.reporting import ReportingArguments
 from hf_lora_ds.devices import auto_dtype
 
-__all__ = ["RunValues", "SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
+__all__ = ["RunFields", "RunValues", "SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
 
 
 @dataclass
@@ -70,9 +70,26 @@ class SFTTrainingArguments(
             self.fp16 = True
 
 
-# A run's values: the arguments object, or the parsed fields it is built from. resolve_run checks those before building
-# it; the audit and the planner read them and never build it (building one prepares a launch).
-RunValues = SFTTrainingArguments | Namespace
+def _fields_alone(arguments: type) -> type:
+    """A dataclass with every field of ``arguments`` (types, defaults, help) and nothing of its ``__post_init__``."""
+    types = typing.get_type_hints(arguments)
+    plain = [
+        (f.name, types[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+        for f in fields(arguments)
+        if f.init
+    ]
+    alone = make_dataclass("RunFields", plain)
+    alone.__module__ = __name__  # pickling and error messages find it here
+    return alone
+
+
+# The fields of a run parsed and checked without building SFTTrainingArguments, whose TrainingArguments part sets up
+# the launch (the process group, DeepSpeed's config): what resolve_run checks before building it, and what the audit
+# and the planner read, which build none.
+RunFields = _fields_alone(SFTTrainingArguments)
+RunFields.__doc__ = "Every field of SFTTrainingArguments, parsed and checked, nothing built from them."
+# A run's values: the arguments object, or its fields alone.
+RunValues = SFTTrainingArguments | RunFields
 
 
 def check_field_values(args: RunValues) -> None:

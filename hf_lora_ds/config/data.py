@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -138,9 +137,7 @@ class DataArguments:
 
 
 def check_data_fields(args: RunValues) -> None:
-    """Training data named, and the data and batching flags consistent (``args`` also carries ``use_cache``)."""
-    if not args.train_file:
-        raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
+    """The data and batching flags consistent (``args`` also carries ``use_cache``)."""
     if args.preprocessing_num_workers is not None and args.preprocessing_num_workers < 1:
         raise UserError(f"--preprocessing_num_workers must be a positive integer, got {args.preprocessing_num_workers}")
     if args.max_length < 2:
@@ -156,7 +153,7 @@ def check_data_fields(args: RunValues) -> None:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 
 
-def join_sources(args: DataArguments | Namespace) -> None:
+def join_sources(args: RunValues) -> None:
     """A YAML list of sources for --train_file/--eval_file becomes the comma-separated flag text."""
     for flag in ("train_file", "eval_file"):
         spec = getattr(args, flag)

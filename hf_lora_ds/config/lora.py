@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["LoraArguments", "check_lora_fields"]
 
@@ -87,7 +89,7 @@ class LoraArguments:
     )
 
 
-def check_lora_fields(args: LoraArguments | Namespace) -> None:
+def check_lora_fields(args: RunValues) -> None:
     """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""
     if args.lora_rank < 1:
         raise UserError(f"--lora_rank must be a positive integer, got {args.lora_rank}")

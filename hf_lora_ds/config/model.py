@@ -56,10 +56,8 @@ class ModelArguments:
 
 
 def check_model_fields(args: RunValues) -> None:
-    """A model named, and a weights dtype that agrees with the mixed precision flags (``args`` also carries
-    TrainingArguments' ``bf16``/``fp16``)."""
-    if not args.model_name_or_path:
-        raise UserError("--model_name_or_path is required: a local model directory or a hub id")
+    """A weights dtype that agrees with the mixed precision flags (``args`` also carries TrainingArguments'
+    ``bf16``/``fp16``)."""
     if args.dtype == "bfloat16" and args.fp16:
         raise UserError("--dtype bfloat16 with --fp16: use --bf16 (or --dtype float16 with --fp16)")
     if args.dtype == "float16" and args.bf16:

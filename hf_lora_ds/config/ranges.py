@@ -4,13 +4,13 @@ ignores): each with the range it must be in, checked before any model is loaded.
 from __future__ import annotations
 
 import math
-from argparse import Namespace
 from collections.abc import Callable
-from typing import Any
-
-from transformers import TrainingArguments
+from typing import TYPE_CHECKING, Any
 
 from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
 __all__ = ["RANGES", "check_ranges"]
 
@@ -55,7 +55,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def check_ranges(args: TrainingArguments | Namespace) -> None:
+def check_ranges(args: RunValues) -> None:
     """Raise a ``UserError`` naming the first flag whose value is out of its range (or not a finite number)."""
     for name, (holds, wanted) in RANGES.items():
         value = getattr(args, name, None)

@@ -26,6 +26,15 @@ __all__ = [
 ]
 
 
+def check_command_line_needs(args: RunValues) -> None:
+    """What a command line must name, which code hands the trainer instead (a model, records): the model and the
+    training data."""
+    if not args.model_name_or_path:
+        raise UserError("--model_name_or_path is required: a local model directory or a hub id")
+    if not args.train_file:
+        raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
+
+
 def check_run_values(args: RunValues) -> None:
     """The checks of the run's values that read a file or ask a library (the value-only ones are
     hf_lora_ds.config's): the paths, the data format mappings, the LoRA variant."""

@@ -7,16 +7,15 @@ resolved by the job (hf_lora_ds.cli.run), before it loads the data and the model
 
 from __future__ import annotations
 
-from argparse import Namespace
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 import yaml
 from transformers import HfArgumentParser
 
-from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config import RunFields, SFTTrainingArguments
 from hf_lora_ds.config.arguments import check_field_values
 from hf_lora_ds.config.deepspeed import (
     check_deepspeed_config,
@@ -29,7 +28,12 @@ from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.distributed import launcher_world_size, print0
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.launch.accelerate_launch import adopt_accelerate_launch
-from hf_lora_ds.launch.checks import check_run_values, check_sequence_parallel, check_training_flags
+from hf_lora_ds.launch.checks import (
+    check_command_line_needs,
+    check_run_values,
+    check_sequence_parallel,
+    check_training_flags,
+)
 from hf_lora_ds.launch.world import ensure_world_agreement, prepare_distributed
 from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
 from hf_lora_ds.plan.run_plan import recommended_deepspeed_config
@@ -66,33 +70,34 @@ def read_arguments_file(path: Path) -> dict:
     return config
 
 
-def read_run_values(argv: Sequence[str], defaults: dict | None = None, extra: Sequence[type] = ()) -> Namespace:
-    """Every field of ``SFTTrainingArguments`` (and of the ``extra`` dataclasses) as parsed values: ``defaults``, a
-    YAML/JSON file of arguments when it comes first, then the flags. Builds no dataclass."""
+def read_run_values(argv: Sequence[str], defaults: dict | None = None, extra: Sequence[type] = ()) -> tuple:
+    """``(RunFields, *extra)``: every field of ``SFTTrainingArguments`` (and of each ``extra`` dataclass) as parsed:
+    ``defaults``, a YAML/JSON file of arguments when it comes first, then the flags. Builds no arguments object."""
     argv = list(argv)
     values = dict(defaults or {})
     if argv and argv[0].endswith(ARGUMENT_FILE_SUFFIXES):
         values.update(read_arguments_file(Path(argv[0])))
         argv = argv[1:]
-    parser = HfArgumentParser([SFTTrainingArguments, *extra])
+    parser = HfArgumentParser([RunFields, *extra])
     parser.set_defaults(**values)
-    namespace, unknown = parser.parse_known_args(argv)
+    *parsed, unknown = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
     if unknown:
         raise UserError(f"unknown argument(s) {unknown}; see --help")
-    return namespace
+    return tuple(parsed)
 
 
-def read_checked_values(argv: Sequence[str], extra: Sequence[type] = ()) -> Namespace:
-    """run_sft's fields (demo defaults, a YAML/JSON file, flags), and the ``extra`` dataclasses' fields, checked as a
-    run checks them before launching: for the commands that describe a run without launching it (the audit, the
-    planner), which build no arguments object (that would prepare a launch)."""
-    values = read_run_values(argv, DEMO_ARGUMENTS, extra)
+def read_checked_values(argv: Sequence[str]) -> RunFields:
+    """run_sft's fields (demo defaults, a YAML/JSON file, flags), checked as a run checks them before launching: for
+    the commands that describe a run without launching it (the audit), which build no arguments object (that would
+    prepare a launch)."""
+    (values,) = read_run_values(argv, DEMO_ARGUMENTS)
+    check_command_line_needs(values)
     check_field_values(values)
     check_run_values(values)
     return values
 
 
-def resolve_launch(values: Namespace) -> None:
+def resolve_launch(values: RunFields) -> None:
     """The engine the run asked for, decided from its values: an ``accelerate launch`` DeepSpeed or FSDP config
     becomes ``--deepspeed`` or ``--fsdp`` (or stops on a contradiction), and ``--deepspeed auto`` the memory plan's
     first shipped config that fits."""
@@ -102,7 +107,7 @@ def resolve_launch(values: Namespace) -> None:
         print0(f"--deepspeed auto: {values.deepspeed} (the memory plan's pick)")
 
 
-def check_engine(values: Namespace) -> None:
+def check_engine(values: RunFields) -> None:
     """The DeepSpeed or FSDP config, read once and checked before transformers parses it (its errors come later and
     name neither the key nor the flag to change), against the batch, the LoRA optimizer and a quantized base; a
     shipped config's short name (``stage3``) becomes its path."""
@@ -138,7 +143,7 @@ def check_engine(values: Namespace) -> None:
         )
 
 
-def _check_fsdp(values: Namespace) -> None:
+def _check_fsdp(values: RunFields) -> None:
     """FSDP2 only (transformers' own default); parameter offload only where there is an accelerator to offload
     from (on a CPU-only machine torch's CPUOffloadPolicy fails after loading: no accelerator device)."""
     settings = fsdp_settings(values.fsdp_config)
@@ -151,7 +156,7 @@ def _check_fsdp(values: Namespace) -> None:
         )
 
 
-def resolve_run(values: Namespace) -> SFTTrainingArguments:
+def resolve_run(values: RunFields) -> SFTTrainingArguments:
     """The run's arguments from its parsed values, resolved and checked, with the process ready for its launcher
     (see the module docstring). A ``ValueError`` raised while they are built is a bad flag or combination (ours or
     TrainingArguments'), so it becomes a ``UserError``: one line, exit code 2."""
@@ -175,21 +180,17 @@ def resolve_run(values: Namespace) -> SFTTrainingArguments:
 def parse_run_arguments(argv: Sequence[str], defaults: dict | None = None) -> SFTTrainingArguments:
     """The run's arguments from a command line (``defaults`` under a YAML/JSON file and the flags), resolved."""
     try:
-        values = read_run_values(argv, defaults)
+        (values,) = read_run_values(argv, defaults)
     except ValueError as err:
         raise UserError(str(err)) from err
+    check_command_line_needs(values)
     return resolve_run(values)
 
 
 def build_run_arguments(**values: object) -> SFTTrainingArguments:
     """The run's arguments from keyword values (the fields' defaults for the rest), resolved as a command line is:
     for scripts and notebooks that build a run in code."""
-    defaults = {
-        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        for f in fields(SFTTrainingArguments)
-        if f.init
-    }
-    unknown = sorted(set(values) - set(defaults))
+    unknown = sorted(set(values) - {f.name for f in fields(RunFields)})
     if unknown:
         raise UserError(f"unknown argument(s) {unknown}")
-    return resolve_run(Namespace(**{**defaults, **values}))
+    return resolve_run(RunFields(**values))

@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from argparse import Namespace
 
 import torch
 from transformers import TrainingArguments
 
+from hf_lora_ds.config import RunValues
 from hf_lora_ds.distributed import WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
 
 __all__ = [
@@ -28,12 +28,10 @@ __all__ = [
     "check_world_size",
     "ensure_world_agreement",
     "unlink_deepspeed_shm_buffers",
-    "effective_global_batch",
-    "describe_world",
 ]
 
 
-def prepare_distributed(args: TrainingArguments | Namespace) -> None:
+def prepare_distributed(args: RunValues) -> None:
     """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), with the
     parsed values; pair it with ``ensure_world_agreement(args)`` right after. ``use_cpu`` is resolved here, once
     (``resolve_use_cpu``). No-op for a single process on a GPU or without DeepSpeed, and for any launch on a GPU
@@ -170,30 +168,3 @@ def _mapped_by_this_process(path: str) -> bool:
             return any(line.rstrip("\n").endswith(" " + path) for line in maps)
     except OSError:  # not Linux: no /dev/shm either
         return False
-
-
-def effective_global_batch(args: TrainingArguments) -> int:
-    """Samples (rows, when packed) per optimizer step over all ranks: the number DeepSpeed calls
-    ``train_batch_size``. The ranks of a sequence-parallel group train the same batch, so they count once."""
-    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
-    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size // sequence_parallel
-
-
-def describe_world(args: TrainingArguments) -> str:
-    """One line for rank 0 to print at start: ranks, device, backend and how the global batch is made up."""
-    state = args.distributed_state
-    backend = getattr(state, "backend", None) or "none"
-    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
-    groups = args.world_size // sequence_parallel
-    replicas = (
-        f"{args.world_size} ranks"
-        if sequence_parallel == 1
-        else (
-            f"{groups} data-parallel group{'s' if groups > 1 else ''} (of {sequence_parallel} sequence-parallel ranks)"
-        )
-    )
-    return (
-        f"world size {args.world_size} (launcher {launcher_world_size()}), rank {args.process_index}, "
-        f"device {args.device}, backend {backend}; global batch {effective_global_batch(args)} = "
-        f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x {replicas}"
-    )

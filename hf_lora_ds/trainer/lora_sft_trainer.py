@@ -7,13 +7,14 @@ Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``repo
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel
-from transformers import Trainer
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -28,15 +29,17 @@ from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.packing import training_samples
 from hf_lora_ds.distributed import gather_from_ranks, print0
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.eval.evaluator import EvalResult
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
 from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
 from hf_lora_ds.model.lora_targets import experts_line
 from hf_lora_ds.model.lora_variants import variant_line
+from hf_lora_ds.trainer.answers import before_and_after
+from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
 from hf_lora_ds.training.batches import prepare_batches
 from hf_lora_ds.training.checkpoints import (
-    ResumePoint,
     lost_ranks,
     resolve_resume_checkpoint,
     save_failures,
@@ -69,18 +72,34 @@ _BATCHING_KWARGS = ("train_dataset", "eval_dataset", "data_collator", "processin
 
 
 class LoraSFTTrainer(Trainer):
-    """A Trainer for LoRA SFT. Pass the base model; it is wrapped with PEFT from ``args`` (or ``lora_config``)
-    unless it already is a PeftModel. The datasets are packed and the collator chosen as ``args.batching`` says,
-    unless given (hf_lora_ds.training.batches)."""
+    """A Trainer for LoRA SFT, handed what a user has (as TRL's ``SFTTrainer``): the base model as a hub id, a path or
+    a model (wrapped with PEFT from ``args`` or ``lora_config`` unless it already is a PeftModel), and the data as
+    records (a list, a ``datasets.Dataset``, a file, folder, Hub id or mixture; none: ``args.train_file`` and
+    ``args.eval_file``) or already tokenized. It tokenizes with exact label masks, seeds before the adapter exists,
+    packs and batches as ``args.batching`` says (hf_lora_ds.training.batches), evaluates answer accuracy where there
+    are eval records (``evaluate_answers``), and resolves ``args.resume_from_checkpoint`` once
+    (hf_lora_ds.trainer.run_inputs)."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: str | os.PathLike | torch.nn.Module,
         args: SFTTrainingArguments,
-        *trainer_args: Any,
+        *,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        callbacks: list[TrainerCallback] | None = None,
         lora_config: LoraConfig | None = None,
         **trainer_kwargs: Any,
     ):
+        inputs = prepare_run_inputs(model, args, train_dataset, eval_dataset, processing_class, list(callbacks or []))
+        model, self.eval_records, self.task, self.resume = inputs.model, inputs.eval_records, inputs.task, inputs.resume
+        trainer_kwargs.update(
+            train_dataset=inputs.train_dataset,
+            eval_dataset=inputs.eval_dataset,
+            processing_class=inputs.tokenizer,
+            callbacks=inputs.callbacks,
+        )
         config = lora_config or lora_config_from_args(args)
         if args.parallelism_config is not None and args.parallelism_config.sp_enabled:
             # Ulysses must wrap the kernel the model was loaded with; DeepSpeed refuses any other.
@@ -104,7 +123,7 @@ class LoraSFTTrainer(Trainer):
         print0(self.lora_coverage.table(), *self.lora_lines)
         experts_off = config.target_parameters == []  # --lora_target_experts none: left out on purpose
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config), experts_off)
-        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        super().__init__(model, args, **trainer_kwargs)
         if coverage_note:
             print0(coverage_note)
         # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
@@ -142,20 +161,21 @@ class LoraSFTTrainer(Trainer):
         if shard_on_cpu(self):
             self.is_fsdp_enabled = True
 
-    def train(self, resume_from_checkpoint: str | bool | ResumePoint | None = None, *args: Any, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
         adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``, and raise
         ``UntrainedAdapterError`` (on every rank) if that adapter never moved from its initial state.
 
-        ``resume_from_checkpoint`` "auto" (or True) takes the latest checkpoint in ``output_dir`` that every rank
-        finished writing, or starts fresh when there is none; Trainer's own True takes the highest-numbered one,
-        complete or not. A path is used as given; a ``ResumePoint`` (run_sft's, resolved before the model loads) as it
-        is. A ZeRO checkpoint written by another number of ranks is converted to a DeepSpeed universal checkpoint
-        first (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
+        Resumes where ``args.resume_from_checkpoint`` says, resolved when the trainer was built, before the model
+        loaded; a ``resume_from_checkpoint`` given here instead: "auto" (or True) takes the latest checkpoint in
+        ``output_dir`` that every rank finished writing, or starts fresh when there is none (Trainer's own True takes
+        the highest-numbered one, complete or not); a path is used as given. A ZeRO checkpoint written by another
+        number of ranks is converted to a DeepSpeed universal checkpoint first
+        (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
         deepspeed_config = run_deepspeed_config(self.args)  # the live dict the engine will be built from
-        resume = resume_from_checkpoint
-        if not isinstance(resume, ResumePoint):  # run_sft resolves it before loading the model, and prints the note
-            value = "auto" if resume is True else resume or None
+        resume = self.resume
+        if resume_from_checkpoint:
+            value = "auto" if resume_from_checkpoint is True else resume_from_checkpoint
             resume = resolve_resume_checkpoint(value, self.args.output_dir, self.args.world_size, deepspeed_config)
             if resume.note:
                 print0(resume.note)
@@ -193,6 +213,11 @@ class LoraSFTTrainer(Trainer):
             self.save_model()
         self._finish_final_adapter()
         return result
+
+    def evaluate_answers(self) -> dict[str, EvalResult]:
+        """Answer accuracy before training and after, reported (hf_lora_ds.trainer.answers); ``{}`` without eval
+        records. Every rank must call it."""
+        return before_and_after(self)
 
     def base_model_view(self) -> AbstractContextManager:
         """The base the run started from, for the "before" eval: the adapter switched off or, where PEFT rewrote

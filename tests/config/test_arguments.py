@@ -8,6 +8,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from hf_lora_ds.config.arguments import SFTTrainingArguments, pinned_memory_helps
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.launch.resolve import parse_run_arguments
 
 
@@ -90,11 +91,15 @@ def test_invalid_combinations_say_what_to_change(train_file, tmp_path, extra, er
         resolved(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)] + extra)
 
 
-def test_required_model_and_train_file(train_file, tmp_path):
-    with pytest.raises(ValueError, match="--model_name_or_path is required"):
-        parse(["--train_file", train_file, "--output_dir", str(tmp_path)])
-    with pytest.raises(ValueError, match="--train_file is required"):
-        parse(["--model_name_or_path", "m", "--output_dir", str(tmp_path)])
+def test_the_command_line_requires_a_model_and_a_train_file_and_code_does_not(train_file, tmp_path, no_launcher):
+    """A script hands the trainer its model and records (hf_lora_ds.trainer.run_inputs); a command line must name
+    them."""
+    with pytest.raises(UserError, match="--model_name_or_path is required"):
+        resolved(["--train_file", train_file, "--output_dir", str(tmp_path)])
+    with pytest.raises(UserError, match="--train_file is required"):
+        resolved(["--model_name_or_path", "m", "--output_dir", str(tmp_path)])
+    args = parse(["--output_dir", str(tmp_path)])
+    assert args.model_name_or_path is None and args.train_file is None
 
 
 def test_auto_dtype_is_float32_without_a_bf16_gpu(train_file, tmp_path, monkeypatch):

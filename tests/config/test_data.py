@@ -24,7 +24,6 @@ def values(**changes):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"train_file": None}, "--train_file is required"),
         ({"max_length": 1}, "--max_length must be at least 2"),
         ({"batching": "packed", "use_cache": True}, "--batching packed needs --use_cache False"),
         ({"preprocessing_num_workers": 0}, "--preprocessing_num_workers must be a positive integer"),

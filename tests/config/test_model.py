@@ -9,7 +9,6 @@ from hf_lora_ds.errors import UserError
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"model_name_or_path": None}, "--model_name_or_path is required"),
         ({"dtype": "bfloat16", "fp16": True}, "use --bf16"),
         ({"dtype": "float16", "bf16": True}, "use --fp16"),
     ],

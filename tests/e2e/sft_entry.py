@@ -76,6 +76,7 @@ with command_imports():  # as run_sft.py's command imports its modules
     from hf_lora_ds.cli import run as run_sft
     from hf_lora_ds.errors import run_cli
     from hf_lora_ds.eval.tasks import register_task
+    from hf_lora_ds.trainer import answers
     from tests.e2e.launching import VARIANT_MARKER
 
 
@@ -304,13 +305,13 @@ def run_variants(run_sft_args: list[str], variants: list[str], parser: argparse.
 
 def run_once(run_args: list[str], ours: argparse.Namespace) -> None:
     """run_sft's ``main`` with the test callbacks, and each eval phase's logits recorded where asked."""
-    evaluate_phase = run_sft.evaluate_phase
+    evaluate_phase = answers.evaluate_phase
     if ours.record_phase_logits:
-        run_sft.evaluate_phase = PhaseLogitsRecorder(evaluate_phase)
+        answers.evaluate_phase = PhaseLogitsRecorder(evaluate_phase)
     try:
         run_sft.main(run_args, callbacks=test_callbacks(ours))
     finally:
-        run_sft.evaluate_phase = evaluate_phase
+        answers.evaluate_phase = evaluate_phase
 
 
 def test_callbacks(ours: argparse.Namespace) -> list[TrainerCallback]:

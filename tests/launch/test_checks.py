@@ -12,7 +12,13 @@ from hf_lora_ds.config.engine import check_engine_fields
 from hf_lora_ds.config.lora import check_lora_fields as check_lora
 from hf_lora_ds.config.ranges import RANGES, check_ranges
 from hf_lora_ds.errors import MissingPathError, UserError
-from hf_lora_ds.launch.checks import check_paths, check_run_values, check_sequence_parallel, check_training_flags
+from hf_lora_ds.launch.checks import (
+    check_command_line_needs,
+    check_paths,
+    check_run_values,
+    check_sequence_parallel,
+    check_training_flags,
+)
 
 
 def check_fields(values) -> None:
@@ -67,6 +73,17 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
         **{name: None for name in RANGES},
     )
     return SimpleNamespace(**{**values, **changes})
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [("model_name_or_path", "--model_name_or_path is required"), ("train_file", "--train_file is required")],
+)
+def test_a_command_line_names_a_model_and_training_data(missing, message):
+    named = {"model_name_or_path": "m", "train_file": "train.json"}
+    check_command_line_needs(SimpleNamespace(**named))
+    with pytest.raises(UserError, match=message):
+        check_command_line_needs(SimpleNamespace(**{**named, missing: None}))
 
 
 def test_valid_fields_pass(tmp_path):

@@ -19,12 +19,8 @@ RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x -
 
 
 def make_trainer(model, tokenizer, tmp_path, callbacks=(), **overrides):
-    train_file = tmp_path / "train.json"
-    train_file.write_text("[]")  # arguments only check that the file exists; the dataset below is built from records
     options = dict(
         output_dir=str(tmp_path / "out"),
-        model_name_or_path="tiny",
-        train_file=str(train_file),
         max_steps=4,
         per_device_train_batch_size=8,
         learning_rate=1e-2,
@@ -251,14 +247,12 @@ def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer
     positions, as run_sft's do (hf_lora_ds.training.batches)."""
     args = SFTTrainingArguments(
         output_dir=str(tmp_path / "out"),
-        model_name_or_path="tiny",
         batching="packed",
         max_length=256,
         per_device_train_batch_size=1,
         max_steps=1,
         report_to="none",
         save_strategy="no",
-        train_file=str(_empty_file(tmp_path)),
     )
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
@@ -273,29 +267,24 @@ def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer
 def test_the_trainer_batches_padding_free_without_a_collator(tiny_model, qwen_style_tokenizer, tmp_path):
     args = SFTTrainingArguments(
         output_dir=str(tmp_path / "out"),
-        model_name_or_path="tiny",
         batching="padding_free",
         report_to="none",
-        train_file=str(_empty_file(tmp_path)),
     )
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
     assert isinstance(trainer.data_collator, DataCollatorWithFlattening) and trainer.train_dataset is dataset
 
 
-def _empty_file(tmp_path):
-    path = tmp_path / "train.json"
-    path.write_text("[]")  # arguments only check that the file exists
-    return path
-
-
-def test_a_resolved_resume_point_is_not_resolved_again(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
-    """The job resolves --resume_from_checkpoint before loading the model; the trainer takes that answer as it is."""
+def test_resume_is_resolved_once_when_the_trainer_is_built(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
+    """--resume_from_checkpoint is resolved before the model loads (hf_lora_ds.trainer.run_inputs); train() takes
+    that answer as it is."""
     from hf_lora_ds.trainer import lora_sft_trainer as trainer_module
-    from hf_lora_ds.training.checkpoints import ResumePoint
 
     def resolved_again(*_args, **_kwargs):
         raise AssertionError("resume resolved a second time")
 
     monkeypatch.setattr(trainer_module, "resolve_resume_checkpoint", resolved_again)
-    make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1).train(ResumePoint(None, None))
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, resume_from_checkpoint="auto")
+    assert trainer.resume.checkpoint is None  # "auto" with no checkpoint yet: a fresh start
+    trainer.train()
+    assert trainer.state.global_step == 1

@@ -56,12 +56,8 @@ def dataset(qwen_style_tokenizer, tmp_path):
 
 
 def make_trainer(model, tokenizer, dataset, tmp_path, supervised: bool, batching: str = "padded", **overrides):
-    train_file = tmp_path / "train.json"
-    train_file.write_text("[]")
     options = dict(
         output_dir=str(tmp_path / f"out-{supervised}"),
-        model_name_or_path="tiny",
-        train_file=str(train_file),
         max_steps=2,
         per_device_train_batch_size=4,
         learning_rate=5e-2,
