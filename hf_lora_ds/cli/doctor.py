@@ -340,30 +340,11 @@ def _lora_run() -> Iterator[tuple[str, str]]:
         train_file = Path(output_dir, "train.json")
         records = json.loads((DEMO_DATA / "train.json").read_text(encoding="utf-8"))[:TRAIN_RECORDS]
         train_file.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-        argv = [
-            "--output_dir",
-            output_dir,
-            "--train_file",
-            str(train_file),
-            "--eval_file",
-            "",
-            "--max_steps",
-            str(TRAIN_STEPS),
-            "--logging_steps",
-            "2",
-            "--per_device_train_batch_size",
-            "8",
-            "--warmup_steps",
-            "0",
-            "--lr_scheduler_type",
-            "constant",
-            "--save_strategy",
-            "no",
-            "--report_to",
-            "none",
-            "--disable_tqdm",
-            "true",
-        ]
+        argv = ["--output_dir", output_dir, "--train_file", str(train_file), "--eval_file", ""]
+        argv += (
+            f"--max_steps {TRAIN_STEPS} --logging_steps 2 --per_device_train_batch_size 8 --warmup_steps 0 "
+            "--lr_scheduler_type constant --save_strategy no --report_to none --disable_tqdm true"
+        ).split()
         captured = io.StringIO()
         start = time.perf_counter()
         try:
