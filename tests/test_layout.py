@@ -121,6 +121,16 @@ def test_nothing_in_the_package_imports_its_testing_module():
     ] == []
 
 
+def test_no_module_is_over_450_lines():
+    """Small files: past this size a module holds more than one concern."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 450
+    }
+    assert long == {}, long
+
+
 def test_the_top_level_holds_at_most_twelve_modules():
     top = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert len(top) <= 12, top
