@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     # The trainer reads --train_file/--eval_file and every record before it loads the model (LoraSFTTrainer).
     trainer = LoraSFTTrainer(args.model_name_or_path, args, callbacks=list(callbacks))
     trainer.train()
-    if trainer.preemption.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
+    if trainer.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
         release_process_group()
         raise SystemExit(PREEMPTED_EXIT_CODE)
     trainer.save_state()  # trainer_state.json in output_dir: the step count and the whole log history

@@ -23,7 +23,7 @@ from hf_lora_ds.config.model import ModelArguments, check_model_fields
 from hf_lora_ds.config.quantization import QuantizationArguments, check_quantization_fields
 from hf_lora_ds.config.ranges import check_ranges
 from hf_lora_ds.config.reliability import ReliabilityArguments
-from hf_lora_ds.config.reporting import ReportingArguments
+from hf_lora_ds.config.reporting import ReportingArguments, check_reporting_fields
 from hf_lora_ds.devices import auto_dtype
 
 __all__ = ["RunFields", "RunValues", "SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
@@ -102,6 +102,7 @@ def check_field_values(args: RunValues) -> None:
     check_data_fields(args)
     check_lora_fields(args)
     check_engine_fields(args)
+    check_reporting_fields(args)
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

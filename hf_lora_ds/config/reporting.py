@@ -1,10 +1,19 @@
-"""The answer-accuracy task and the names the trackers give the run."""
+"""The answer-accuracy task, the run's own callbacks, and the names the trackers give the run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["ReportingArguments"]
+from hf_lora_ds.errors import UserError
+
+if TYPE_CHECKING:
+    from hf_lora_ds.config.arguments import RunValues
+
+__all__ = ["RUN_CALLBACKS", "ReportingArguments", "check_reporting_fields", "chosen_callbacks"]
+
+# The callbacks --run_callbacks may choose (hf_lora_ds.callbacks.run_callbacks attaches them in the run's order).
+RUN_CALLBACKS = ("preemption", "engine", "divergence", "sources", "memory", "throughput", "report")
 
 
 @dataclass
@@ -14,6 +23,16 @@ class ReportingArguments:
     eval_task: str = field(
         default="sum_to_x",
         metadata={"help": "Task that scores generated answers on --eval_file (see hf_lora_ds.eval)."},
+    )
+    run_callbacks: str = field(
+        default="none",
+        metadata={
+            "help": "The run's own callbacks, comma-separated, 'all' or 'none': preemption (SIGTERM/SIGUSR1 save a "
+            "checkpoint and exit 75: installs signal handlers), engine (the engine line), divergence "
+            "(--on_divergence), sources (per-source sample counts), memory (per phase and rank), throughput "
+            "(tokens/s, MFU), report (report.html). The command line's default is 'all'; a LoraSFTTrainer built in "
+            "code gets what this names."
+        },
     )
     eval_gather_zero3_weights: bool = field(
         default=True,
@@ -39,3 +58,20 @@ class ReportingArguments:
             "--output_dir's last folder, unless SWANLAB_EXP_NAME is set."
         },
     )
+
+
+def chosen_callbacks(spec: str) -> tuple[str, ...]:
+    """``--run_callbacks`` as the names it chooses, in the run's order."""
+    names = {name.strip() for name in spec.split(",") if name.strip()} - {"none"}
+    if "all" in names:
+        return RUN_CALLBACKS
+    unknown = sorted(names - set(RUN_CALLBACKS))
+    if unknown:
+        raise UserError(
+            f"--run_callbacks {spec}: unknown {unknown}; use 'all', 'none' or names of {list(RUN_CALLBACKS)}"
+        )
+    return tuple(name for name in RUN_CALLBACKS if name in names)
+
+
+def check_reporting_fields(args: RunValues) -> None:
+    chosen_callbacks(args.run_callbacks)

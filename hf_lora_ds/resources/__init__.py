@@ -44,4 +44,5 @@ DEMO_ARGUMENTS = {
     "logging_steps": 10,
     "save_strategy": "no",
     "report_to": "none",
+    "run_callbacks": "all",  # the command line's own: a LoraSFTTrainer built in code gets what its args name
 }

@@ -7,6 +7,7 @@ Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``repo
 
 from __future__ import annotations
 
+import contextlib
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -128,7 +129,6 @@ class LoraSFTTrainer(Trainer):
             print0(coverage_note)
         # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
         self.run_callbacks = attach_run_callbacks(self)
-        self.preemption = self.run_callbacks.preemption
         print0(trainable_parameters_line(self.model))
         # Without the mask (transformers releases before boolean logits_to_keep) the fused head selects the rows.
         self._position_mask = accepts_position_mask(self.model)
@@ -194,25 +194,34 @@ class LoraSFTTrainer(Trainer):
                     print0(f"  {name}: {audit.line()}")
         if self.is_deepspeed_enabled:
             trim_deepspeed_startup()  # before the engine and its ZeRO optimizer are built
+        memory, preemption = self.run_callbacks.memory, self.run_callbacks.preemption
         try:
             with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
                 result = super().train(resume.checkpoint, *args, **kwargs)
         except BaseException:
-            self.run_callbacks.memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
+            if memory is not None:
+                memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
             raise
         finally:
-            self.preemption.restore_handlers()
-        if self.preemption.preempted:  # the checkpoint is the run's state; a final adapter would look finished
+            if preemption is not None:
+                preemption.restore_handlers()
+        if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
             print0(
-                f"preempted (signal {self.preemption.signal_received or 'on another rank'}): saved "
+                f"preempted (signal {preemption.signal_received or 'on another rank'}): saved "
                 f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
             )
             return result
         # Trainer's events end with training, so the memory tracer sees this save only if it is wrapped for it.
-        with self.run_callbacks.memory.phase("save"):
+        with memory.phase("save") if memory is not None else contextlib.nullcontext():
             self.save_model()
         self._finish_final_adapter()
         return result
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a preemption signal stopped training (with --run_callbacks preemption): the run's state is its
+        last checkpoint, no final adapter was saved."""
+        return self.run_callbacks.preemption is not None and self.run_callbacks.preemption.preempted
 
     def evaluate_answers(self) -> dict[str, EvalResult]:
         """Answer accuracy before training and after, reported (hf_lora_ds.trainer.answers); ``{}`` without eval

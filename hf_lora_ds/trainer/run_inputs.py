@@ -9,6 +9,7 @@ checkpoint to resume from, every record (file, line, field), the memory plan.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from transformers import PreTrainedTokenizerBase, TrainerCallback
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.deepspeed import run_deepspeed_config
+from hf_lora_ds.config.reporting import chosen_callbacks
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.inference_prompts import check_round_trip
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
@@ -83,13 +85,15 @@ def prepare_run_inputs(
         load_samples(eval_records, task, args.system_prompt)  # every record checked as its task reads it
     # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.
     evaluating = args.eval_strategy != "no" and (eval_data is not None or eval_dataset is not None)
-    memory = next((cb for cb in callbacks if isinstance(cb, MemoryTraceCallback)), None) or MemoryTraceCallback()
+    memory = next((cb for cb in callbacks if isinstance(cb, MemoryTraceCallback)), None)
+    if memory is None and "memory" in chosen_callbacks(args.run_callbacks):
+        memory = MemoryTraceCallback()
     if by_name:
-        with memory.phase("load"):  # measured now; the trainer attaches it with the run's other callbacks
+        with memory.phase("load") if memory else contextlib.nullcontext():  # attached with the run's other callbacks
             model, quantized = load_base_model(args)
         if quantized:
             print0(quantized)
-    extra: list[TrainerCallback] = [] if memory in callbacks else [memory]
+    extra: list[TrainerCallback] = [] if memory is None or memory in callbacks else [memory]
     if evaluating and eval_records:
         options = run_eval_options(args)
         extra.append(

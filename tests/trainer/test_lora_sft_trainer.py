@@ -21,6 +21,7 @@ RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x -
 def make_trainer(model, tokenizer, tmp_path, callbacks=(), **overrides):
     options = dict(
         output_dir=str(tmp_path / "out"),
+        run_callbacks="all",  # as the command line's runs have them (tests/callbacks: the choice itself)
         max_steps=4,
         per_device_train_batch_size=8,
         learning_rate=1e-2,
