@@ -236,6 +236,7 @@ def epoch(base, tokenizer, samples: ChatSFTDataset, batching: str, rows: int, wo
         lora_dropout=0.0,
         max_length=samples.max_length,
         batching=batching,
+        run_callbacks="throughput",
     )
     trainer = LoraSFTTrainer(
         copy.deepcopy(base),
