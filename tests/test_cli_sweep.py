@@ -51,6 +51,7 @@ STRING_CASES = {
     "sharegpt_roles": "bot=robot",
     "lora_target_modules": "no_such_proj",
     "lora_target_experts": "no_such_weight",
+    "run_callbacks": "preemption,no_such_callback",
     "attn_implementation": "no_such_kernel",
     "report_to": "no_such_tracker",
     "torch_compile_backend": "no_such_backend",

@@ -22,7 +22,8 @@ from hf_lora_ds.distributed import print0, release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
-from hf_lora_ds.eval.tasks import Task, available_tasks, get_task
+from hf_lora_ds.eval.task_registry import available_tasks, get_task
+from hf_lora_ds.eval.tasks import Task
 from hf_lora_ds.launch.checks import check_output_path
 from hf_lora_ds.model.adapter_check import check_adapter_directory
 from hf_lora_ds.model.gguf_import import model_source, plain_model

@@ -25,9 +25,10 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from hf_lora_ds.data.records import DataError, Record, load_records
 from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
-from hf_lora_ds.eval.generate import generate
+from hf_lora_ds.eval.generation import generate
 from hf_lora_ds.eval.sharding import merge_shards, shard
-from hf_lora_ds.eval.tasks import Sample, Task, get_task
+from hf_lora_ds.eval.task_registry import get_task
+from hf_lora_ds.eval.tasks import Sample, Task
 from hf_lora_ds.eval.whole_weights import zero3_weights_gathered
 from hf_lora_ds.training.memory_tracker import measure_peak
 

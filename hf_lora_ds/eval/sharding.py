@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from hf_lora_ds.eval.generate import length_order
+from hf_lora_ds.eval.generation import length_order
 
 __all__ = ["Shard", "shard", "merge_shards"]
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from hf_lora_ds.data.records import DataError
-from hf_lora_ds.eval.tasks import EMPTY_OUTPUT, Sample, Task, Verdict, register_task
+from hf_lora_ds.eval.tasks import EMPTY_OUTPUT, Sample, Task, Verdict
 
 __all__ = ["DEFAULT_PREFIX", "SumToXTask"]
 
@@ -29,7 +29,6 @@ class _Target:
     prefix: str
 
 
-@register_task
 class SumToXTask(Task):
     """Score ``<prefix>a + b`` completions of ``{x}=`` prompts.
 

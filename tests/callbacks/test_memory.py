@@ -8,7 +8,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
 from hf_lora_ds.callbacks.memory import format_memory_block
 from hf_lora_ds.eval import evaluator
-from hf_lora_ds.eval.generate import Generation
+from hf_lora_ds.eval.generation import Generation
 from hf_lora_ds.training import memory_tracker
 from tests.callbacks.callback_helpers import MIB, FakeAllocator
 

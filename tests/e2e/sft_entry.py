@@ -75,7 +75,7 @@ with command_imports():  # as run_sft.py's command imports its modules
 
     from hf_lora_ds.cli import run as run_sft
     from hf_lora_ds.errors import run_cli
-    from hf_lora_ds.eval.tasks import register_task
+    from hf_lora_ds.eval.task_registry import register_task
     from hf_lora_ds.trainer import answers
     from tests.e2e.launching import VARIANT_MARKER
 

@@ -86,7 +86,7 @@ def test_full_and_sharded_state_dicts_save_the_same_adapter_and_full_resumes(tin
         (engine,) = printed_lines(trained.log, "engine: ")
         assert engine.startswith("engine: FSDP2 (full shard of "), engine
         check_saved_whole(outs[kind], tiny_model_dir)
-        check_whole_job(outs[kind], trained.log, world_size=2)  # generation under FSDP2 (hf_lora_ds.eval.generate)
+        check_whole_job(outs[kind], trained.log, world_size=2)  # generation under FSDP2 (hf_lora_ds.eval.generation)
         check_in_run_eval(outs[kind], steps=[2, 4])
 
     full, sharded = outs["FULL_STATE_DICT"], outs["SHARDED_STATE_DICT"]

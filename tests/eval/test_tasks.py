@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from hf_lora_ds.data.records import DataError
-from hf_lora_ds.eval import Sample, Task, Verdict, available_tasks, get_task, register_task
-from hf_lora_ds.eval import tasks as tasks_module
+from hf_lora_ds.eval import Sample, Task, Verdict, available_tasks, get_task, register_task, task_registry
 
 
 @pytest.fixture(autouse=True)
 def isolated_registry(monkeypatch):
     """Tests register tasks; keep them out of the process-wide registry."""
-    monkeypatch.setattr(tasks_module, "_REGISTRY", dict(tasks_module._REGISTRY))
+    monkeypatch.setattr(task_registry, "_REGISTRY", dict(task_registry._REGISTRY))
 
 
 def verdict(task: Task, reference: str, output: str) -> tuple[bool, str | None, str | None]:
@@ -87,15 +84,6 @@ def test_numeric_reference_needs_a_number():
 
 def test_builtin_tasks_are_registered():
     assert {"sum_to_x", "exact_match", "regex", "numeric"} <= set(available_tasks())
-
-
-def test_the_demo_task_is_there_before_its_module_is_imported(monkeypatch):
-    """The package imports no module until a name needs it (hf_lora_ds._lazy): looking a task up registers sum_to_x,
-    the demo's task, whoever imported what before."""
-    monkeypatch.delitem(sys.modules, "hf_lora_ds.eval.sum_to_x")
-    monkeypatch.delitem(tasks_module._REGISTRY, "sum_to_x")
-    assert "sum_to_x" in available_tasks()
-    assert get_task("sum_to_x").name == "sum_to_x"
 
 
 def test_register_a_function_with_the_decorator():

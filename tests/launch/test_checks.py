@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_lora_ds.config.arguments import check_field_values
+from hf_lora_ds.config.arguments import RunFields, check_field_values
 from hf_lora_ds.config.engine import check_engine_fields
 from hf_lora_ds.config.lora import check_lora_fields as check_lora
 from hf_lora_ds.config.ranges import RANGES, check_ranges
@@ -33,7 +33,7 @@ def check_ulysses(values, world_size: int) -> None:
     check_sequence_parallel(values, world_size)
 
 
-def fields(tmp_path, **changes) -> SimpleNamespace:
+def fields(tmp_path, **changes) -> RunFields:
     """Parsed values as the CLI reads them, valid unless ``changes`` says otherwise."""
     train = tmp_path / "train.jsonl"
     train.write_text("{}\n")
@@ -72,7 +72,7 @@ def fields(tmp_path, **changes) -> SimpleNamespace:
         attn_implementation=None,
         **{name: None for name in RANGES},
     )
-    return SimpleNamespace(**{**values, **changes})
+    return RunFields(**{**values, **changes})
 
 
 @pytest.mark.parametrize(

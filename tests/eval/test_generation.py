@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_lora_ds.eval import generate, stop_token_ids
-from hf_lora_ds.eval.generate import (
+from hf_lora_ds.eval.generation import (
     CHUNKED_HEAD_MIN_ROWS,
     _decode,
     _swap_in_chunked_head,
@@ -124,7 +124,7 @@ def test_the_chunked_head_gives_the_head_s_logits(varied_model, monkeypatch):
     head = varied_model.get_output_embeddings()
     # the package's ``generate`` function hides its module's name
     monkeypatch.setattr(
-        importlib.import_module("hf_lora_ds.eval.generate"), "VOCABULARY_CHUNK", 48
+        importlib.import_module("hf_lora_ds.eval.generation"), "VOCABULARY_CHUNK", 48
     )  # not a divisor: the last slice is short
     assert head.weight.shape[0] > 3 * 48 and head.weight.shape[0] % 48
     hidden = torch.randn(2, CHUNKED_HEAD_MIN_ROWS, head.in_features)
