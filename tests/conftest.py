@@ -122,6 +122,16 @@ def qwen3_tokenizer():
 
 
 @pytest.fixture
+def own_formats(monkeypatch):
+    """The record-format registry (hf_lora_ds.data.formats.registry) as it is now, given back after the test: the
+    formats a test registers go with it."""
+    from hf_lora_ds.data.formats import registry
+
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+    monkeypatch.setattr(registry, "_IDENTIFIERS", list(registry._IDENTIFIERS))
+
+
+@pytest.fixture
 def tiny_model(qwen_style_tokenizer):
     """A 2-layer, hidden-32 Qwen2 model matching ``qwen_style_tokenizer``."""
     return build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=2)

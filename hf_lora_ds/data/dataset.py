@@ -26,6 +26,7 @@ from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
+from hf_lora_ds.data.formats.registry import fingerprint
 from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
 from hf_lora_ds.data.plain_text import PlainText
 from hf_lora_ds.data.record_table import cache_root
@@ -228,6 +229,7 @@ class _Encoder:
             self.formats,
             sorted(self.source_formats.items()),
             vars(self.thinking),
+            fingerprint(),  # a user's own record format too (hf_lora_ds.data.formats.registry)
         ]
 
     def conversations(self, batch: dict[str, list]) -> Iterator[dict[str, Any]]:
@@ -389,6 +391,6 @@ def _count_values(column: pa.ChunkedArray) -> Counter:
 
 
 def _code_version() -> str:
-    """A hash of the data package's modules (among them those that decide the tokenized output), so a changed
-    hf_lora_ds does not reuse old caches."""
-    return Hasher.hash([path.read_bytes() for path in sorted(Path(__file__).parent.glob("*.py"))])
+    """A hash of the data package's modules, its subpackages' too (among them those that decide the tokenized
+    output: the record formats), so a changed hf_lora_ds does not reuse old caches."""
+    return Hasher.hash([path.read_bytes() for path in sorted(Path(__file__).parent.rglob("*.py"))])

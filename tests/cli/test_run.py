@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 import run_sft
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, MORE_MOE_FAMILIES, build_tiny_moe
+from hf_lora_ds.data.formats import register_format
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.model import loading
 from hf_lora_ds.model.experts import moe_blocks
@@ -122,6 +123,27 @@ def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, 
     with pytest.raises(DataError, match=r"bad.jsonl, line 2: field 'output' must be a string"):
         run_sft.main(flags)
     assert loaded == []
+
+
+def test_a_record_format_registered_before_the_run_reads_its_training_file(
+    tiny_model_dir, tmp_path, own_formats, capsys
+):
+    """As docs/data.md shows it: a script registers its format, then runs run_sft's command line."""
+
+    @register_format(fields=("q", "a"))
+    def qa(record, reading):
+        q, a = reading.string(record, "q"), reading.string(record, "a")
+        return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+    train = tmp_path / "qa.jsonl"
+    train.write_text("".join(json.dumps({"q": f"{x}=", "a": f"{x - 1} + 1", "id": x}) + "\n" for x in range(10, 18)))
+    out = tmp_path / "qa_run"
+    flags = ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--eval_file", ""]
+    run_sft.main([*flags, "--output_dir", str(out), "--max_steps", "1", "--dataset_cache_dir", str(out / "cache")])
+    printed = capsys.readouterr().out
+    assert f"data: 8 samples from 1 source(s) ({train}: 8); unused fields: id (8 records)" in printed
+    assert "mask audit: 8 samples" in printed
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1
 
 
 def test_defaults_point_at_the_bundled_demo():

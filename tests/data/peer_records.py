@@ -1,12 +1,33 @@
 """Expectations for the peers' record kinds, built without the reader: the ChatML text written out by hand, the
-trained characters found by locating the answer strings in it, and a token trained iff its first character is."""
+trained characters found by locating the answer strings in it, and a token trained iff its first character is; the
+tool-calling records (OpenAI messages, LLaMA-Factory ShareGPT) and their pieces as the tools template renders them."""
 
 from __future__ import annotations
+
+import json
 
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 
 END = "<|im_end|>"
 JOKE = "I'm doing very well, thank you!"
+SYSTEM = "You are a helpful assistant."
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"city": {"type": "string"}}}}
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL_MESSAGES = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "assistant", "content": "It is sunny."},
+]
+SHAREGPT_TOOLS = {
+    "conversations": [
+        {"from": "human", "value": "Weather in Paris?"},
+        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+        {"from": "observation", "value": "sunny"},
+        {"from": "gpt", "value": "It is sunny."},
+    ],
+    "tools": json.dumps([TOOL]),
+}
 
 
 def chatml(*turns: tuple[str, str]) -> str:
@@ -30,6 +51,29 @@ def labels_of(tokenizer, text: str, trained: list[bool]) -> tuple[list[int], lis
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = encoded["input_ids"]
     return ids, [t if trained[start] else IGNORE_INDEX for t, (start, _) in zip(ids, encoded["offset_mapping"])]
+
+
+def expected(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    """Token ids and labels of a text given as (piece, trained?) pairs, tokenized piece by piece."""
+    input_ids, labels = [], []
+    for text, trained in pieces:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        input_ids += piece
+        labels += piece if trained else [IGNORE_INDEX] * len(piece)
+    return input_ids, labels
+
+
+def tool_pieces() -> list[tuple[str, bool]]:
+    """The tool conversation as the Qwen2.5-like template renders it: the call and the answer trained, the tool
+    result (a user turn of <tool_response>) not."""
+    return [
+        (f"<|im_start|>system\n{SYSTEM}\n\n# Tools\n<tools>\n{json.dumps(TOOL)}\n</tools><|im_end|>\n", False),
+        ("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n", False),
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>', True),
+        ("\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n", False),
+        ("It is sunny.<|im_end|>", True),
+        ("\n", False),
+    ]
 
 
 def expect(tokenizer, text: str, answers: list[str]) -> tuple[list[int], list[int]]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from hf_lora_ds.data import dataset
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.data.records import DataError
 
@@ -137,6 +140,15 @@ def test_tokenized_samples_are_cached(chatml_tokenizer, tmp_path):
         max_length=len(ids(chatml_tokenizer, "<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n")) + 2,
     )
     assert len(list(tmp_path.glob("chat_sft-*.arrow"))) == 2
+
+
+def test_the_cache_key_hashes_every_module_of_the_data_package_its_formats_included(monkeypatch):
+    """A changed record format (hf_lora_ds/data/formats/) must not reuse the samples an older one tokenized."""
+    read = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read.append(path.name) or read_bytes(path))
+    dataset._code_version()
+    assert {"alpaca.py", "turns.py", "registry.py", "dataset.py", "labels.py"} <= set(read)
 
 
 def _with_template(tokenizer, template):

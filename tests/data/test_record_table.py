@@ -12,9 +12,8 @@ from hf_lora_ds.data.dataset import ChatSFTDataset, labels_from_spans, render_sa
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.sources import load_data
+from tests.data.peer_records import SHAREGPT_TOOLS, TOOL, TOOL_MESSAGES
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"city": {"type": "string"}}}}
-CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 MIXED = [
     {"instruction": "12=", "input": "", "output": "王大丫丫的回答是--->3 + 9"},
     {"instruction": "Add", "input": "1=", "output": "0 + 1", "system": "Be brief."},
@@ -26,24 +25,8 @@ MIXED = [
             {"role": "assistant", "content": "cats."},
         ]
     },
-    {
-        "conversations": [
-            {"from": "human", "value": "Weather in Paris?"},
-            {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
-            {"from": "observation", "value": "sunny"},
-            {"from": "gpt", "value": "It is sunny."},
-        ],
-        "tools": json.dumps([TOOL]),
-    },
-    {
-        "messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": "", "tool_calls": [CALL]},
-            {"role": "tool", "content": "sunny"},
-            {"role": "assistant", "content": "It is sunny."},
-        ],
-        "tools": [TOOL],
-    },
+    SHAREGPT_TOOLS,
+    {"messages": TOOL_MESSAGES, "tools": [TOOL]},
 ]
 
 

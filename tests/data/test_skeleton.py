@@ -24,8 +24,8 @@ from hf_lora_ds.data.template_rule import prefix_samples
 from hf_lora_ds.data.thinking import ThinkingOptions
 from tests import REPO
 from tests.cli.test_audit import RECORDS as AUDIT_RECORDS
+from tests.data.peer_records import SHAREGPT_TOOLS, TOOL, TOOL_MESSAGES
 from tests.data.test_dataset import ANSWER, MULTI_TURN
-from tests.data.test_formats import SHAREGPT_TOOLS, TOOL, TOOL_MESSAGES
 from tests.data.test_inference_prompts import ALPACA, NO_EMPTY_THINK, without_reasoning
 from tests.data.test_record_table import MIXED, alpaca_lines
 from tests.data.test_thinking import TOOL_CONVERSATION, TWO_TURNS

@@ -13,7 +13,7 @@ from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.data.template_probes import TemplateTraits
 from hf_lora_ds.data.thinking import ThinkingOptions, as_template_reads
-from tests.data.test_formats import expected
+from tests.data.peer_records import expected
 
 USER = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TWO_TURNS = [

@@ -320,7 +320,14 @@ def test_throughput_still_counts_supervised_tokens(tiny64, qwen_style_tokenizer,
     """The model gets logits_to_keep instead of labels: the trainer's ThroughputCallback must count the same
     supervised tokens."""
     trainer = make_trainer(
-        tiny64, qwen_style_tokenizer, dataset, tmp_path, True, max_steps=-1, num_train_epochs=1, run_callbacks="throughput"
+        tiny64,
+        qwen_style_tokenizer,
+        dataset,
+        tmp_path,
+        True,
+        max_steps=-1,
+        num_train_epochs=1,
+        run_callbacks="throughput",
     )
     trainer.train()
     logged = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hf_lora_ds.data.columns import FormatOptions, parse_mapping
 from hf_lora_ds.data.formats import to_conversation
+from hf_lora_ds.data.formats.columns import FormatOptions, parse_mapping
 from hf_lora_ds.data.records import DataError
 from tests.data.peer_records import build
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hf_lora_ds.data.formats.registry import format_of, known_fields
 from hf_lora_ds.data.records import DataError
 
 __all__ = [
@@ -14,7 +15,6 @@ __all__ = [
     "FieldNames",
     "SHAREGPT_ROLES",
     "COLUMN_ALIASES",
-    "KNOWN_FIELDS",
     "map_columns",
     "parse_mapping",
 ]
@@ -32,23 +32,6 @@ SHAREGPT_ROLES = {
 }
 # --columns keys that are other names for the alpaca fields.
 COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "output"}
-KNOWN_FIELDS = (
-    "instruction",
-    "input",
-    "output",
-    "system",
-    "reasoning",
-    "history",
-    "messages",
-    "conversations",
-    "tools",
-    "prompt",
-    "completion",
-    "text",
-)
-# A record with one of them has a known format.
-FORMAT_FIELDS = ("instruction", "output", "messages", "conversations", "completion", "text")
-ALPACA_FIELDS = {"instruction", "output"}  # both required in an alpaca record
 
 
 @dataclass(frozen=True)
@@ -63,8 +46,8 @@ class FormatOptions:
 
     def __post_init__(self) -> None:
         for key, column in self.columns.items():
-            if COLUMN_ALIASES.get(key, key) not in KNOWN_FIELDS:
-                known = sorted(set(KNOWN_FIELDS) | set(COLUMN_ALIASES))
+            if COLUMN_ALIASES.get(key, key) not in (fields := known_fields()):
+                known = sorted(fields | set(COLUMN_ALIASES))
                 raise ValueError(f"--columns {key}={column}: unknown field {key!r}; map one of {known}")
         allowed = set(SHAREGPT_ROLES.values())
         for name, role in self.sharegpt_roles.items():
@@ -126,10 +109,10 @@ def map_columns(record: dict, columns: dict[str, str], where: str) -> tuple[dict
 
 
 def _unmet_columns(missing: list[tuple[str, str]], mapped: dict) -> list[tuple[str, str]]:
-    """The missing mapped columns the record needed: all of them when it is in no known format, else the alpaca
-    field (instruction, output) it still lacks, so the user hears of their column, not of 'output' they never wrote."""
-    if not any(name in mapped for name in FORMAT_FIELDS):
+    """The missing mapped columns the record needed: all of them when it is in no known format, else those of the
+    fields its format needs that it still lacks (an alpaca record's instruction or output), so the user hears of their
+    column, not of 'output' they never wrote."""
+    if (record_format := format_of(mapped)) is None:
         return missing
-    if "messages" in mapped or "conversations" in mapped or not ALPACA_FIELDS & mapped.keys():
-        return []  # a chat, TRL or text record
-    return [(key, column) for key, column in missing if COLUMN_ALIASES.get(key, key) in ALPACA_FIELDS - mapped.keys()]
+    lacking = set(record_format.fields) - mapped.keys()
+    return [(key, column) for key, column in missing if COLUMN_ALIASES.get(key, key) in lacking]
