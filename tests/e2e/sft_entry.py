@@ -76,7 +76,7 @@ with command_imports():  # as run_sft.py's command imports its modules
     from hf_lora_ds.cli import run as run_sft
     from hf_lora_ds.errors import run_cli
     from hf_lora_ds.eval.task_registry import register_task
-    from hf_lora_ds.trainer import answers
+    from hf_lora_ds.trainer import answers, run_inputs
     from tests.e2e.launching import VARIANT_MARKER
 
 
@@ -86,7 +86,7 @@ def first_token(output: str, sample) -> bool:
 
 
 def offset_loaded_weights(rank: int) -> None:
-    load = run_sft.load_base_model
+    load = run_inputs.load_base_model
 
     def load_and_offset(args):
         model, quantized = load(args)
@@ -96,7 +96,7 @@ def offset_loaded_weights(rank: int) -> None:
                     param.add_(1.0)
         return model, quantized
 
-    run_sft.load_base_model = load_and_offset
+    run_inputs.load_base_model = load_and_offset
 
 
 class SampleRecorder(TrainerCallback):

@@ -12,7 +12,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.config.lora import LoraArguments
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.model.experts_kernel import choose_experts_implementation, experts_kernel_text, use_experts_kernel
+from hf_lora_ds.model.experts_kernel import (
+    choose_experts_implementation,
+    experts_kernel_text,
+    grouped_mm_failure,
+    use_experts_kernel,
+)
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 
 CPU = torch.device("cpu")
@@ -69,3 +74,12 @@ def test_a_dense_model_keeps_its_kernel_and_a_fallback_says_why(tiny_model, qwen
         "kernel eager (torch's grouped GEMM does not run on cpu in float64 (Expected mat_a to be Float32, BFloat16 "
         "or Float16 matrix, got Double))"
     )
+
+
+def test_the_kernel_probe_draws_nothing_from_the_runs_random_stream():
+    """It runs after the run's seed and before the adapter's init: a draw would change every run's trajectory (seen:
+    ZeRO-3 runs that should match stopped matching from their second step)."""
+    grouped_mm_failure.cache_clear()
+    before = torch.get_rng_state()
+    choose_experts_implementation("auto", torch.device("cpu"), torch.float32)
+    assert torch.equal(torch.get_rng_state(), before)
