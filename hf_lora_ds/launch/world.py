@@ -104,9 +104,11 @@ def share_process_group_with_deepspeed(args: TrainingArguments) -> None:
     ``deepspeed.comm`` for the world size and silently falls back to 1 when deepspeed.comm was never initialised;
     the batch assertion then fails (``4 != 2 * 1 * 1``). accelerate initialises deepspeed.comm itself only on its
     accelerator path; on the ``use_cpu`` path it creates a plain torch.distributed group. Wrapping that same group
-    is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else.
+    is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else. A world of one has
+    nothing to agree on (the fallback is right), and on a CPU that spares a run that only parses its arguments the
+    build of DeepSpeed's shared-memory allreduce (minutes, the first time).
     """
-    if not args.deepspeed or not process_group_exists():
+    if not args.deepspeed or not process_group_exists() or torch.distributed.get_world_size() == 1:
         return
     import deepspeed.comm
 

@@ -20,7 +20,7 @@ TRAIN_RECORDS = 32
 EVAL_RECORDS = 6
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def deepspeed_cpu_ops():
     """DeepSpeed's CPU ops (shm_comm, cpu_adam) built before the first launch (tests/e2e/deepspeed_ops.py): this waits
     for the build the suite started in the background as it began, or builds them where it did not (one file run
@@ -29,6 +29,13 @@ def deepspeed_cpu_ops():
     done = subprocess.run(deepspeed_ops.command(), env=launch_env(), capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"building DeepSpeed's CPU ops failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
     print(f"\nDeepSpeed CPU ops ready in {time.perf_counter() - start:.0f} s:\n{done.stdout.strip()}")
+
+
+@pytest.fixture(autouse=True)
+def deepspeed_cpu_ops_before_a_launch(request):
+    """Only the tests that launch (the slow ones) wait for the build: a quick test here has nothing to wait for."""
+    if request.node.get_closest_marker("slow"):
+        request.getfixturevalue("deepspeed_cpu_ops")
 
 
 def sum_record(x: int) -> dict[str, str]:

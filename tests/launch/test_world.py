@@ -70,6 +70,21 @@ def test_a_single_process_agrees_with_itself(tmp_path, no_launcher):
     world.ensure_world_agreement(TrainingArguments(output_dir=str(tmp_path), report_to="none"))
 
 
+@pytest.mark.parametrize(("world_size", "shared"), [(1, False), (2, True)])
+def test_deepspeed_comm_gets_the_process_group_of_several_ranks(monkeypatch, world_size, shared):
+    import deepspeed.comm
+
+    initialised = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *group: world_size)
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda *group: "gloo")
+    monkeypatch.setattr(deepspeed.comm, "is_initialized", lambda: False)
+    monkeypatch.setattr(deepspeed.comm, "init_distributed", lambda **options: initialised.append(options))
+    args = SimpleNamespace(deepspeed="ds_configs/stage3.json", ddp_timeout_delta=None)
+    world.share_process_group_with_deepspeed(args)
+    assert bool(initialised) is shared
+
+
 def test_disagreement_is_reported_with_the_fix(tmp_path, no_launcher):
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
     no_launcher.setenv("WORLD_SIZE", "2")  # as if a launcher had started 2 ranks but Trainer saw 1
