@@ -5,6 +5,7 @@ allocator in test_memory.py and, across 2 ranks, in test_ddp.py."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -38,12 +39,15 @@ class SamplerThreads(TrainerCallback):
 def run(make_trainer, qwen_style_tokenizer):
     samplers = SamplerThreads()
     memory = MemoryTraceCallback(sample_interval_s=0.005)
+    gc.collect()
     with memory.phase("load"):
-        model = lora_model(qwen_style_tokenizer)
+        # The spike first: memory an earlier test left for the collector, freed while the model is built, once
+        # lowered RSS below the phase's start by more than the spike, and the spike after it showed as no peak.
         spike = b"x" * (SPIKE_MIB << 20)  # touched pages, so RSS really grows
         # held 2 s: on a loaded CI machine the sampler (every 5 ms) once took no sample in the 0.3 s it was held
         time.sleep(2.0)
         del spike
+        model = lora_model(qwen_style_tokenizer)
     trainer = make_trainer(model=model, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=4)
     memory.attach(trainer)
     throughput = ThroughputCallback().attach(trainer)
