@@ -42,7 +42,7 @@ class SamplerThreads(TrainerCallback):
 def run(make_trainer, qwen_style_tokenizer):
     samplers = SamplerThreads()
     memory = MemoryTraceCallback(sample_interval_s=0.005)
-    gc.collect()
+    gc.collect()  # no collection inside the phase: garbage freed there would hide part of the spike's rise
     process = psutil.Process()
     with memory.phase("load"):
         before = process.memory_info().rss / MIB
