@@ -13,6 +13,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +44,7 @@ from hf_lora_ds.data.template_rule import (
     render_samples,
 )
 from hf_lora_ds.data.thinking import ThinkingOptions, as_template_reads
+from hf_lora_ds.data.token_bytes import TokenBytes
 from hf_lora_ds.data.turn_flags import TextMask, plan_turns, text_mask
 from hf_lora_ds.data.user_turns import with_user_turns
 from hf_lora_ds.distributed import main_process_first
@@ -218,6 +220,11 @@ class _Encoder:
         self.locator = Locator(self.rules, assistant_turns)
         self.plain_text = PlainText(tokenizer)
 
+    @cached_property
+    def token_bytes(self) -> TokenBytes | None:
+        """Built when the first batch is tokenized, not for a dataset its cache already holds."""
+        return TokenBytes.of(self.tokenizer)
+
     def settings(self) -> list[Any]:
         """Everything besides the records that decides the output: vocabulary, template and options."""
         return [
@@ -322,7 +329,7 @@ class _Encoder:
                         plan.switched_on if first else 0,
                     )
                 )
-        flat = tokenized_labels(self.tokenizer, texts, spans, masks if any(masks) else None)
+        flat = tokenized_labels(self.tokenizer, texts, spans, masks if any(masks) else None, self.token_bytes)
         return self.table(flat, places, notes)
 
     def table(self, flat: FlatLabels, places: list[tuple[str, str]], notes: list[tuple[str, int, int]]) -> pa.Table:

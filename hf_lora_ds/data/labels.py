@@ -6,9 +6,10 @@ each span's tokens must decode to the span's text. ``batch_labels`` gives the sa
 for a batch, without a Python loop over every token of every span: where the offsets run in order (as a fast
 tokenizer's do), each span's tokens are found by binary search, and all of the batch's decode checks are one call.
 ``tokenized_labels`` tokenizes a batch and labels it, placing each span's tokens from its edges alone where that is
-proven (reading every token's offsets is a Python tuple per token); a token merged across the start of a span (the
-end of a turn's inference prompt and the start of its reply: ``<think>\n`` + ``\n</think>``) is no error there but
-resolved as inference sees it: the prompt is tokenized on its own, as inference tokenizes it, and the reply after it.
+proven (reading every token's offsets is a Python tuple per token; a byte-level BPE tokenizer need not track them at
+all: ``hf_lora_ds.data.token_bytes``); a token merged across the start of a span (the end of a turn's inference
+prompt and the start of its reply: ``<think>\n`` + ``\n</think>``) is no error there but resolved as inference sees
+it: the prompt is tokenized on its own, as inference tokenizes it, and the reply after it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from hf_lora_ds.data.template_rule import IGNORE_INDEX, TemplateError
+from hf_lora_ds.data.token_bytes import TokenBytes
 from hf_lora_ds.data.turn_flags import TextMask, mask_labels
 
 __all__ = ["FlatLabels", "labels_from_spans", "batch_labels", "tokenized_labels", "sample_tokens"]
@@ -137,17 +139,39 @@ def _labels_at_span_edges(
     return FlatLabels(ids, _trained(ids, np.array(first, dtype=np.int64), np.array(stop, dtype=np.int64)), lengths)
 
 
+def _labels_by_bytes(
+    texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], token_bytes: TokenBytes
+) -> FlatLabels | None:
+    """The batch labelled from its tokens' byte lengths (``hf_lora_ds.data.token_bytes``), each span's tokens proven
+    by decoding to its text as ``_labels_at_span_edges`` proves them; None where that fails for any span."""
+    if (input_ids := token_bytes.encode(texts)) is None:
+        return None
+    placed = token_bytes.token_ranges(texts, spans, input_ids)
+    if placed is not None:
+        ids, lengths, first, stop = placed
+        expected = [text[start:end] for text, text_spans in zip(texts, spans) for start, end in text_spans]
+        if _decode(token_bytes.tokenizer, [ids[a:b].tolist() for a, b in zip(first, stop)]) == expected:
+            token_bytes.tally(placed=True)
+            return FlatLabels(ids, _trained(ids, first, stop), lengths)
+    token_bytes.tally(placed=False)
+    return None
+
+
 def tokenized_labels(
     tokenizer: PreTrainedTokenizerBase,
     texts: Sequence[str],
     spans: Sequence[Sequence[tuple[int, int]]],
     masks: Sequence[TextMask | None] | None = None,
+    token_bytes: TokenBytes | None = None,
 ) -> FlatLabels:
     """The texts tokenized and labelled (``batch_labels``); a text with a token across a span's start is tokenized
     in pieces cut at its spans' starts (``sample_tokens``), and only then can a crossing token be an error. Texts
     with a training-flag mask (``hf_lora_ds.data.turn_flags``) then have its characters' tokens switched off.
-    Every token's offsets (millions of Python tuples) are read only where a span's edges cannot place its tokens
-    (``_labels_at_span_edges``), or for a mask."""
+    With the tokenizer's ``token_bytes`` the batch is first encoded without offsets and placed by its tokens' byte
+    lengths (``_labels_by_bytes``); every token's offsets (millions of Python tuples) are read only where a span's
+    edges cannot place its tokens (``_labels_at_span_edges``), or for a mask."""
+    if masks is None and token_bytes is not None and (flat := _labels_by_bytes(texts, spans, token_bytes)):
+        return flat
     encoded = tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False)
     ids, encodings = encoded["input_ids"], encoded.encodings
     if masks is None and (flat := _labels_at_span_edges(tokenizer, texts, spans, ids, encodings)) is not None:

@@ -1,0 +1,110 @@
+"""Spans placed from the tokens' byte lengths: the labels every token's offsets give, or no answer (never another)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+from tokenizers import normalizers
+
+from hf_lora_ds.data.labels import tokenized_labels
+from hf_lora_ds.data.template_rule import TemplateError
+from hf_lora_ds.data.token_bytes import TokenBytes
+
+TEXTS = [
+    "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nBonjour!<|im_end|>\n",
+    "<|im_start|>user\n王大丫丫的回答是--->0123456789 + =<|im_end|>\n<|im_start|>assistant\nParis, é 🙂.<|im_end|>\n",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+
+@pytest.fixture(scope="module")
+def unnormalized(chatml_tokenizer):
+    """The ChatML test tokenizer without its NFC normalizer: non-ASCII text is placed by bytes too."""
+    tokenizer = copy.deepcopy(chatml_tokenizer)
+    tokenizer.backend_tokenizer.normalizer = None
+    return tokenizer
+
+
+def _labelled(tokenizer, spans, token_bytes=None, masks=None):
+    try:
+        flat = tokenized_labels(tokenizer, TEXTS, spans, masks, token_bytes)
+    except TemplateError as err:
+        return str(err)
+    return flat.ids.tolist(), flat.labels.tolist(), flat.lengths.tolist()
+
+
+def _token_edges(tokenizer, text: str) -> list[int]:
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return sorted({0, len(text)} | {end for _, end in offsets} | {start for start, _ in offsets})
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_labels_placed_by_bytes_are_those_every_tokens_offsets_give(unnormalized, seed):
+    """Spans on token edges, cut through a token (a multi-byte character's too) or empty: the same ids, labels and
+    lengths, or the same error, as reading every token's offsets."""
+    rng = random.Random(seed)
+    spans = []
+    for text in TEXTS:
+        edges = _token_edges(unnormalized, text)
+        edges += [rng.randrange(len(text)) for _ in range(rng.randint(0, 1))]  # maybe inside a token
+        picked = sorted(rng.sample(sorted(set(edges)), min(len(set(edges)), 2 * rng.randint(0, 2))))
+        spans.append(list(zip(picked[0::2], picked[1::2])))
+    if seed % 10 == 0:
+        spans[0] = [(0, 0), *spans[0]]
+    token_bytes = TokenBytes.of(unnormalized)
+    assert _labelled(unnormalized, spans, token_bytes) == _labelled(unnormalized, spans, masks=[None] * len(TEXTS))
+
+
+def test_a_batch_on_token_edges_is_placed_without_offsets(unnormalized, monkeypatch):
+    """The byte lengths place every span of a chat batch (non-ASCII included): the tokenizer is never called with
+    offsets, and the labels are the offsets' ones."""
+    spans = [[(len(text) - 20, len(text) - 1)] for text in TEXTS[:2]] + [[(4, 9)]]
+    expected = _labelled(unnormalized, spans, masks=[None] * len(TEXTS))
+    token_bytes = TokenBytes.of(unnormalized)
+    monkeypatch.setattr(type(unnormalized), "_encode_plus", lambda *a, **k: pytest.fail("encoded with offsets"))
+    assert _labelled(unnormalized, spans, token_bytes) == expected
+    assert (token_bytes.placed, token_bytes.missed) == (1, 0)
+
+
+def test_a_normalizer_keeps_non_ascii_batches_on_offsets(chatml_tokenizer):
+    """NFC may change non-ASCII text (and its length), so such a batch is not placed by bytes; an ASCII one is."""
+    token_bytes = TokenBytes.of(chatml_tokenizer)
+    assert token_bytes.encode(TEXTS) is None
+    assert (
+        token_bytes.encode([TEXTS[0], TEXTS[2]])
+        == chatml_tokenizer([TEXTS[0], TEXTS[2]], add_special_tokens=False)["input_ids"]
+    )
+
+
+def test_tokenizers_not_spelt_in_bytes_get_no_table(chatml_tokenizer):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    assert TokenBytes.of(PreTrainedTokenizerFast(tokenizer_object=words)) is None
+    lowercased = copy.deepcopy(chatml_tokenizer)
+    lowercased.backend_tokenizer.normalizer = normalizers.Lowercase()  # changes ASCII: bytes no longer match
+    assert TokenBytes.of(lowercased) is None
+
+
+def test_a_truncating_backend_is_encoded_as_a_call_would(unnormalized):
+    """A tokenizer.json saved with truncation on: a call of the tokenizer turns it off first; the bytes do not try."""
+    tokenizer = copy.deepcopy(unnormalized)
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    assert TokenBytes.of(tokenizer).encode(TEXTS) is None
+    spans = [[(0, 5)]] * len(TEXTS)
+    assert _labelled(tokenizer, spans, TokenBytes.of(tokenizer)) == _labelled(tokenizer, spans, masks=[None] * 3)
+
+
+def test_a_template_whose_batches_miss_stops_being_tried(unnormalized):
+    """Spans that cut through tokens miss every batch: after two misses more than placements, no second encoding."""
+    token_bytes = TokenBytes.of(unnormalized)
+    inside = [[(1, 3)]] * len(TEXTS)  # "<|" is no token edge: "<|im_start|>" is one token
+    for _ in range(2):
+        assert token_bytes.encode(TEXTS) is not None
+        _labelled(unnormalized, inside, token_bytes)
+    assert (token_bytes.placed, token_bytes.missed) == (0, 2)
+    assert token_bytes.encode(TEXTS) is None
