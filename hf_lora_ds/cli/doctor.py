@@ -292,6 +292,7 @@ def _deepspeed_ops() -> Iterator[tuple[str, str]]:
     # The shipped offload configs use cpu_adam; a JIT build needs ninja, and CUDA ops nvcc.
     if "cpu_adam" not in usable or not is_ninja_available():
         yield "warn", "cpu_adam cannot be built here (needs ninja and a C++ compiler): *_offload configs fail"
+    yield from _build_locks()
     import torch
 
     if torch.cuda.is_available() and CUDA_HOME is None:
@@ -300,6 +301,17 @@ def _deepspeed_ops() -> Iterator[tuple[str, str]]:
             "no CUDA toolkit (CUDA_HOME): CUDA ops such as fused_adam cannot JIT-build; shipped configs "
             "use the trainer's torch AdamW, which needs none",
         )
+
+
+def _build_locks(stale_after_s: float = 600.0) -> Iterator[tuple[str, str]]:
+    """torch's ``lock`` file of an op's JIT build, older than any build takes: a build killed mid-way leaves it, and
+    every later launch that needs the op waits on it without a word."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    for lock in sorted({*root.glob("*/lock"), *root.glob("*/*/lock")}):
+        if (age_s := time.time() - lock.stat().st_mtime) > stale_after_s:  # younger: maybe a build running now
+            yield "warn", f"{lock}: {age_s / 60:.0f} min old, left by a killed build (launches wait on it): remove it"
 
 
 # --- speed --------------------------------------------------------------------------------------------------------

@@ -159,3 +159,19 @@ def test_a_loss_that_does_not_fall_fails_the_run(monkeypatch, losses):
     monkeypatch.setattr(doctor, "_check_adapter", lambda directory: iter(()))
     found = list(doctor._lora_run())
     assert found[0][0] == "FAIL" and "did not go down" in found[0][1], found
+
+
+def test_a_build_lock_older_than_any_build_is_named(tmp_path, monkeypatch):
+    """A killed JIT build's lock makes every later launch wait forever: the doctor names it; a fresh one (a build
+    running now) is left alone."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    for op, age_s in (("deepspeed_shm_comm", 3600), ("cpu_adam", 30)):
+        (tmp_path / op).mkdir()
+        (tmp_path / op / "lock").touch()
+        os.utime(tmp_path / op / "lock", (time.time() - age_s,) * 2)
+    findings = [(status, detail) for status, detail in doctor._deepspeed_ops() if "lock" in detail]
+    assert [status for status, _ in findings] == ["warn"]
+    assert str(tmp_path / "deepspeed_shm_comm" / "lock") in findings[0][1] and "60 min old" in findings[0][1]
