@@ -231,18 +231,18 @@ class ErrorRelay:
                 time.sleep(self.POLL_S)
 
 
-def effective_global_batch(args: Any) -> int:
+def effective_global_batch(args: Any, sequence_parallel: int = 1) -> int:
     """Samples (rows, when packed) per optimizer step over all ranks: the number DeepSpeed calls
-    ``train_batch_size``. The ranks of a sequence-parallel group train the same batch, so they count once."""
-    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
+    ``train_batch_size``. The ranks of a sequence-parallel group (``sequence_parallel`` ranks) train the same batch,
+    so they count once."""
     return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size // sequence_parallel
 
 
-def describe_world(args: Any) -> str:
-    """One line for rank 0 to print at start: ranks, device, backend and how the global batch is made up."""
+def describe_world(args: Any, sequence_parallel: int = 1) -> str:
+    """One line for rank 0 to print at start: ranks, device, backend and how the global batch is made up (groups of
+    ``sequence_parallel`` ranks train one batch)."""
     state = args.distributed_state
     backend = getattr(state, "backend", None) or "none"
-    sequence_parallel = getattr(args, "sequence_parallel_size", 1)
     groups = args.world_size // sequence_parallel
     replicas = (
         f"{args.world_size} ranks"
@@ -253,6 +253,6 @@ def describe_world(args: Any) -> str:
     )
     return (
         f"world size {args.world_size} (launcher {launcher_world_size()}), rank {args.process_index}, "
-        f"device {args.device}, backend {backend}; global batch {effective_global_batch(args)} = "
+        f"device {args.device}, backend {backend}; global batch {effective_global_batch(args, sequence_parallel)} = "
         f"{args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} accumulation x {replicas}"
     )

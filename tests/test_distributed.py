@@ -238,13 +238,12 @@ def test_sequence_parallel_ranks_share_a_batch(monkeypatch):
         per_device_train_batch_size=3,
         gradient_accumulation_steps=4,
         world_size=4,
-        sequence_parallel_size=2,
         process_index=0,
         device="cpu",
         distributed_state=SimpleNamespace(backend="gloo"),
     )
     monkeypatch.setattr(distributed, "launcher_world_size", lambda: 4)
-    assert distributed.effective_global_batch(args) == 3 * 4 * 2
-    assert distributed.describe_world(args).endswith(
+    assert distributed.effective_global_batch(args, sequence_parallel=2) == 3 * 4 * 2
+    assert distributed.describe_world(args, sequence_parallel=2).endswith(
         "global batch 24 = 3 per device x 4 accumulation x 2 data-parallel groups (of 2 sequence-parallel ranks)"
     )

@@ -193,3 +193,73 @@ def test_no_argparse_namespace_stands_for_the_run_outside_the_command_lines():
             if "Namespace" in ast.unparse(annotation):
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{annotation.lineno}")
     assert offenders == [], offenders
+
+
+# The flags that choose the engine are read (checked, and resolved in place) in config/ and launch/ only; everything
+# else reads the decision made from them once, ``args.engine`` (hf_lora_ds.config.engine).
+ENGINE_FLAGS = ("deepspeed", "sequence_parallel_size")
+ENGINE_FLAG_FOLDERS = ("config", "launch")
+# Attributes of the same name on another library's object, not the run's flags: (module, the object read).
+NOT_THE_FLAGS = {
+    ("hf_lora_ds/callbacks/engine_line.py", "wrapped"): "the DeepSpeed engine's own Ulysses size: what the run got",
+}
+
+
+def engine_flag_uses(source: str) -> list[tuple[int, str]]:
+    """``(line, object)`` for each ``obj.deepspeed`` / ``obj.sequence_parallel_size`` read or written, and each
+    ``getattr``/``hasattr``/``setattr`` of those names; an attribute of an imported module (``import
+    transformers.integrations.deepspeed``) is a module, not a flag, and a keyword or parameter of that name reads
+    nothing."""
+    tree = ast.parse(source)
+    modules = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_FLAGS:
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not (isinstance(root, ast.Name) and root.id in modules):
+                found.append((node.lineno, ast.unparse(node.value)))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in ENGINE_FLAGS
+        ):
+            found.append((node.lineno, ast.unparse(node.args[0])))
+    return found
+
+
+def test_the_engine_flag_check_sees_reads_writes_and_getattr_but_not_modules_or_keywords():
+    source = (
+        "import deepspeed\nimport transformers.integrations.deepspeed\n"
+        "def f(args, sequence_parallel_size=1):\n"
+        "    deepspeed.initialize(sequence_parallel_size=sequence_parallel_size)\n"
+        "    transformers.integrations.deepspeed.is_deepspeed_zero3_enabled()\n"
+        "    args.deepspeed = 'stage2'\n"
+        "    return self.args.sequence_parallel_size, getattr(trainer.args, 'sequence_parallel_size', 1)\n"
+    )
+    assert engine_flag_uses(source) == [(6, "args"), (7, "self.args"), (7, "trainer.args")]
+
+
+def test_only_config_and_launch_read_the_engine_flags():
+    """``--deepspeed`` and ``--sequence_parallel_size`` are turned once into ``args.engine``; the rest reads that."""
+    offenders, seen_elsewhere = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] in ENGINE_FLAG_FOLDERS:
+            continue
+        module = str(path.relative_to(PACKAGE.parent))
+        for line, read in engine_flag_uses(path.read_text(encoding="utf-8")):
+            if (module, read) in NOT_THE_FLAGS:
+                seen_elsewhere.add((module, read))
+            else:
+                offenders.append(f"{module}:{line} ({read})")
+    assert offenders == [], offenders
+    assert seen_elsewhere == set(NOT_THE_FLAGS)  # an exception no longer needed is dropped

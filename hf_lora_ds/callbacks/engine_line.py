@@ -92,15 +92,17 @@ def engine_line(record: dict[str, Any]) -> str:
 
 def check_engine_honoured(trainer: Trainer, record: dict[str, Any]) -> None:
     """Stop before the first step when the run did not get the engine its flags or its launcher asked for."""
-    asked = "DeepSpeed" if trainer.args.deepspeed else "FSDP2" if trainer.args.fsdp else None
-    sequence_parallel = getattr(trainer.args, "sequence_parallel_size", 1)
+    engine = trainer.args.engine
+    asked = {"deepspeed": "DeepSpeed", "fsdp": "FSDP2"}.get(engine.kind)
+    sequence_parallel = engine.sequence_parallel
     if sequence_parallel != record.get("sequence_parallel", 1):
         raise EngineMismatchError(
             f"--sequence_parallel_size {sequence_parallel}, but the run would train with "
             f"{engine_line(record)}; stopped before the first step"
         )
     if asked and record["engine"] != asked:
-        how = f"--deepspeed {trainer.args.deepspeed}" if asked == "DeepSpeed" else "--fsdp / an Accelerate FSDP config"
+        given = engine.deepspeed_file or "(a config given as a dict or base64)"
+        how = f"--deepspeed {given}" if asked == "DeepSpeed" else "--fsdp / an Accelerate FSDP config"
         raise EngineMismatchError(
             f"{how} asked for {asked}, but the run would train with {engine_line(record)}; "
             "stopped before the first step"

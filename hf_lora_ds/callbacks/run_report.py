@@ -8,7 +8,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from hf_lora_ds.callbacks.base import jsonable
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
+from hf_lora_ds.config.engine import engine_of
 from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.report import write_report
 from hf_lora_ds.report.argument_table import declared_defaults
@@ -25,7 +25,7 @@ def _write(args: TrainingArguments, state: TrainerState, eval_report: Any = None
         eval_report=eval_report,
         arguments=args.to_dict(),
         argument_defaults=declared_defaults(args),
-        deepspeed_config=jsonable(run_deepspeed_config(args)),
+        deepspeed_config=jsonable(engine_of(args).deepspeed_config),
     )
 
 

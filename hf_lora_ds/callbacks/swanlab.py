@@ -21,7 +21,7 @@ from transformers import Trainer, TrainerState, TrainingArguments
 from transformers.integrations import SwanLabCallback as _TransformersSwanLabCallback
 
 from hf_lora_ds.callbacks.base import jsonable
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
+from hf_lora_ds.config.engine import engine_of
 
 __all__ = ["SwanLabCallback", "default_swanlab_mode", "default_swanlab_project", "swanlab_names", "use_swanlab"]
 
@@ -72,7 +72,7 @@ def _extra_config(args: TrainingArguments, model: Any) -> dict[str, Any]:
     peft_config = getattr(model, "peft_config", None)
     if peft_config:
         extra["peft_config"] = {name: jsonable(config.to_dict()) for name, config in peft_config.items()}
-    deepspeed = jsonable(run_deepspeed_config(args))
+    deepspeed = jsonable(engine_of(args).deepspeed_config)
     if deepspeed is not None:
         extra["deepspeed_config_resolved"] = deepspeed
     return extra

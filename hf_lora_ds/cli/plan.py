@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> list[PlanRow]:
     # The JSON stays parseable on stdout; the lines go to stderr there.
     lines = sys.stderr if plan_args.json else sys.stdout
     print(planning_line(args, plan_args), file=lines, flush=True)
-    configs = configs_with(args.deepspeed)  # the user's own config gets a row too
+    configs = configs_with(args.engine)  # the user's own config gets a row too
     with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) off the table/JSON
         profile = sequence_profile(args)
         rows = plan_run(args, plan_args, profile, configs)

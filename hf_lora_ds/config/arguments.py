@@ -16,7 +16,7 @@ from transformers import TrainingArguments
 
 from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.config.data import DataArguments, check_data_fields, join_sources
-from hf_lora_ds.config.engine import EngineArguments, check_engine_fields, parallelism_config
+from hf_lora_ds.config.engine import Engine, EngineArguments, check_engine_fields, engine_of, parallelism_config
 from hf_lora_ds.config.lora import LoraArguments, check_lora_fields
 from hf_lora_ds.config.memory_plan import MemoryPlanArguments
 from hf_lora_ds.config.model import ModelArguments, check_model_fields
@@ -59,6 +59,12 @@ class SFTTrainingArguments(
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
+    @property
+    def engine(self) -> Engine:
+        """What ``--deepspeed``, ``--fsdp`` and ``--sequence_parallel_size`` decided (hf_lora_ds.config.engine): the
+        one place the rest of the package reads them from."""
+        return engine_of(self)
+
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
         if self.dtype == "auto":
@@ -88,6 +94,7 @@ def _fields_alone(arguments: type) -> type:
 # and the planner read, which build none.
 RunFields = _fields_alone(SFTTrainingArguments)
 RunFields.__doc__ = "Every field of SFTTrainingArguments, parsed and checked, nothing built from them."
+RunFields.engine = SFTTrainingArguments.engine  # the planner reads the engine of values not yet built
 # A run's values: the arguments object, or its fields alone.
 RunValues = SFTTrainingArguments | RunFields
 

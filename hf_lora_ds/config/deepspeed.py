@@ -23,8 +23,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainingArguments
-
 from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
@@ -35,7 +33,6 @@ __all__ = [
     "deepspeed_config_path",
     "known_top_level_keys",
     "load_deepspeed_config",
-    "run_deepspeed_config",
     "shipped_deepspeed_names",
 ]
 
@@ -105,16 +102,6 @@ def deepspeed_config_file(value: str | dict) -> Path | None:
 def shipped_deepspeed_names() -> list[str]:
     """The short names ``--deepspeed`` takes for the shipped configs: ``stage0`` ... ``stage3_offload``."""
     return sorted(path.stem for path in DEEPSPEED_CONFIGS.glob("*.json"))
-
-
-def run_deepspeed_config(args: TrainingArguments) -> dict | None:
-    """The DeepSpeed config of a run, the one answer for every reader: the live dict TrainingArguments built (the
-    one the engine is built from, Trainer's ``"auto"`` values filled in), else ``--deepspeed`` loaded in whichever
-    form it was given or adopted from ``accelerate launch``; None without DeepSpeed."""
-    built = getattr(args, "hf_deepspeed_config", None)
-    if built is not None:
-        return built.config
-    return load_deepspeed_config(args.deepspeed)[0] if args.deepspeed else None
 
 
 def _decode_base64(value: str) -> Any | None:

@@ -1,17 +1,28 @@
-"""The engine fields: DeepSpeed and sequence parallelism, with the checks that need their values only."""
+"""The engine fields: DeepSpeed and sequence parallelism, with the checks that need their values only, and the one
+decision the rest of the package reads (``Engine``, made from the flags by ``engine_of``).
+
+Only config/ and launch/ read ``--deepspeed`` and ``--sequence_parallel_size`` themselves (tests/test_layout.py): they
+check the flags and resolve them in place (an ``accelerate launch`` config adopted, ``auto`` planned, a short name
+made a path); everything else reads ``args.engine``, decided once from the resolved flags.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from hf_lora_ds.config.batching import is_flash_attention
+from hf_lora_ds.config.deepspeed import deepspeed_config_file, load_deepspeed_config
+from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
     from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
 
-__all__ = ["EngineArguments", "check_engine_fields", "parallelism_config"]
+__all__ = ["Engine", "EngineArguments", "check_engine_fields", "data_parallel_size", "engine_of", "parallelism_config"]
+
+EngineKind = Literal["deepspeed", "fsdp", "none"]  # "none": Trainer's own, DDP over several ranks
 
 
 @dataclass
@@ -92,3 +103,54 @@ def parallelism_config(size: int, attn_implementation: str):
         sp_seq_length_is_variable=True, sp_attn_implementation=attn_implementation
     )
     return ParallelismConfig(sp_size=size, sp_backend="deepspeed", sp_handler=handler)
+
+
+def data_parallel_size(world_size: int, sequence_parallel_size: int) -> int:
+    """Groups of ranks that see different batches: each sequence-parallel group of ``N`` ranks trains one."""
+    return world_size // sequence_parallel_size
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the engine flags decided: the kind, DeepSpeed's config and ZeRO settings, the sequence-parallel size."""
+
+    kind: EngineKind = "none"
+    # The config in whichever form --deepspeed gave it (a shipped name, a file, base64, a dict), or the live dict
+    # TrainingArguments built, Trainer's "auto" values filled in; None without DeepSpeed or before "auto" is planned.
+    deepspeed_config: dict[str, Any] | None = None
+    deepspeed_file: Path | None = None  # the file it was read from; None for a dict or base64 text
+    sequence_parallel: int = 1
+
+    @property
+    def zero(self) -> ZeroSettings:
+        """The ZeRO stage and offload; stage 0 without DeepSpeed."""
+        return ZeroSettings.of(self.deepspeed_config)
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return data_parallel_size(world_size, self.sequence_parallel)
+
+
+def engine_of(args: Any) -> Engine:
+    """The engine ``args`` (any TrainingArguments, or RunFields) decide: made here only, and kept on ``args`` until
+    one of the flags it is made from changes (launch/ resolves them in place before the run is built)."""
+    flags = (
+        args.deepspeed,
+        bool(args.fsdp),
+        getattr(args, "sequence_parallel_size", 1),  # a plain TrainingArguments has no sequence parallelism
+        getattr(args, "hf_deepspeed_config", None),  # set once TrainingArguments is built
+    )
+    decided = vars(args).get("_engine")
+    if decided is None or decided[0] != flags:
+        decided = (flags, _decide(*flags))
+        vars(args)["_engine"] = decided  # beside the fields, so neither a flag nor to_dict() sees it
+    return decided[1]
+
+
+def _decide(deepspeed: str | dict | None, fsdp: bool, sequence_parallel: int, built: Any) -> Engine:
+    if not (deepspeed or built):
+        return Engine("fsdp" if fsdp else "none", sequence_parallel=sequence_parallel)
+    if deepspeed == "auto":  # the memory plan picks the config (hf_lora_ds.launch.resolve)
+        return Engine("deepspeed", sequence_parallel=sequence_parallel)
+    config = built.config if built is not None else load_deepspeed_config(deepspeed)[0]
+    file = deepspeed_config_file(deepspeed) if deepspeed else None
+    return Engine("deepspeed", config, file, sequence_parallel)

@@ -22,6 +22,7 @@ from hf_lora_ds.config.deepspeed import (
     deepspeed_config_path,
     load_deepspeed_config,
 )
+from hf_lora_ds.config.engine import data_parallel_size
 from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.config.quantization import quantization_flag
 from hf_lora_ds.config.zero_settings import ZeroSettings
@@ -38,7 +39,7 @@ from hf_lora_ds.launch.world import ensure_world_agreement, prepare_distributed
 from hf_lora_ds.model.lora_variants import check_lora_optimizer_engine
 from hf_lora_ds.plan.run_plan import recommended_deepspeed_config
 from hf_lora_ds.resources import DEMO_ARGUMENTS
-from hf_lora_ds.training.sequence_parallel import data_parallel_size, deepspeed_gradient_divisor
+from hf_lora_ds.training.sequence_parallel import deepspeed_gradient_divisor
 
 __all__ = [
     "ARGUMENT_FILE_SUFFIXES",

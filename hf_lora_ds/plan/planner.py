@@ -118,7 +118,7 @@ class PlanSettings:
     supervised_logits_only: bool = True
     lora_optimizer: str = "adamw"  # "lorafa": A frozen (hf_lora_ds.training.lora_optimizers)
     packed_length: int | None = None  # --batching packed: rows of this many tokens
-    sequence_parallel_size: int = 1  # the run's; larger sizes are planned when nothing fits at it
+    sequence_parallel: int = 1  # the run's; larger sizes are planned when nothing fits at it
 
 
 def sequence_parallel_sizes(settings: PlanSettings, largest: int | None = None) -> list[int]:
@@ -130,7 +130,7 @@ def sequence_parallel_sizes(settings: PlanSettings, largest: int | None = None) 
     largest = settings.world_size if largest is None else largest
     return [
         size
-        for size in range(settings.sequence_parallel_size + 1, largest + 1)
+        for size in range(settings.sequence_parallel + 1, largest + 1)
         if largest % size == 0 and heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)
     ]
 
@@ -191,7 +191,7 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
     sequence-parallel size; when none fits (a sequence too long for one device), the DeepSpeed configurations again
     at each larger size the world and the model allow."""
     shapes = _model_shapes(settings)
-    rows = _rows(shapes, settings, configs, runtime, settings.sequence_parallel_size)
+    rows = _rows(shapes, settings, configs, runtime, settings.sequence_parallel)
     if not any(row.fits for row in rows):
         deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
         for size in sequence_parallel_sizes(settings):
@@ -210,7 +210,7 @@ def fits_with_more_devices(
     machines like the planned one: ranks on one machine share its memory, so only more machines add any)."""
     deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
     shapes = _model_shapes(settings)
-    for size in sequence_parallel_sizes(replace(settings, sequence_parallel_size=1), largest=most):
+    for size in sequence_parallel_sizes(replace(settings, sequence_parallel=1), largest=most):
         if size <= settings.world_size:
             continue
         world = replace(

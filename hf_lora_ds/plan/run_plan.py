@@ -17,14 +17,9 @@ import torch
 
 from hf_lora_ds.config import RunValues, SFTTrainingArguments
 from hf_lora_ds.config.batching import resolve_batching
-from hf_lora_ds.config.deepspeed import (
-    check_deepspeed_config,
-    deepspeed_config_file,
-    load_deepspeed_config,
-    run_deepspeed_config,
-)
+from hf_lora_ds.config.deepspeed import check_deepspeed_config
+from hf_lora_ds.config.engine import Engine
 from hf_lora_ds.config.fsdp import fsdp_settings
-from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_ranks_per_node, launcher_world_size, print0
@@ -154,7 +149,7 @@ def plan_run(
                 f"ds_configs/{name}",
                 micro_batch=args.per_device_train_batch_size,
                 accumulation=args.gradient_accumulation_steps,
-                world_size=settings.world_size // settings.sequence_parallel_size,
+                world_size=settings.world_size // settings.sequence_parallel,
             )
     return make_plan(settings, configs, runtime_bytes(settings.on_accelerator))
 
@@ -171,9 +166,10 @@ def plan_with_more_devices(
 def _plan_settings(args: RunValues, plan_args: PlanArguments, profile: SequenceProfile) -> PlanSettings:
     on_accelerator = plans_accelerator(plan_args.device, args)
     world_size, per_node = _world(plan_args, on_accelerator)
-    if world_size % args.sequence_parallel_size:
+    sequence_parallel = args.engine.sequence_parallel
+    if world_size % sequence_parallel:
         raise UserError(
-            f"--sequence_parallel_size {args.sequence_parallel_size} with a world of {world_size}: the "
+            f"--sequence_parallel_size {sequence_parallel} with a world of {world_size}: the "
             "world size must be a multiple of it (--world_size)"
         )
     batching = resolve_batching(args.batching, args.attn_implementation)  # a run's arguments hold it resolved
@@ -195,7 +191,7 @@ def _plan_settings(args: RunValues, plan_args: PlanArguments, profile: SequenceP
         supervised_logits_only=args.supervised_logits_only,
         lora_optimizer=args.lora_optimizer,
         packed_length=args.max_length if batching == "packed" else None,
-        sequence_parallel_size=args.sequence_parallel_size,
+        sequence_parallel=sequence_parallel,
     )
     if not 0 <= settings.headroom < 1:
         raise UserError(f"--headroom {settings.headroom}: must be in [0, 1)")
@@ -265,15 +261,14 @@ def run_world() -> PlanArguments:
     return PlanArguments(world_size=world_size, nproc_per_node=per_node, nnodes=max(1, world_size // per_node))
 
 
-def config_name(deepspeed: str | dict | None) -> str:
-    """A run's ``--deepspeed`` as a plan row's ``config``: a file's name (so a shipped config is its own row), or
+def config_name(engine: Engine) -> str:
+    """A run's DeepSpeed config as a plan row's ``config``: its file's name (so a shipped config is its own row), or
     ``"none"``; a config given as a dict or base64 text is named by its ZeRO setup."""
-    if not deepspeed or deepspeed == "auto":  # auto is no configuration of its own: the plan picks one
+    if engine.deepspeed_config is None:  # also --deepspeed auto, no configuration of its own: the plan picks one
         return "none"
-    file = deepspeed_config_file(deepspeed)
-    if file is not None:
-        return file.name
-    return f"DeepSpeed {ZeroSettings.of(load_deepspeed_config(deepspeed)[0]).describe()}"
+    if engine.deepspeed_file is not None:
+        return engine.deepspeed_file.name
+    return f"DeepSpeed {engine.zero.describe()}"
 
 
 def fsdp_config_name(args: SFTTrainingArguments) -> str:
@@ -281,27 +276,27 @@ def fsdp_config_name(args: SFTTrainingArguments) -> str:
     return "fsdp2_offload.json" if fsdp_settings(args.fsdp_config).get("cpu_offload") else "fsdp2.json"
 
 
-def configs_with(deepspeed: str | dict | None, config: dict | None = None) -> dict[str, dict | None]:
-    """The shipped configurations, plus the run's own DeepSpeed config (``config``, else ``--deepspeed`` loaded) when
-    it is not one of them."""
+def configs_with(engine: Engine) -> dict[str, dict | None]:
+    """The shipped configurations, plus the run's own DeepSpeed config when it is not one of them."""
     configs = shipped_configs()
-    name = config_name(deepspeed)
+    name = config_name(engine)
     if name not in configs:
-        configs[name] = config if config is not None else load_deepspeed_config(deepspeed)[0]
+        configs[name] = engine.deepspeed_config
     return configs
 
 
 def plan_this_run(args: SFTTrainingArguments, profile: SequenceProfile) -> tuple[PlanRow, list[PlanRow]]:
     """The row of the configuration ``args`` runs (its own DeepSpeed config added when not a shipped one), and
     every row: the alternatives to name when it does not fit."""
-    name = fsdp_config_name(args) if args.fsdp else config_name(args.deepspeed)
-    rows = plan_run(args, run_world(), profile, configs_with(args.deepspeed, run_deepspeed_config(args)))
+    engine = args.engine
+    name = fsdp_config_name(args) if engine.kind == "fsdp" else config_name(engine)
+    rows = plan_run(args, run_world(), profile, configs_with(engine))
     chosen = next(
         r
         for r in rows
         if r.config == name
         and r.gradient_checkpointing == bool(args.gradient_checkpointing)
-        and r.sequence_parallel == args.sequence_parallel_size
+        and r.sequence_parallel == engine.sequence_parallel
     )
     return chosen, rows
 
@@ -317,11 +312,12 @@ def recommended_deepspeed_config(args: RunValues) -> Path:
         and not r.config.startswith("fsdp")
         and r.gradient_checkpointing == bool(args.gradient_checkpointing)
     ]
-    candidates = [r for r in deepspeed_rows if r.sequence_parallel == args.sequence_parallel_size]
+    sequence_parallel = args.engine.sequence_parallel
+    candidates = [r for r in deepspeed_rows if r.sequence_parallel == sequence_parallel]
     chosen = recommend(candidates)
     if chosen is None:  # the sequence-parallel size changes the global batch: named, never picked
         smallest = min(candidates, key=lambda r: r.estimate.device_bytes)
-        split = recommend([r for r in deepspeed_rows if r.sequence_parallel > args.sequence_parallel_size])
+        split = recommend([r for r in deepspeed_rows if r.sequence_parallel > sequence_parallel])
         instead = (
             f"With --sequence_parallel_size {split.sequence_parallel}, {plan_line(split)}; or lower"
             if split

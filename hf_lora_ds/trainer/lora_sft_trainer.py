@@ -22,7 +22,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from hf_lora_ds._compat import trim_deepspeed_startup
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
@@ -50,7 +49,6 @@ from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 from hf_lora_ds.training.nonfinite import NonFiniteGuard
 from hf_lora_ds.training.sequence_parallel import (
-    data_parallel_size,
     deepspeed_gradient_divisor,
     sequence_parallel_group,
     sequence_parallel_loss,
@@ -138,16 +136,16 @@ class LoraSFTTrainer(Trainer):
         if self.args.supervised_logits_only and full_logits_reason:
             print0(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
-        self.sequence_parallel_size = self.get_sp_size()
-        if self.sequence_parallel_size > 1:
+        self.sequence_parallel = self.args.engine.sequence_parallel
+        if self.sequence_parallel > 1:
             if full_logits_reason:  # the libraries' SP loss would scale gradients by the SP size (DeepSpeed #5248)
                 raise UserError(
-                    f"--sequence_parallel_size {self.sequence_parallel_size} needs hf_lora_ds's "
+                    f"--sequence_parallel_size {self.sequence_parallel} needs hf_lora_ds's "
                     f"supervised-position loss, and {full_logits_reason}"
                 )
             self.loss_is_scaled_for_ga = True  # normalised over the accumulated batch's trained tokens
             self._deepspeed_divisor = deepspeed_gradient_divisor(
-                run_deepspeed_config(self.args) or {}, self.accelerator.num_processes, self.sequence_parallel_size
+                self.args.engine.deepspeed_config or {}, self.accelerator.num_processes, self.sequence_parallel
             )
         samples = training_samples(self.train_dataset)
         dataset = samples if isinstance(samples, ChatSFTDataset) else None
@@ -172,7 +170,7 @@ class LoraSFTTrainer(Trainer):
         the highest-numbered one, complete or not); a path is used as given. A ZeRO checkpoint written by another
         number of ranks is converted to a DeepSpeed universal checkpoint first
         (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
-        deepspeed_config = run_deepspeed_config(self.args)  # the live dict the engine will be built from
+        deepspeed_config = self.args.engine.deepspeed_config  # the live dict the engine will be built from
         resume = self.resume
         if resume_from_checkpoint:
             value = "auto" if resume_from_checkpoint is True else resume_from_checkpoint
@@ -329,9 +327,9 @@ class LoraSFTTrainer(Trainer):
             outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, keep), targets[keep])
         loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
         if (
-            self.sequence_parallel_size > 1 and model.training
+            self.sequence_parallel > 1 and model.training
         ):  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
-            data_parallel = data_parallel_size(self.accelerator.num_processes, self.sequence_parallel_size)
+            data_parallel = self.args.engine.data_parallel_size(self.accelerator.num_processes)
             loss = sequence_parallel_loss(loss, sequence_parallel_group(), self._deepspeed_divisor, data_parallel)
         elif (
             self.args.average_tokens_across_devices
@@ -347,7 +345,7 @@ class LoraSFTTrainer(Trainer):
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | int | None:
         """Under sequence parallelism the batches are shards without ``labels`` (Trainer would count nothing): the
         trained tokens of the global batch, from every rank's ``shift_labels``."""
-        if self.sequence_parallel_size > 1 and batch_samples and "shift_labels" in batch_samples[0]:
+        if self.sequence_parallel > 1 and batch_samples and "shift_labels" in batch_samples[0]:
             return supervised_tokens_in_shards(batch_samples, device)
         return super()._get_num_items_in_batch(batch_samples, device)
 

@@ -21,7 +21,6 @@ from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.config.reporting import chosen_callbacks
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.inference_prompts import check_round_trip
@@ -70,9 +69,9 @@ def prepare_run_inputs(
     # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
     # convert to a universal checkpoint fails here, not after the model is loaded.
     resume = resolve_resume_checkpoint(
-        args.resume_from_checkpoint, args.output_dir, args.world_size, run_deepspeed_config(args)
+        args.resume_from_checkpoint, args.output_dir, args.world_size, args.engine.deepspeed_config
     )
-    print0(describe_world(args), *([resume.note] if resume.note else []))
+    print0(describe_world(args, args.engine.sequence_parallel), *([resume.note] if resume.note else []))
     if tokenizer is None and by_name:
         tokenizer = load_tokenizer(args)
     train = _training_data(train_dataset if train_dataset is not None else args.train_file, tokenizer, args)

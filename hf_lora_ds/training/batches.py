@@ -47,7 +47,7 @@ def prepare_batches(
             raise ValueError(f"--batching {batching} pads with the tokenizer's pad token: pass processing_class")
         one_row = is_flash_attention(getattr(model.config, "_attn_implementation", None))
         data_collator = build_collator(
-            batching, tokenizer, args.pad_to_multiple_of, args.sequence_parallel_size, one_row
+            batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row
         )
     return train_dataset, eval_dataset, data_collator
 

@@ -12,22 +12,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hf_lora_ds.config.engine import data_parallel_size
 from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.data.template_rule import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 
 __all__ = [
-    "data_parallel_size",
     "deepspeed_gradient_divisor",
     "sequence_parallel_group",
     "sequence_parallel_loss",
     "supervised_tokens_in_shards",
 ]
-
-
-def data_parallel_size(world_size: int, sequence_parallel_size: int) -> int:
-    """Groups of ranks that see different batches: each sequence-parallel group of ``N`` ranks trains one."""
-    return world_size // sequence_parallel_size
 
 
 def sequence_parallel_group():

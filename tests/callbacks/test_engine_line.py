@@ -5,12 +5,14 @@ engine it asked for stops before its first step. The DeepSpeed and FSDP2 lines a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hf_lora_ds.callbacks.engine_line import EngineMismatchError, check_engine_honoured, engine_line, engine_record
+from hf_lora_ds.config.engine import Engine
 from tests.trainer.test_lora_sft_trainer import make_trainer
 
 
@@ -35,25 +37,32 @@ def record(**overrides) -> dict:
     }
 
 
+DEEPSPEED = Engine("deepspeed", {}, Path("x.json"))
+
+
 @pytest.mark.parametrize(
-    ("asked", "flags"), [("FSDP2", {"fsdp": "full_shard"}), ("DeepSpeed", {"deepspeed": "x.json"})]
+    ("engine", "asked"),
+    [
+        (Engine("fsdp"), "--fsdp / an Accelerate FSDP config asked for FSDP2"),
+        (DEEPSPEED, "--deepspeed x.json asked for DeepSpeed"),
+    ],
 )
-def test_an_engine_not_honoured_stops_the_run(asked, flags):
-    trainer = SimpleNamespace(args=SimpleNamespace(**{"deepspeed": None, "fsdp": None, **flags}))
+def test_an_engine_not_honoured_stops_the_run(engine, asked):
+    trainer = SimpleNamespace(args=SimpleNamespace(engine=engine))
     with pytest.raises(
         EngineMismatchError,
-        match=f"asked for {asked}, but the run would train with engine: DDP, world size 2, backend gloo",
+        match=f"{asked}, but the run would train with engine: DDP, world size 2, backend gloo",
     ):
         check_engine_honoured(trainer, record())
 
 
 def test_honoured_engines_pass_and_name_their_setup():
-    trainer = SimpleNamespace(args=SimpleNamespace(deepspeed="x.json", fsdp=None))
+    trainer = SimpleNamespace(args=SimpleNamespace(engine=DEEPSPEED))
     zero3 = record(engine="DeepSpeed", zero_stage=3, offload_optimizer="cpu", offload_parameters="none")
     check_engine_honoured(trainer, zero3)
     assert engine_line(zero3).startswith("engine: DeepSpeed ZeRO-3 (offload optimizer cpu), world size 2")
     fsdp = record(engine="FSDP2", sharded_modules=7, reshard_after_forward=True, offload_parameters="cpu")
-    check_engine_honoured(SimpleNamespace(args=SimpleNamespace(deepspeed=None, fsdp="full_shard")), fsdp)
+    check_engine_honoured(SimpleNamespace(args=SimpleNamespace(engine=Engine("fsdp"))), fsdp)
     assert engine_line(fsdp).startswith("engine: FSDP2 (full shard of 7 modules, offload parameters cpu)")
 
 
@@ -90,7 +99,7 @@ def test_the_deepspeed_line_reads_optimizer_and_parameter_offload_each_from_its_
 
 def test_sequence_parallelism_is_on_the_line_and_must_be_what_was_asked():
     """The 2-rank line is checked on the launches of tests/e2e/test_sequence_parallel.py."""
-    asked = SimpleNamespace(args=SimpleNamespace(deepspeed="x.json", fsdp=None, sequence_parallel_size=2))
+    asked = SimpleNamespace(args=SimpleNamespace(engine=Engine("deepspeed", {}, Path("x.json"), sequence_parallel=2)))
     split = record(
         engine="DeepSpeed",
         zero_stage=2,

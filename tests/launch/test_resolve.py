@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.launch import resolve as cli
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
@@ -52,7 +51,7 @@ def test_each_check_and_each_config_load_happens_once(run_flags, monkeypatch, no
 def test_every_form_of_deepspeed_gives_the_same_run_config(given, run_flags, no_launcher):
     value = {"stage2": "stage2", "file": str(DEEPSPEED_CONFIGS / "stage2.json"), "base64": encoded("stage2.json")}
     args = cli.parse_run_arguments([*run_flags, "--deepspeed", value[given]])
-    config = run_deepspeed_config(args)
+    config = args.engine.deepspeed_config
     assert config["zero_optimization"]["stage"] == 2
     assert config["train_micro_batch_size_per_gpu"] == args.per_device_train_batch_size  # "auto" filled in
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from hf_lora_ds.cli.plan import parse
+from hf_lora_ds.config import RunFields
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.plan.planner import SHIPPED_CONFIGS_DIR, SequenceProfile
-from hf_lora_ds.plan.run_plan import check_run_fits, recommended_deepspeed_config
+from hf_lora_ds.plan.run_plan import check_run_fits, config_name, configs_with, recommended_deepspeed_config
 from hf_lora_ds.resources import MODEL_CONFIGS
 
 MODEL_14B = str(MODEL_CONFIGS / "qwen2.5-14b-instruct")
@@ -91,3 +92,14 @@ def test_on_a_cpu_the_plan_line_never_stops_the_run(monkeypatch, capsys):
     row = check_run_fits(args, SequenceProfile.unknown(1024))
     assert not row.fits
     assert capsys.readouterr().out.startswith("memory plan: no DeepSpeed without gradient checkpointing")
+
+
+def test_the_runs_own_deepspeed_config_is_a_row_named_by_its_file_or_its_zero_setup(tmp_path):
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}')
+    as_dict = {"zero_optimization": {"stage": 1}}
+    assert config_name(RunFields(deepspeed="stage3").engine) == "stage3.json"  # a shipped config: its own row
+    assert config_name(RunFields(deepspeed="auto").engine) == config_name(RunFields().engine) == "none"
+    assert config_name(RunFields(deepspeed=as_dict).engine) == "DeepSpeed ZeRO-1"
+    assert configs_with(RunFields(deepspeed=str(mine)).engine)["mine.json"]["zero_optimization"]["stage"] == 2
+    assert configs_with(RunFields(deepspeed=as_dict).engine)["DeepSpeed ZeRO-1"] is as_dict

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hf_lora_ds.config.engine import Engine
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.packing import PackedCollator, PackedDataset
@@ -15,7 +16,7 @@ RECORDS = [{"instruction": f"{x}=", "output": f"{x - 3} + 3"} for x in range(10,
 
 
 def _args(batching: str) -> SimpleNamespace:
-    return SimpleNamespace(batching=batching, max_length=128, pad_to_multiple_of=None, sequence_parallel_size=1)
+    return SimpleNamespace(batching=batching, max_length=128, pad_to_multiple_of=None, engine=Engine())
 
 
 @pytest.fixture
@@ -49,3 +50,11 @@ def test_packing_needs_the_samples_lengths(tiny_model, qwen_style_tokenizer):
 def test_padding_needs_the_tokenizer(tiny_model, dataset):
     with pytest.raises(ValueError, match="pass processing_class"):
         prepare_batches(_args("padded"), tiny_model, dataset, None, None, None)
+
+
+def test_the_collator_shards_evenly_over_the_engines_sequence_parallel_group(tiny_model, qwen_style_tokenizer, dataset):
+    """Ulysses splits each row over the group: right-padded to a multiple of its size, positions given, no mask."""
+    args = SimpleNamespace(**{**vars(_args("padded")), "engine": Engine("deepspeed", sequence_parallel=4)})
+    collator = prepare_batches(args, tiny_model, dataset, None, None, qwen_style_tokenizer)[2]
+    batch = collator([dataset[i] for i in range(3)])
+    assert batch["input_ids"].shape[1] % 4 == 0 and "position_ids" in batch and "attention_mask" not in batch

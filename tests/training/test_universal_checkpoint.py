@@ -4,13 +4,11 @@ is tests/e2e/test_universal_resume.py."""
 
 from __future__ import annotations
 
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 from deepspeed.checkpoint import ds_to_universal
 
-from hf_lora_ds.config.deepspeed import run_deepspeed_config
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.training import universal_checkpoint as universal
 
@@ -98,8 +96,3 @@ def test_loading_is_switched_on_in_the_live_config(tmp_path, monkeypatch):
     config = {"zero_optimization": {"stage": 2}}
     universal.enable_universal_loading(tmp_path, config, is_main_process=True)
     assert config["checkpoint"] == {"load_universal": True}
-
-
-def test_the_run_config_is_the_one_transformers_loaded():
-    assert run_deepspeed_config(Namespace(hf_deepspeed_config=None, deepspeed=None)) is None
-    assert run_deepspeed_config(Namespace(hf_deepspeed_config=Namespace(config={"a": 1}))) == {"a": 1}
