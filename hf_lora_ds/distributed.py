@@ -1,7 +1,7 @@
-"""Ranks and the process group, as every part of the package sees them: who prints (``print0``, and
-``ErrorRelay`` for an error one rank alone hit), gathering a value from every rank, rank 0 first for shared caches,
-and leaving a launched rank cleanly. The launch itself (making Trainer's, accelerate's and DeepSpeed's world sizes
-agree) is hf_lora_ds.launch.world's.
+"""Ranks and the process group, as every part of the package sees them: who says an error one rank alone hit
+(``ErrorRelay``; the package's other messages go through hf_lora_ds.cli.log), gathering a value from every rank, rank 0
+first for shared caches, and leaving a launched rank cleanly. The launch itself (making Trainer's, accelerate's and
+DeepSpeed's world sizes agree) is hf_lora_ds.launch.world's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 import torch
-from tqdm import tqdm
 
 __all__ = [
     "ErrorRelay",
@@ -29,7 +28,6 @@ __all__ = [
     "launcher_ranks_per_node",
     "launcher_world_size",
     "main_process_first",
-    "print0",
     "process_group_exists",
     "rank_and_world",
     "release_process_group",
@@ -95,17 +93,6 @@ def rank_and_world() -> tuple[int, int]:
     if process_group_exists():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), 1
-
-
-def print0(*lines: str) -> None:
-    """Print on global rank 0 only, flushed: the one way the package talks to the user, so a 2-rank run shows each
-    line once and in order with the launcher's own output. Written through tqdm, which lifts a live progress bar
-    (Trainer's) off the terminal first and redraws it below: lines printed during training (an evaluation's memory,
-    a divergence warning) get lines of their own, not the end of the bar's."""
-    if rank_and_world()[0] == 0:
-        # One write, newline included: tqdm writes its ``end`` apart, and another rank's output could land before it.
-        tqdm.write("\n".join(lines) + "\n", file=sys.stdout, end="")
-        sys.stdout.flush()
 
 
 def gather_from_ranks(obj: Any) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing.util
 import os
 import subprocess
@@ -260,6 +261,36 @@ def environment_restored():
     if torch.distributed.is_initialized() and not had_group:
         torch.distributed.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's singletons hold the group's backend
+
+
+@pytest.fixture(autouse=True)
+def package_logger_as_a_library_user_has_it():
+    """Every test starts and ends with the ``hf_lora_ds`` logger as importing the package leaves it (no handler, no
+    level): a command's ``main`` run in this process (by an earlier test, or a module's fixture) gives it the
+    command's handler and level (hf_lora_ds.cli.log), which a test of the library must not inherit."""
+
+    def unconfigured() -> None:
+        logger = logging.getLogger("hf_lora_ds")
+        logger.handlers[:], logger.level, logger.propagate = [], logging.NOTSET, True
+
+    unconfigured()
+    yield
+    unconfigured()
+
+
+@pytest.fixture
+def package_log(caplog):
+    """What the package logs (info and up) as a library user who asks for it sees it; ``read()`` returns the messages
+    since the last read, a line each (a message may hold several)."""
+    caplog.set_level(logging.INFO, logger="hf_lora_ds")
+
+    class Messages:
+        def read(self) -> str:
+            text = "".join(f"{message}\n" for message in caplog.messages)
+            caplog.clear()
+            return text
+
+    return Messages()
 
 
 @pytest.fixture(scope="module")

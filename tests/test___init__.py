@@ -39,13 +39,18 @@ def process():
         "warning_messages": [f[1].pattern for f in warnings.filters if f[1] is not None],
         "finders_from": sorted({(f if isinstance(f, type) else type(f)).__module__ for f in sys.meta_path}),
         "logger_filters": {n: len(logging.getLogger(n).filters) for n in QUIETED_LOGGERS},
+        "package_logger": [len(our_logger.handlers), our_logger.level, our_logger.propagate],
     }
+our_logger = logging.getLogger("hf_lora_ds")
 before = process()
 import hf_lora_ds
 package = process()
 heavy = sorted(m for m in ("torch", "transformers", "peft", "deepspeed") if m in sys.modules)
 modules = sorted(m for m in sys.modules if m.startswith("hf_lora_ds."))
 from hf_lora_ds import LoraSFTTrainer
+from hf_lora_ds.trainer import lora_sft_trainer
+lora_sft_trainer.logger.info("an info line")
+lora_sft_trainer.logger.warning("a warning line")
 print(json.dumps({"before": before, "package": package, "trainer": process(), "heavy": heavy, "modules": modules}))
 """
 
@@ -63,5 +68,8 @@ def test_importing_the_package_or_its_trainer_changes_nothing_in_the_process():
     assert trainer["collector_enabled"] and trainer["frozen"] == 0, trainer
     assert not [module for module in trainer["finders_from"] if module.startswith("hf_lora_ds")], trainer
     assert trainer["logger_filters"] == before["logger_filters"], seen
+    assert trainer["package_logger"] == [0, 0, True], seen  # no handler, no level: the user's logging decides
+    # what a library user who configures nothing sees: the warnings (Python's last-resort handler), no info line
+    assert "an info line" not in done.stdout + done.stderr and "a warning line" in done.stderr, done
     quieted = [m for m in trainer["warning_messages"] if m in (QUIETED_WARNING, QUIETED_COLLECTIVE_WARNING)]
     assert not quieted, quieted

@@ -3,7 +3,6 @@ tests/launch/test_world.py's."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -11,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tqdm import tqdm
 from transformers import TrainingArguments
 
 from hf_lora_ds import distributed
@@ -74,37 +72,6 @@ def test_a_launched_rank_exits_without_interpreter_teardown(monkeypatch):
     with pytest.raises(LeftAtOnce) as immediate:
         distributed.exit_launched_rank(0)
     assert immediate.value.args == (0,)
-
-
-@pytest.mark.parametrize(("rank", "shown"), [("0", "one\ntwo\n"), ("1", "")])
-def test_print0_talks_on_global_rank_0_only(monkeypatch, capsys, rank, shown):
-    monkeypatch.setenv("RANK", rank)  # before the process group exists, the launcher's RANK says which rank this is
-    distributed.print0("one", "two")
-    assert capsys.readouterr().out == shown
-
-
-class WriteRecorder:
-    """A stream that keeps each write apart: what another process writing into the same file could come between."""
-
-    def __init__(self) -> None:
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        if text:  # an empty write (tqdm's ``end=""``) writes nothing
-            self.writes.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
-def test_print0_writes_its_lines_and_their_newline_at_once(monkeypatch):
-    """Every rank and the launcher write into one log: rank 0's line written apart from its newline let another
-    rank's text end up on it (a CI log where no line started with ``engine:``)."""
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(sys, "stdout", stdout := WriteRecorder())
-    distributed.print0("engine: FSDP2", "memory plan: 1 GiB")
-    assert stdout.writes == ["engine: FSDP2\nmemory plan: 1 GiB\n"]
 
 
 def relays_on_one_store(world_size: int, store=None) -> list[distributed.ErrorRelay]:
@@ -207,19 +174,6 @@ def test_a_store_gone_with_rank_0_means_rank_0_has_left_after_its_own_line():
     relay = distributed.ErrorRelay()
     relay.attach(_StoreGone(), 1, 2)
     assert relay.publish("saving X failed: disk full", 5.0) is True  # silent: a second line would repeat rank 0's
-
-
-def test_print0_lifts_a_live_progress_bar_off_its_line(monkeypatch, capsys):
-    """A line printed while Trainer's bar is drawn gets its own line: the bar is cleared first and redrawn after."""
-    monkeypatch.setenv("RANK", "0")
-    bar = tqdm(total=3, file=sys.stderr, ascii=True)
-    bar.update(1)
-    capsys.readouterr()
-    distributed.print0("CPU Memory before entering the eval : 681.8")
-    captured = capsys.readouterr()
-    bar.close()
-    assert captured.out == "CPU Memory before entering the eval : 681.8\n"
-    assert "\r" in captured.err and "1/3" in captured.err  # cleared, then redrawn below the line
 
 
 def test_global_batch_and_description(tmp_path, no_launcher):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hf_lora_ds.errors import USER_ERROR_EXIT_CODE, MissingPathError, UserError, run_cli
-from tests.test_distributed import WriteRecorder
+from tests.cli.test_log import WriteRecorder
 
 
 def _fail(error: BaseException):

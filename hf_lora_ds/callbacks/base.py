@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainerState
+from transformers.utils import logging
 
 __all__ = ["LoggingCallback", "jsonable"]
 
-logger = logging.getLogger(__name__)
+logger = logging.get_logger(__name__)
 
 
 def _json_default(obj: Any) -> Any:

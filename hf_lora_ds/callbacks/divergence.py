@@ -14,12 +14,14 @@ import statistics
 from typing import Literal
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.utils import logging
 
-from hf_lora_ds.distributed import print0
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.training.checkpoints import find_latest_complete_checkpoint
 
 __all__ = ["DivergenceCallback", "DivergenceError", "LOSS_FACTOR", "MIN_HISTORY"]
+
+logger = logging.get_logger(__name__)
 
 LOSS_FACTOR = 3.0
 MIN_HISTORY = 1  # at --learning_rate 3 the demo's loss went 4.3 -> 17.8 at step 2, then fell back
@@ -63,4 +65,5 @@ class DivergenceCallback(TrainerCallback):
             checkpoint, _ = find_latest_complete_checkpoint(args.output_dir)
             where = f"last complete checkpoint: {checkpoint}" if checkpoint else "no complete checkpoint yet"
             raise DivergenceError(f"{message}; stopped by --on_divergence stop, {where}")
-        print0(f"warning: {message} (--on_divergence stop ends the run here)")
+        if state.is_world_process_zero:  # every rank sees the same logged loss: one warning
+            logger.warning(f"warning: {message} (--on_divergence stop ends the run here)")

@@ -14,10 +14,13 @@ from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.utils import logging
 
-from hf_lora_ds.distributed import print0, process_group_exists
+from hf_lora_ds.distributed import process_group_exists
 
 __all__ = ["EngineCallback", "EngineMismatchError", "check_engine_honoured", "engine_line", "engine_record"]
+
+logger = logging.get_logger(__name__)
 
 
 class EngineMismatchError(RuntimeError):
@@ -140,5 +143,5 @@ class EngineCallback(TrainerCallback):
         record = engine_record(self.trainer)
         check_engine_honoured(self.trainer, record)
         line = engine_line(record)
-        print0(line)
+        logger.info(line)
         state.log_history.append({"engine": line.removeprefix("engine: "), "step": state.global_step})

@@ -16,12 +16,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
+from transformers.utils import logging
 
 from hf_lora_ds.callbacks.base import LoggingCallback
-from hf_lora_ds.distributed import gather_from_ranks, print0, rank_and_world
+from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
 from hf_lora_ds.training.memory_tracker import MemoryTracker, PhaseStats
 
 __all__ = ["MemoryTraceCallback", "format_memory_block"]
+
+logger = logging.get_logger(__name__)
 
 _MIB = 2**20
 _STATS = ("before", "consumed", "peak", "total_peak")
@@ -130,7 +133,7 @@ class MemoryTraceCallback(LoggingCallback):
             record = {"phase": entry["phase"], "step": state.global_step, "ranks": ranks}
             self.records.append(record)
             if self._print_blocks:
-                print0(format_memory_block(record))
+                logger.info(format_memory_block(record))
             self._emit(state, _metrics(record))
         self._write_trace_file()
 

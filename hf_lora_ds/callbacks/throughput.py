@@ -9,7 +9,6 @@ evaluation and checkpointing inside a window are left out of its clock.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import platform
 import time
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from transformers import TrainerControl, TrainerState, TrainingArguments
+from transformers.utils import logging
 
 from hf_lora_ds.callbacks.base import LoggingCallback
 from hf_lora_ds.data.packing import padding_segments
@@ -37,7 +37,7 @@ __all__ = [
     "peak_flops_per_device",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.get_logger(__name__)
 
 _COUNTS = ("supervised", "real", "padded", "sequences")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.data.inference_prompts import round_trip
 from hf_lora_ds.data.mask_audit import MaskAudit, audit_by_source, audit_dataset, show_samples
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
@@ -29,6 +30,7 @@ from hf_lora_ds.model.lora_variants import variant_line
 
 def main(argv: list[str] | None = None) -> MaskAudit:
     shown, rest = _show_flags().parse_known_args(sys.argv[1:] if argv is None else argv)
+    configure_logging(stream="stderr" if shown.show_samples_format == "jsonl" else "stdout")
     args = read_checked_values(rest)
     tokenizer = load_tokenizer(args, need_weights=False)
     data = load_run_data(args.train_file, args, args.dataset)
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
         print(show_samples(dataset, shown.show_samples, "jsonl"))
         return report
     report.round_trip = round_trip(dataset)
+    # The report is the command's output, printed, not logging.
     print(data.summary() + dataset.unused_note())
     print(report)
     if shown.show_samples:

@@ -16,9 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from transformers.utils import logging
+
 from hf_lora_ds.cli.flags import BASE_MODEL_SPELLINGS, respell
+from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.data.records import load_records
-from hf_lora_ds.distributed import print0, release_process_group
+from hf_lora_ds.distributed import release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.eval.comparison import format_comparison, print_comparison, write_eval_report, write_predictions
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate, load_samples, score_predictions
@@ -30,6 +33,8 @@ from hf_lora_ds.model.gguf_import import model_source, plain_model
 from hf_lora_ds.model.source import check_model_source, hub_load_errors
 
 __all__ = ["main", "build_parser", "build_score_parser"]
+
+logger = logging.get_logger(__name__)
 
 
 def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +110,7 @@ def build_score_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     score_mode = bool(argv) and argv[0] == "score"
     parser = build_score_parser() if score_mode else build_parser()
@@ -165,13 +171,13 @@ def _evaluate(args: argparse.Namespace, task: Task) -> int:
     results["after" if args.compare else "eval"] = evaluate(model, tokenizer, records, task, **options)
 
     if args.compare:
-        print0(f"before: {args.model_name_or_path}", f"after:  {args.model_name_or_path} + adapter {args.adapter}")
+        logger.info(f"before: {args.model_name_or_path}\nafter:  {args.model_name_or_path} + adapter {args.adapter}")
     print_comparison(results)
     if args.output_dir is not None:
         for label, result in results.items():
             write_predictions(result, args.output_dir / f"predictions_{label}.jsonl")
         write_eval_report(results, args.output_dir / "eval_report.json")
-        print0(f"predictions and eval_report.json written to {args.output_dir}")
+        logger.info(f"predictions and eval_report.json written to {args.output_dir}")
     release_process_group()
     return 0
 

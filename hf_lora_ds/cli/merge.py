@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from hf_lora_ds.cli.flags import BASE_MODEL_SPELLINGS, respell
+from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.errors import UserError, run_cli
 from hf_lora_ds.launch.checks import check_output_path
 from hf_lora_ds.model.adapter_check import check_adapter_directory
@@ -73,12 +74,14 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_logging()
     args = _parse(argv)
     _check_paths(args)
     prompts = tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS
     diff = merge_adapter(
         args.model_name_or_path, args.adapter, args.out, args.dtype, prompts, args.atol, args.device, args.gguf_file
     )
+    # The command's result, printed (a single process): not logging.
     print(f"merged {args.adapter} into {args.model_name_or_path} -> {args.out}")
     print(f"max abs logit diff vs base + adapter: {diff:.3g} over {len(prompts)} prompts")
     if args.gguf is not None:

@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.config import RunFields
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.checks import check_paths
@@ -52,8 +53,10 @@ def main(argv: list[str] | None = None) -> list[PlanRow]:
     args, plan_args = parse(sys.argv[1:] if argv is None else argv)
     if plan_args.device == "auto" and args.device_memory and not torch.accelerator.is_available():
         plan_args.device = "gpu"  # a device memory named on a machine without one: the user plans GPUs
-    # The JSON stays parseable on stdout; the lines go to stderr there.
+    # The JSON stays parseable on stdout; the lines go to stderr there. The table and its lines are the command's
+    # output, printed; the package's own messages are logged.
     lines = sys.stderr if plan_args.json else sys.stdout
+    configure_logging(stream="stderr" if plan_args.json else "stdout")
     print(planning_line(args, plan_args), file=lines, flush=True)
     configs = configs_with(args.engine)  # the user's own config gets a row too
     with contextlib.redirect_stdout(sys.stderr):  # library chatter (DeepSpeed logs to stdout) off the table/JSON

@@ -20,6 +20,7 @@ import transformers  # the module only: its trainer names import PEFT, which a c
 
 from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments
 from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
+from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.distributed import release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.resolve import parse_run_arguments
@@ -36,8 +37,10 @@ def parse_args(argv: list[str]) -> SFTTrainingArguments:
 
 def main(argv: list[str] | None = None, callbacks: Sequence[transformers.TrainerCallback] = ()) -> dict:
     """The whole job; ``callbacks`` are extra TrainerCallbacks for programmatic use (a notebook, a test)."""
+    configure_logging()  # rank 0's lines on stdout, from argument resolution's on (--deepspeed auto's pick)
     # Arguments before the model: with --deepspeed ZeRO-3 they make from_pretrained partition the weights at load.
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging(args)  # --log_level, --log_level_replica
     # The trainer reads --train_file/--eval_file and every record before it loads the model (LoraSFTTrainer).
     trainer = LoraSFTTrainer(args.model_name_or_path, args, callbacks=list(callbacks))
     trainer.train()

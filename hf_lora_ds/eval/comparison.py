@@ -14,8 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from transformers.utils import logging
+
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.distributed import print0, rank_and_world
+from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate
 from hf_lora_ds.sizes import format_bytes
 
@@ -27,6 +29,8 @@ __all__ = [
     "write_predictions",
     "write_eval_report",
 ]
+
+logger = logging.get_logger(__name__)
 
 _ROWS: list[tuple[str, Callable[[EvalResult], Any]]] = [
     ("accuracy", lambda r: f"{r.accuracy:.3f}"),
@@ -63,8 +67,8 @@ def _align(rows: list[list[str]]) -> list[str]:
 
 
 def print_comparison(results: Mapping[str, EvalResult]) -> None:
-    """Print :func:`format_comparison` on rank 0 only."""
-    print0(format_comparison(results))
+    """Log :func:`format_comparison` (a command shows it on rank 0: hf_lora_ds.cli.log)."""
+    logger.info(format_comparison(results))
 
 
 def run_eval_options(args: SFTTrainingArguments) -> dict[str, Any]:

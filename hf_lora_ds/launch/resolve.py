@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import yaml
 from transformers import HfArgumentParser
+from transformers.utils import logging
 
 from hf_lora_ds.config import RunFields, SFTTrainingArguments
 from hf_lora_ds.config.arguments import check_field_values
@@ -26,7 +27,7 @@ from hf_lora_ds.config.engine import data_parallel_size
 from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.config.quantization import quantization_flag
 from hf_lora_ds.config.zero_settings import ZeroSettings
-from hf_lora_ds.distributed import launcher_world_size, print0
+from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.launch.accelerate_launch import adopt_accelerate_launch
 from hf_lora_ds.launch.checks import (
@@ -51,6 +52,8 @@ __all__ = [
     "resolve_launch",
     "resolve_run",
 ]
+
+logger = logging.get_logger(__name__)
 
 ARGUMENT_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -105,7 +108,7 @@ def resolve_launch(values: RunFields) -> None:
     adopt_accelerate_launch(values)
     if values.deepspeed == "auto":
         values.deepspeed = str(recommended_deepspeed_config(values))
-        print0(f"--deepspeed auto: {values.deepspeed} (the memory plan's pick)")
+        logger.info(f"--deepspeed auto: {values.deepspeed} (the memory plan's pick)")
 
 
 def check_engine(values: RunFields) -> None:

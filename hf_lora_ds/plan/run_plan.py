@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from transformers.utils import logging
 
 from hf_lora_ds.config import RunValues, SFTTrainingArguments
 from hf_lora_ds.config.batching import resolve_batching
@@ -22,7 +23,7 @@ from hf_lora_ds.config.engine import Engine
 from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
-from hf_lora_ds.distributed import launcher_ranks_per_node, launcher_world_size, print0
+from hf_lora_ds.distributed import launcher_ranks_per_node, launcher_world_size
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.loading import base_model_config, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
@@ -57,6 +58,8 @@ __all__ = [
     "run_world",
     "sequence_profile",
 ]
+
+logger = logging.get_logger(__name__)
 
 _UNITS = {
     "": 1,
@@ -335,7 +338,7 @@ def check_run_fits(args: SFTTrainingArguments, profile: SequenceProfile) -> Plan
     the configurations that would (``--check_memory_plan false`` tries anyway). A CPU run only prints: host memory
     swaps rather than failing at a clean boundary, and the planner's CPU figures are what CI checks."""
     chosen, rows = plan_this_run(args, profile)
-    print0(f"memory plan: {plan_line(chosen)}")
+    logger.info(f"memory plan: {plan_line(chosen)}")
     on_accelerator = plans_accelerator("auto", args)
     if on_accelerator and not chosen.fits and args.check_memory_plan:
         fitting = [plan_line(row) for row in rows if row.fits][:3]

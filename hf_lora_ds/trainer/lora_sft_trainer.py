@@ -18,6 +18,7 @@ from peft import LoraConfig, PeftModel
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 
 from hf_lora_ds._compat import trim_deepspeed_startup
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
@@ -27,7 +28,7 @@ from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.packing import training_samples
-from hf_lora_ds.distributed import gather_from_ranks, print0
+from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval.evaluator import EvalResult
 from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
@@ -66,6 +67,8 @@ from hf_lora_ds.training.supervised_logits import (
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
 
 __all__ = ["LoraSFTTrainer"]
+
+logger = logging.get_logger(__name__)
 
 _BATCHING_KWARGS = ("train_dataset", "eval_dataset", "data_collator", "processing_class")
 
@@ -119,22 +122,22 @@ class LoraSFTTrainer(Trainer):
         self.lora_coverage = lora_coverage(model)
         self.variant_line = variant_line(model.peft_config[model.active_adapter], args if wrapping else None)
         self.lora_lines = [line for line in (self.variant_line, experts_line(model, config.lora_dropout)) if line]
-        print0(self.lora_coverage.table(), *self.lora_lines)
+        logger.info("\n".join([self.lora_coverage.table(), *self.lora_lines]))
         experts_off = config.target_parameters == []  # --lora_target_experts none: left out on purpose
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config), experts_off)
         super().__init__(model, args, **trainer_kwargs)
         if coverage_note:
-            print0(coverage_note)
+            logger.info(coverage_note)
         # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
         self.run_callbacks = attach_run_callbacks(self)
-        print0(trainable_parameters_line(self.model))
+        logger.info(trainable_parameters_line(self.model))
         # Without the mask (transformers releases before boolean logits_to_keep) the fused head selects the rows.
         self._position_mask = accepts_position_mask(self.model)
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
         self._fused_head_loss = True  # off for good once a model is seen to change its head's output
         if self.args.supervised_logits_only and full_logits_reason:
-            print0(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
+            logger.info(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
         self.sequence_parallel = self.args.engine.sequence_parallel
         if self.sequence_parallel > 1:
@@ -176,20 +179,20 @@ class LoraSFTTrainer(Trainer):
             value = "auto" if resume_from_checkpoint is True else resume_from_checkpoint
             resume = resolve_resume_checkpoint(value, self.args.output_dir, self.args.world_size, deepspeed_config)
             if resume.note:
-                print0(resume.note)
+                logger.info(resume.note)
         if resume.repartitioned:  # ZeRO partitions of another rank count (hf_lora_ds.training.universal_checkpoint)
             universal = enable_universal_loading(resume.checkpoint, deepspeed_config, self.is_world_process_zero())
-            print0(f"resume: loading the DeepSpeed universal checkpoint {universal}")
+            logger.info(f"resume: loading the DeepSpeed universal checkpoint {universal}")
         if self.is_world_process_zero():  # for the run report
             Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
             lines = [self.lora_coverage.table(), *self.lora_lines]
             (Path(self.args.output_dir) / COVERAGE_FILE).write_text("\n".join(lines) + "\n")
         samples = training_samples(self.train_dataset)  # packed rows: the samples in them
         if isinstance(samples, ChatSFTDataset):
-            print0(audit_dataset(samples).line())
+            logger.info(audit_dataset(samples).line())
             if len(samples.source_counts) > 1:
                 for name, audit in audit_by_source(samples).items():
-                    print0(f"  {name}: {audit.line()}")
+                    logger.info(f"  {name}: {audit.line()}")
         if self.is_deepspeed_enabled:
             trim_deepspeed_startup()  # before the engine and its ZeRO optimizer are built
         memory, preemption = self.run_callbacks.memory, self.run_callbacks.preemption
@@ -204,7 +207,7 @@ class LoraSFTTrainer(Trainer):
             if preemption is not None:
                 preemption.restore_handlers()
         if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
-            print0(
+            logger.info(
                 f"preempted (signal {preemption.signal_received or 'on another rank'}): saved "
                 f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
             )
@@ -365,7 +368,7 @@ class LoraSFTTrainer(Trainer):
         if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
             return CausalLMOutputWithPast(loss=outputs.logits)
         self._fused_head_loss = False
-        print0(
+        logger.info(
             f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
             "head's output; the loss uses supervised-position logits"
         )

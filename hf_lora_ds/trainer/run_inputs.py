@@ -18,6 +18,7 @@ import datasets
 import torch
 import transformers
 from transformers import PreTrainedTokenizerBase, TrainerCallback
+from transformers.utils import logging
 
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
@@ -26,7 +27,7 @@ from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.inference_prompts import check_round_trip
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.data.sources import LoadedData, load_data
-from hf_lora_ds.distributed import describe_world, print0
+from hf_lora_ds.distributed import describe_world
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval import get_task, load_samples, run_eval_options
 from hf_lora_ds.eval.tasks import Task
@@ -35,6 +36,8 @@ from hf_lora_ds.plan import check_run_fits, profile_from_dataset
 from hf_lora_ds.training.checkpoints import ResumePoint, resolve_resume_checkpoint
 
 __all__ = ["RunInputs", "prepare_run_inputs"]
+
+logger = logging.get_logger(__name__)
 
 Data = str | os.PathLike | list | datasets.Dataset | torch.utils.data.Dataset | None
 
@@ -71,7 +74,9 @@ def prepare_run_inputs(
     resume = resolve_resume_checkpoint(
         args.resume_from_checkpoint, args.output_dir, args.world_size, args.engine.deepspeed_config
     )
-    print0(describe_world(args, args.engine.sequence_parallel), *([resume.note] if resume.note else []))
+    logger.info(
+        "\n".join([describe_world(args, args.engine.sequence_parallel), *([resume.note] if resume.note else [])])
+    )
     if tokenizer is None and by_name:
         tokenizer = load_tokenizer(args)
     train = _training_data(train_dataset if train_dataset is not None else args.train_file, tokenizer, args)
@@ -91,7 +96,7 @@ def prepare_run_inputs(
         with memory.phase("load") if memory else contextlib.nullcontext():  # attached with the run's other callbacks
             model, quantized = load_base_model(args)
         if quantized:
-            print0(quantized)
+            logger.info(quantized)
     extra: list[TrainerCallback] = [] if memory is None or memory in callbacks else [memory]
     if evaluating and eval_records:
         options = run_eval_options(args)
@@ -121,8 +126,8 @@ def _training_data(data: Data, tokenizer: PreTrainedTokenizerBase | None, args: 
         return data
     records = _records(data, args, args.dataset)
     dataset = sft_dataset(records, _need(tokenizer), args)
-    print0(records.summary() + dataset.unused_note())
-    print0(check_round_trip(dataset).line())  # inference prompts start the training texts, on a sample
+    logger.info(records.summary() + dataset.unused_note())
+    logger.info(check_round_trip(dataset).line())  # inference prompts start the training texts, on a sample
     return dataset
 
 

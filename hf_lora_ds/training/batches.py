@@ -9,14 +9,16 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
+from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention
 from hf_lora_ds.data.collator import build_collator, check_model_batching
 from hf_lora_ds.data.packing import PackedDataset
-from hf_lora_ds.distributed import print0
 
 __all__ = ["prepare_batches"]
+
+logger = logging.get_logger(__name__)
 
 
 def prepare_batches(
@@ -34,7 +36,7 @@ def prepare_batches(
     if batching == "packed":
         train_dataset = _packed(train_dataset, args.max_length, "training")
         if train_dataset is not None:
-            print0(
+            logger.info(
                 f"packed: {len(train_dataset.samples)} samples in {len(train_dataset)} rows of {args.max_length} "
                 f"tokens, {train_dataset.fill():.3f} of the rows filled"
             )

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from hf_lora_ds.callbacks import MemoryTraceCallback, ThroughputCallback, throughput, use_swanlab
+from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.distributed import release_process_group
 from hf_lora_ds.training import memory_tracker
 
@@ -70,6 +71,7 @@ def main(model_dir: str, output_dir: str) -> None:
         report_to="swanlab",
         disable_tqdm=True,
     )
+    configure_logging(args)  # the package's lines as the commands show them: rank 0's, on stdout
     rank = int(os.environ["RANK"])
     allocator, clock = FakeAllocator(), FakeClock(train_s=1.0, eval_s=100.0)
     allocator.set(device_mib(rank)["base"])

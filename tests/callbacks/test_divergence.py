@@ -29,6 +29,16 @@ def test_signs():
     assert signs([4.0, float("nan"), 4.1, 13.0], [0.5] * 4)[3][0] == "loss"  # a skipped NaN step is no history
 
 
+@pytest.mark.parametrize(("is_world_process_zero", "warned"), [(True, 1), (False, 0)])
+def test_the_warning_is_rank_0s(package_log, tmp_path, is_world_process_zero, warned):
+    """Every rank sees the same logged loss; the warning is said once, on rank 0 (a replica's warnings show)."""
+    guard = DivergenceCallback()
+    state = SimpleNamespace(log_history=[], global_step=2, is_world_process_zero=is_world_process_zero)
+    for loss in (4.0, 13.0):
+        guard.on_log(SimpleNamespace(output_dir=str(tmp_path)), state, None, logs={"loss": loss, "grad_norm": 0.5})
+    assert package_log.read().count("warning: divergence at step 2: training loss 13 is over 3x") == warned
+
+
 DIVERGING = [
     "--eval_file",
     "",

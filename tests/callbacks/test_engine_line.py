@@ -16,11 +16,11 @@ from hf_lora_ds.config.engine import Engine
 from tests.trainer.test_lora_sft_trainer import make_trainer
 
 
-def test_single_process_run_prints_and_records_its_engine(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+def test_single_process_run_prints_and_records_its_engine(tiny_model, qwen_style_tokenizer, tmp_path, package_log):
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)
     trainer.train()
     line = "engine: plain, world size 1, backend none, weights float32, mixed precision no"
-    assert capsys.readouterr().out.count(line) == 1
+    assert package_log.read().count(line) == 1
     trainer.save_state()
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert [entry["engine"] for entry in state["log_history"] if "engine" in entry] == [line.removeprefix("engine: ")]

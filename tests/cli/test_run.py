@@ -125,6 +125,23 @@ def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, 
     assert loaded == []
 
 
+@pytest.mark.parametrize(("log_level", "shown"), [("passive", True), ("warning", False)])
+def test_the_runs_lines_are_on_stdout_as_log_level_says(tiny_model_dir, sum_files, tmp_path, capsys, log_level, shown):
+    """The command shows the package's messages plainly on stdout (hf_lora_ds.cli.log): the lines said before a bad
+    eval record stops the run, by default (rank 0 at info), none at ``--log_level warning``."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "2=", "output": ["1", "1"]}\n')
+    flags = demo_flags(tiny_model_dir, sum_files, tmp_path / "run")
+    flags[flags.index("--eval_file") + 1] = str(bad)
+    with pytest.raises(DataError):
+        run_sft.main([*flags, "--log_level", log_level])
+    out = capsys.readouterr().out
+    lines = [
+        line for line in out.splitlines() if line.startswith(("world size 1 ", "data: 32 samples", "memory plan: "))
+    ]
+    assert len(lines) == (3 if shown else 0), out
+
+
 def test_a_record_format_registered_before_the_run_reads_its_training_file(
     tiny_model_dir, tmp_path, own_formats, capsys
 ):

@@ -74,11 +74,11 @@ def test_base64_that_is_not_a_json_object_is_one_line(run_flags, no_launcher):
         cli.parse_run_arguments([*run_flags, "--deepspeed", text])
 
 
-def test_auto_is_planned_once_and_its_pick_trains(run_flags, monkeypatch, no_launcher, capsys):
+def test_auto_is_planned_once_and_its_pick_trains(run_flags, monkeypatch, no_launcher, package_log):
     plans = counted(monkeypatch, cli, "recommended_deepspeed_config")
     args = cli.parse_run_arguments([*run_flags, "--deepspeed", "auto"])
     assert len(plans) == 1 and args.deepspeed == str(DEEPSPEED_CONFIGS / "stage0.json")
-    assert "--deepspeed auto: " in capsys.readouterr().out
+    assert "--deepspeed auto: " in package_log.read()
 
 
 def test_checked_values_refuse_what_the_arguments_refuse(run_flags):

@@ -106,9 +106,9 @@ def test_experts_left_out_stop_unless_left_out_on_purpose(qwen_style_tokenizer):
     )
 
 
-def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_style_tokenizer, tmp_path, package_log):
     make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, lora_target_modules="q_proj,v_proj")
-    out = capsys.readouterr().out
+    out = package_log.read()
     assert "LoRA coverage (adapted/linear modules per decoder layer):\nlayers   attention  mlp\n0-1      2/4" in out
     assert (
         "LoRA targets q_proj,v_proj leave out: attention (k_proj, o_proj); mlp (gate_proj, up_proj, down_proj)" in out
@@ -122,7 +122,7 @@ def test_trainer_prints_the_table_and_stops_on_skipped_experts(tiny_model, qwen_
         )
     moe = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
     make_trainer(moe, qwen_style_tokenizer, tmp_path, lora_target_modules="q_proj", lora_target_experts="none")
-    assert "LoRA targets q_proj leave out: attention (k_proj, v_proj, o_proj); experts" in capsys.readouterr().out
+    assert "LoRA targets q_proj leave out: attention (k_proj, v_proj, o_proj); experts" in package_log.read()
 
 
 def test_run_report_shows_the_saved_table(tmp_path):

@@ -73,7 +73,7 @@ def test_auto_names_the_sequence_parallel_size_that_would_fit(two_32gb_gpus):
         recommended_deepspeed_config(run_args("--max_length", "32768", "--gradient_checkpointing", "true"))
 
 
-def test_a_run_that_will_not_fit_stops_before_loading(two_32gb_gpus, capsys):
+def test_a_run_that_will_not_fit_stops_before_loading(two_32gb_gpus, package_log):
     args = run_args("--deepspeed", str(SHIPPED_CONFIGS_DIR / "stage2.json"), "--gradient_checkpointing", "true")
     with pytest.raises(UserError, match="will not fit: ds_configs/stage2.json with gradient checkpointing") as err:
         check_run_fits(args, SequenceProfile.unknown(1024))
@@ -81,17 +81,17 @@ def test_a_run_that_will_not_fit_stops_before_loading(two_32gb_gpus, capsys):
     args.check_memory_plan = False  # the override: the plan line, then the run goes on
     row = check_run_fits(args, SequenceProfile.unknown(1024))
     assert not row.fits and row.config == "stage2.json"
-    assert capsys.readouterr().out.count("memory plan: ds_configs/stage2.json with gradient checkpointing") == 2
+    assert package_log.read().count("memory plan: ds_configs/stage2.json with gradient checkpointing") == 2
 
 
-def test_on_a_cpu_the_plan_line_never_stops_the_run(monkeypatch, capsys):
+def test_on_a_cpu_the_plan_line_never_stops_the_run(monkeypatch, package_log):
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
     args = run_args("--device_memory", "1GiB")
     row = check_run_fits(args, SequenceProfile.unknown(1024))
     assert not row.fits
-    assert capsys.readouterr().out.startswith("memory plan: no DeepSpeed without gradient checkpointing")
+    assert package_log.read().startswith("memory plan: no DeepSpeed without gradient checkpointing")
 
 
 def test_the_runs_own_deepspeed_config_is_a_row_named_by_its_file_or_its_zero_setup(tmp_path):

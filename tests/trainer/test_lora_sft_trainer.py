@@ -43,7 +43,7 @@ def make_trainer(model, tokenizer, tmp_path, callbacks=(), **overrides):
     )
 
 
-def test_lora_weights_change_and_base_weights_do_not(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+def test_lora_weights_change_and_base_weights_do_not(tiny_model, qwen_style_tokenizer, tmp_path, package_log):
     base_before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
     assert isinstance(trainer.model, PeftModel)
@@ -60,7 +60,7 @@ def test_lora_weights_change_and_base_weights_do_not(tiny_model, qwen_style_toke
     assert base_after.keys() == base_before.keys()
     for name, tensor in base_after.items():
         torch.testing.assert_close(tensor, base_before[name], rtol=0, atol=0)
-    out = capsys.readouterr().out
+    out = package_log.read()
     assert "trainable params:" in out and "mask audit: 32 samples" in out
 
 
@@ -117,7 +117,7 @@ def test_save_refuses_an_empty_adapter(tiny_model, qwen_style_tokenizer, tmp_pat
         trainer.save_model(str(tmp_path / "broken"))
 
 
-def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, tmp_path, capsys):
+def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, tmp_path, package_log):
     from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
     from hf_lora_ds.training.checkpoints import COMPLETE_MARKER
 
@@ -129,14 +129,14 @@ def test_resume_auto_takes_the_latest_complete_checkpoint(qwen_style_tokenizer, 
 
     out = tmp_path / "out"
     trainer(4).train(resume_from_checkpoint="auto")  # nothing to resume from: a fresh start, said so
-    assert "resume: no complete checkpoint" in capsys.readouterr().out
+    assert "resume: no complete checkpoint" in package_log.read()
     assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file() and (out / "checkpoint-4" / COMPLETE_MARKER).is_file()
 
     (out / "checkpoint-4" / COMPLETE_MARKER).unlink()  # as if a kill had landed inside the step-4 save
     resumed, recorder = trainer(6), StepRecorder()
     resumed.add_callback(recorder)
     resumed.train(resume_from_checkpoint=True)  # Trainer's own True would take checkpoint-4
-    printed = capsys.readouterr().out
+    printed = package_log.read()
     assert f"resume: from {out / 'checkpoint-2'}" in printed and "skipped incomplete checkpoint-4" in printed
     assert recorder.steps == [3, 4, 5, 6] and resumed.state.global_step == 6
 
@@ -243,7 +243,7 @@ def test_loraplus_trains_b_at_the_ratio_of_a(tiny_model, qwen_style_tokenizer, t
     assert rates == {".lora_A.": {1e-2}, ".lora_B.": {8e-2}}
 
 
-def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer, tmp_path, capsys):
+def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer, tmp_path, package_log):
     """Built in code, without a collator: ``--batching packed`` gives rows of several samples, each restarting its
     positions, as run_sft's do (hf_lora_ds.training.batches)."""
     args = SFTTrainingArguments(
@@ -258,7 +258,7 @@ def test_the_trainer_packs_with_batching_packed(tiny_model, qwen_style_tokenizer
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
     assert isinstance(trainer.train_dataset, PackedDataset) and trainer.train_dataset.samples is dataset
-    assert "packed: 32 samples in " in capsys.readouterr().out
+    assert "packed: 32 samples in " in package_log.read()
     batch = next(iter(trainer.get_train_dataloader()))
     starts = int((batch["position_ids"] == 0).sum())
     assert batch["input_ids"].shape[0] == 1 and starts > 1  # one row holding several samples

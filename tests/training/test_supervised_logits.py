@@ -242,7 +242,7 @@ class ScaledLogitsLM(Qwen2ForCausalLM):
 
 
 def test_models_that_change_the_head_output_take_the_logits_path(
-    tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, package_log
 ):
     model = ScaledLogitsLM(tiny64.config)
     model.load_state_dict(tiny64.state_dict())
@@ -252,7 +252,7 @@ def test_models_that_change_the_head_output_take_the_logits_path(
     for _ in range(2):  # the line once, the logits path from then on
         loss, outputs = trainer.compute_loss(trainer.model, dict(batch), return_outputs=True)
         assert outputs.logits is not None and not trainer._fused_head_loss
-    notice = [line for line in capsys.readouterr().out.splitlines() if "fused LM head loss" in line]
+    notice = [line for line in package_log.read().splitlines() if "fused LM head loss" in line]
     assert notice == [
         "fused LM head loss: off, ScaledLogitsLM.forward changes the head's output; the loss uses "
         "supervised-position logits"
@@ -288,12 +288,12 @@ def test_models_without_a_position_mask_still_train_on_supervised_positions(
 
 
 def test_models_without_a_position_mask_or_a_plain_head_fall_back_with_one_line(
-    tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, package_log
 ):
     model = NoPositionMaskLM(tiny64.config)
     model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
     trainer = make_trainer(model, qwen_style_tokenizer, dataset, tmp_path, True, max_steps=1)
-    notice = [line for line in capsys.readouterr().out.splitlines() if "supervised-position logits" in line]
+    notice = [line for line in package_log.read().splitlines() if "supervised-position logits" in line]
     assert notice == [
         "supervised-position logits: off, NoPositionMaskLM.forward takes no boolean logits_to_keep mask "
         "and its LM head is not a plain bias-free nn.Linear; the loss uses full logits"
@@ -374,7 +374,7 @@ def test_gpu_padding_free_bf16_matches_full_logits(tiny64, qwen_style_tokenizer,
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_liger_kernel_trains_with_one_line(tiny64, qwen_style_tokenizer, dataset, tmp_path, capsys):
+def test_gpu_liger_kernel_trains_with_one_line(tiny64, qwen_style_tokenizer, dataset, tmp_path, package_log):
     if importlib.util.find_spec("liger_kernel") is None:
         pytest.skip("liger-kernel is not installed")
     trainer = make_trainer(
@@ -389,6 +389,6 @@ def test_gpu_liger_kernel_trains_with_one_line(tiny64, qwen_style_tokenizer, dat
         dtype="bfloat16",
     )
     assert not trainer.supervised_logits_only
-    assert "supervised-position logits: off, --use_liger_kernel's fused linear cross-entropy" in capsys.readouterr().out
+    assert "supervised-position logits: off, --use_liger_kernel's fused linear cross-entropy" in package_log.read()
     trainer.train()
     assert all(torch.isfinite(torch.tensor(e["loss"])) for e in trainer.state.log_history if "loss" in e)
