@@ -122,21 +122,34 @@ def _labels_at_span_edges(
     error."""
     lengths = np.array([len(ids) for ids in input_ids], dtype=np.int64)
     offset = np.cumsum(lengths) - lengths
-    flat, first, stop = [], [], []
+    first, stop = [], []
     for k, (encoding, text_spans) in enumerate(zip(encodings, spans)):
         for start, end in text_spans:
             a = encoding.char_to_token(start) if end > start else None
             z = encoding.char_to_token(end - 1) if a is not None else None
             if z is None:
                 return None
-            flat.append((k, start, end))
             first.append(offset[k] + a)
             stop.append(offset[k] + z + 1)
     ids = np.fromiter(chain.from_iterable(input_ids), dtype=np.int32, count=int(lengths.sum()))
-    decoded = _decode(tokenizer, [ids[a:b].tolist() for a, b in zip(first, stop)])
-    if decoded != [texts[k][start:end] for k, start, end in flat]:
+    return _proven(
+        tokenizer, texts, spans, (ids, lengths, np.array(first, dtype=np.int64), np.array(stop, dtype=np.int64))
+    )
+
+
+def _proven(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    placed: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> FlatLabels | None:
+    """The batch's labels from ``placed`` = (ids, lengths, first, stop): span j, in text then span order, trained on
+    tokens ``first[j]:stop[j]``; None unless each span's tokens decode to its text."""
+    ids, lengths, first, stop = placed
+    expected = [text[start:end] for text, text_spans in zip(texts, spans) for start, end in text_spans]
+    if _decode(tokenizer, [ids[a:b].tolist() for a, b in zip(first, stop)]) != expected:
         return None
-    return FlatLabels(ids, _trained(ids, np.array(first, dtype=np.int64), np.array(stop, dtype=np.int64)), lengths)
+    return FlatLabels(ids, _trained(ids, first, stop), lengths)
 
 
 def _labels_by_bytes(
@@ -147,14 +160,9 @@ def _labels_by_bytes(
     if (input_ids := token_bytes.encode(texts)) is None:
         return None
     placed = token_bytes.token_ranges(texts, spans, input_ids)
-    if placed is not None:
-        ids, lengths, first, stop = placed
-        expected = [text[start:end] for text, text_spans in zip(texts, spans) for start, end in text_spans]
-        if _decode(token_bytes.tokenizer, [ids[a:b].tolist() for a, b in zip(first, stop)]) == expected:
-            token_bytes.tally(placed=True)
-            return FlatLabels(ids, _trained(ids, first, stop), lengths)
-    token_bytes.tally(placed=False)
-    return None
+    flat = _proven(token_bytes.tokenizer, texts, spans, placed) if placed is not None else None
+    token_bytes.tally(placed=flat is not None)
+    return flat
 
 
 def tokenized_labels(

@@ -19,7 +19,7 @@ from transformers.utils import logging
 from hf_lora_ds.config import RunValues, SFTTrainingArguments
 from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.config.deepspeed import check_deepspeed_config
-from hf_lora_ds.config.engine import Engine
+from hf_lora_ds.config.engine import Engine, data_parallel_size
 from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
@@ -152,7 +152,7 @@ def plan_run(
                 f"ds_configs/{name}",
                 micro_batch=args.per_device_train_batch_size,
                 accumulation=args.gradient_accumulation_steps,
-                world_size=settings.world_size // settings.sequence_parallel,
+                world_size=data_parallel_size(settings.world_size, settings.sequence_parallel),
             )
     return make_plan(settings, configs, runtime_bytes(settings.on_accelerator))
 
