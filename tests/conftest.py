@@ -6,6 +6,7 @@ import logging
 import multiprocessing.util
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,11 @@ import pytest
 # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine (two pytest-xdist workers, a launch's
 # ranks) threads waiting on each other ran the same steps many times slower. Processes the tests start inherit it.
 os.environ["OMP_NUM_THREADS"] = "1"
+# This interpreter's bin on PATH, as an activated venv has it, for this process and all it starts: DeepSpeed's op
+# builds run the first ``ninja`` on PATH, and a venv's ninja (1.13) and the system's (1.11) hash their logged commands
+# differently, so each rebuilds (minutes) what the other built. In an unactivated run the wheel venv of
+# tests/test_packaging.py (no ninja of its own) reaches the system's: shm_comm was built 4 times in one suite run.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM

@@ -58,12 +58,10 @@ def free_port() -> int:
 
 
 def launch_env() -> dict[str, str]:
-    """This environment without launcher variables, and this interpreter's bin first on PATH (as an activated venv
-    has it): DeepSpeed's op builds run the first ``ninja`` on PATH, and a venv's ninja and the system's log their
-    commands differently, so ops built by one are rebuilt by the other (minutes each, at every switch)."""
+    """This environment (tests/conftest.py put this interpreter's bin first on its PATH) without launcher
+    variables."""
     env = {key: value for key, value in os.environ.items() if key not in _INHERITED_LAUNCH_VARIABLES}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 

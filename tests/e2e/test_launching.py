@@ -1,17 +1,19 @@
 """The launch helpers' own guarantees: a launch that runs past its deadline is killed with every process it
 started, as a hung rank would otherwise keep running beside the next tests; a launch shared by several tests runs
-once, also when it fails."""
+once, also when it fails; every process the suite starts runs this environment's ``ninja``."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.launching import once_per_key, run
+from tests.e2e.launching import launch_env, once_per_key, run
 
 GRANDCHILD = "import subprocess, sys, time; open(sys.argv[1], 'w').write(str(subprocess.Popen([sys.executable, '-c', \
 'import time; time.sleep(60)']).pid)); time.sleep(60)"
@@ -61,3 +63,14 @@ def test_a_shared_launch_that_fails_is_not_launched_again_for_the_next_test(fail
     assert launched == [("deepspeed", 2)]
     shared_ok = once_per_key(lambda *key: key)
     assert shared_ok("torchrun", 2) == ("torchrun", 2) and shared_ok("torchrun", 2) is shared_ok("torchrun", 2)
+
+
+def test_every_process_finds_this_environments_ninja_first():
+    """DeepSpeed's op builds run the first ``ninja`` on PATH; a venv's and the system's disagree on what is built
+    (tests/conftest.py), so what this process and its children (a wheel's venv adds only its own bin) find first is
+    this interpreter's, where it has one."""
+    own = Path(sys.executable).parent / "ninja"
+    if not own.is_file():
+        pytest.skip(f"no ninja beside {sys.executable}")
+    for path in (os.environ["PATH"], launch_env()["PATH"]):
+        assert shutil.which("ninja", path=path) == str(own)
