@@ -1,8 +1,10 @@
 """tests/conftest.py's order of the collected tests (the files that start processes first, tests/e2e's last of those,
-each file's tests together and in their own order) and when it starts DeepSpeed's op build (where launches run)."""
+each file's tests together and in their own order), when it starts DeepSpeed's op build (where launches run), and
+what each worker freezes out of the cyclic collector's reach."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +80,10 @@ class Config:
 )
 def test_the_op_build_starts_where_launches_are_selected(args, markexpr, launches):
     assert _launches_selected(Config(args, markexpr)) == launches
+
+
+def test_what_collection_imported_is_frozen_out_of_the_collectors_reach():
+    """A worker's heap holds millions of objects from torch, transformers and the test modules; frozen after
+    collection (``pytest_collection_finish``), the collector walks only what the tests make."""
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()
