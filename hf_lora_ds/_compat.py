@@ -1,38 +1,54 @@
-"""Shims over third-party behaviour that costs a run time and buys it nothing; each keeps the library's results."""
+"""Shims over third-party behaviour that costs a run time and buys it nothing; each keeps the library's results, and
+each is in place only for the run that needs it: the libraries are their own again after it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["trim_deepspeed_startup"]
+__all__ = ["deepspeed_startup_trimmed"]
 
 _MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
 
-def trim_deepspeed_startup() -> None:
-    """Skip the work DeepSpeed does on every rank's start that no run needs; call it before the engine is built.
-    Idempotent; a no-op without DeepSpeed."""
-    _defer_kernel_compiles()
-    _keep_first_cpu_info()
+@contextlib.contextmanager
+def deepspeed_startup_trimmed() -> Iterator[None]:
+    """Inside: DeepSpeed skips the work it does on every rank's start that no run needs (enter it before the engine
+    is built). DeepSpeed and py-cpuinfo get their own functions back on the way out; a no-op without them."""
+    with _kernel_compiles_deferred(), _first_cpu_info_kept():
+        yield
 
 
-def _defer_kernel_compiles() -> None:
-    """Let DeepSpeed's ``torch.compile``-decorated kernels (its Muon optimizer's) be compiled at their first call.
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside, and what it was after."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _kernel_compiles_deferred() -> contextlib.AbstractContextManager:
+    """DeepSpeed's ``torch.compile``-decorated kernels (its Muon optimizer's), when imported inside, compiled at
+    their first call.
 
     ZeRO's optimizer imports them on every run, Muon or not, and decorating with ``torch.compile`` imports torch's
     compiler stack (~540 modules). ``torch.compile`` compiles on the first call anyway, so a run that uses Muon gets
-    the same kernels. A no-op once the kernels are imported."""
+    the same kernels. Nothing to do once the kernels are imported."""
     if _MUON_KERNELS in sys.modules:
-        return
+        return contextlib.nullcontext()
     try:
         from deepspeed.runtime import compiler
     except ImportError:
-        return
-    if callable(getattr(compiler, "compile", None)):
-        compiler.compile = _compile_on_first_call
+        return contextlib.nullcontext()
+    if not callable(getattr(compiler, "compile", None)):
+        return contextlib.nullcontext()
+    return _replaced(compiler, "compile", _compile_on_first_call)
 
 
 def _compile_on_first_call() -> Callable[[Callable], Callable]:
@@ -55,20 +71,17 @@ def _compile_on_first_call() -> Callable[[Callable], Callable]:
     return decorate
 
 
-def _keep_first_cpu_info() -> None:
+def _first_cpu_info_kept() -> contextlib.AbstractContextManager:
     """py-cpuinfo's ``get_cpu_info`` starts a Python interpreter on every call, and a rank that offloads to the CPU
     asks three times (DeepSpeed's CPU Adam: its build flags, then the optimizer). The CPU does not change within a
-    process: the first answer is kept, and each caller gets its own copy."""
+    process: inside, the first answer is kept, and each caller gets its own copy."""
     try:
         import cpuinfo
     except ImportError:
-        return
-    if getattr(cpuinfo.get_cpu_info, "keeps_first_answer", False):
-        return
+        return contextlib.nullcontext()
     first_answer = functools.cache(cpuinfo.get_cpu_info)
 
     def get_cpu_info() -> dict[str, Any]:
         return dict(first_answer())
 
-    get_cpu_info.keeps_first_answer = True  # type: ignore[attr-defined]
-    cpuinfo.get_cpu_info = get_cpu_info
+    return _replaced(cpuinfo, "get_cpu_info", get_cpu_info)

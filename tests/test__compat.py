@@ -1,5 +1,5 @@
-"""hf_lora_ds._compat: DeepSpeed's compiled kernels are compiled at their first call, not when ZeRO imports them, and
-py-cpuinfo is asked once per process."""
+"""hf_lora_ds._compat: inside a run, DeepSpeed's compiled kernels are compiled at their first call, not when ZeRO
+imports them, and py-cpuinfo is asked once; after it, both libraries have their own functions back."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from tests.e2e.launching import REPO
 _IMPORT_THEN_CALL = """
 import json, sys
 import torch
+import contextlib
 import deepspeed.runtime.compiler
-from hf_lora_ds._compat import trim_deepspeed_startup
-if sys.argv[1] == "deferred":
-    trim_deepspeed_startup()
-before = set(sys.modules)
-from deepspeed.runtime.zero.muon import original_muon
-added = len(set(sys.modules) - before)
+from hf_lora_ds._compat import deepspeed_startup_trimmed
+with deepspeed_startup_trimmed() if sys.argv[1] == "deferred" else contextlib.nullcontext():
+    before = set(sys.modules)
+    from deepspeed.runtime.zero.muon import original_muon
+    added = len(set(sys.modules) - before)
 asked = []
 torch.compile = lambda function: asked.append(function.__name__) or function  # records, runs eagerly
 matrix = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
@@ -58,8 +58,8 @@ def test_the_shim_leaves_kernels_imported_before_it_alone(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.muon.original_muon", object())
     monkeypatch.setattr(compiler, "compile", compiler.compile)
     original = compiler.compile
-    _compat._defer_kernel_compiles()
-    assert compiler.compile is original
+    with _compat.deepspeed_startup_trimmed():
+        assert compiler.compile is original
 
 
 def test_cpu_info_is_asked_once_and_each_caller_gets_a_copy(monkeypatch):
@@ -67,9 +67,27 @@ def test_cpu_info_is_asked_once_and_each_caller_gets_a_copy(monkeypatch):
 
     asked = []
     monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: asked.append(1) or {"arch": "X86_64", "flags": ["avx2"]})
-    _compat._keep_first_cpu_info()
-    _compat._keep_first_cpu_info()  # idempotent: not a cache around the cache
-    first = cpuinfo.get_cpu_info()
-    first["arch"] = "changed by a caller"
-    assert cpuinfo.get_cpu_info() == {"arch": "X86_64", "flags": ["avx2"]}
+    with _compat.deepspeed_startup_trimmed():
+        first = cpuinfo.get_cpu_info()
+        first["arch"] = "changed by a caller"
+        assert cpuinfo.get_cpu_info() == {"arch": "X86_64", "flags": ["avx2"]}
     assert len(asked) == 1
+
+
+def _patched_attributes() -> dict[str, object]:
+    import cpuinfo
+    from deepspeed.runtime import compiler
+
+    return {"deepspeed.runtime.compiler.compile": compiler.compile, "cpuinfo.get_cpu_info": cpuinfo.get_cpu_info}
+
+
+def test_the_libraries_are_their_own_after_each_run(monkeypatch):
+    """Two runs in one process: each gets the trims, and after each DeepSpeed and py-cpuinfo have their own
+    functions again (a notebook that trains, then uses either library, must not run on the package's shims)."""
+    monkeypatch.delitem(sys.modules, "deepspeed.runtime.zero.muon.original_muon", raising=False)
+    own = _patched_attributes()
+    for _ in range(2):
+        with _compat.deepspeed_startup_trimmed():
+            inside = _patched_attributes()
+            assert all(inside[name] is not own[name] for name in own), inside
+        assert _patched_attributes() == own

@@ -20,7 +20,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from hf_lora_ds._compat import trim_deepspeed_startup
+from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.lora_init import parse_lora_init
@@ -193,11 +193,11 @@ class LoraSFTTrainer(Trainer):
             if len(samples.source_counts) > 1:
                 for name, audit in audit_by_source(samples).items():
                     logger.info(f"  {name}: {audit.line()}")
-        if self.is_deepspeed_enabled:
-            trim_deepspeed_startup()  # before the engine and its ZeRO optimizer are built
+        # the engine and its ZeRO optimizer are built inside train()
+        trimmed = deepspeed_startup_trimmed() if self.is_deepspeed_enabled else contextlib.nullcontext()
         memory, preemption = self.run_callbacks.memory, self.run_callbacks.preemption
         try:
-            with lost_ranks(self.args.output_dir):  # a rank killed inside a save: one line, not gloo's traceback
+            with lost_ranks(self.args.output_dir), trimmed:  # lost_ranks: a rank killed inside a save is one line
                 result = super().train(resume.checkpoint, *args, **kwargs)
         except BaseException:
             if memory is not None:
