@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import ninja
 import pytest
 
 # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine (two pytest-xdist workers, a launch's
@@ -20,7 +21,13 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # builds run the first ``ninja`` on PATH, and a venv's ninja (1.13) and the system's (1.11) hash their logged commands
 # differently, so each rebuilds (minutes) what the other built. In an unactivated run the wheel venv of
 # tests/test_packaging.py (no ninja of its own) reaches the system's: shm_comm was built 4 times in one suite run.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+# Before it, the ``ninja`` package's own bin (setup.cfg requires it) where pip put it elsewhere (a --user install).
+os.environ["PATH"] = os.pathsep.join(
+    [
+        *dict.fromkeys(path for path in (ninja.BIN_DIR, str(Path(sys.executable).parent)) if path),
+        os.environ.get("PATH", ""),
+    ]
+)
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM

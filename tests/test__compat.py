@@ -34,14 +34,15 @@ print(json.dumps({"added": added, "asked": asked, "same": bool(torch.equal(first
 
 
 def _kernels(mode: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", _IMPORT_THEN_CALL, mode], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", _IMPORT_THEN_CALL, mode], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
+# Two fresh interpreters importing DeepSpeed, no per-call limit: 143 s on a loaded 2-core machine (load 8), 3x that
+# is past the suite's 600 s; the test's limit catches a hang.
+@pytest.mark.timeout(900)
 def test_muon_kernels_compile_at_their_first_call_not_at_import():
     eager = _kernels("eager")
     assert eager["added"] > 100, "DeepSpeed's Muon import no longer brings torch's compiler: drop the shim"

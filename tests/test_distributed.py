@@ -74,10 +74,14 @@ def test_a_launched_rank_exits_without_interpreter_teardown(monkeypatch):
     assert immediate.value.args == (0,)
 
 
+# The waits below catch a hang, not slowness: each of these tests takes 0.1-0.3 s here, its waits end in ms.
+HANG_S = 60.0
+
+
 def relays_on_one_store(world_size: int, store=None) -> list[distributed.ErrorRelay]:
     """Every rank's ErrorRelay on one real TCPStore (a new one unless given), as a launch has them."""
     if store is None:
-        store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+        store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=HANG_S))
     relays = [distributed.ErrorRelay() for _ in range(world_size)]
     for rank, relay in enumerate(relays):
         relay.attach(store, rank, world_size)
@@ -91,12 +95,12 @@ def two_relays():
 
 def publishing(relay: distributed.ErrorRelay, message: str, acknowledged: list) -> threading.Thread:
     """``relay.publish(message)`` in a thread of its own, as the failed rank does while rank 0 reads it."""
-    thread = threading.Thread(target=lambda: acknowledged.append(relay.publish(message, 10.0)), daemon=True)
+    thread = threading.Thread(target=lambda: acknowledged.append(relay.publish(message, HANG_S)), daemon=True)
     thread.start()
     return thread
 
 
-def peer_error_within(relay: distributed.ErrorRelay, seconds: float = 10.0) -> str:
+def peer_error_within(relay: distributed.ErrorRelay, seconds: float = HANG_S) -> str:
     """The error rank 0 reads, polled as its watcher thread polls it; the test fails after ``seconds``."""
     deadline = time.monotonic() + seconds
     while (message := relay.peer_error()) is None:
@@ -113,7 +117,7 @@ def test_rank_0_says_the_error_only_another_rank_hit(two_relays):
     said = []
     assert rank0.say(peer_error_within(rank0), said.append)
     rank0.wait_until_seen()
-    publisher.join(timeout=10)
+    publisher.join(timeout=HANG_S)
     assert said == ["saving X failed: disk full"] and acknowledged == [True]
     assert not rank0.say("a second error", said.append), "rank 0 says one error"
     assert said == ["saving X failed: disk full"]
@@ -123,13 +127,13 @@ def test_rank_0_leaves_as_soon_as_the_failed_rank_read_the_acknowledgement(two_r
     """The failed rank says it has seen rank 0's acknowledgement: rank 0 need not wait out ``SEEN_WAIT_S`` (a rank
     that never fails never says so) before it exits, which would end the failed rank before it read it."""
     rank0, rank1 = two_relays
-    rank0.SEEN_WAIT_S = 10.0
+    rank0.SEEN_WAIT_S = HANG_S  # waited out, the test would take it whole: a minute, against ms
     acknowledged = []
     publisher = publishing(rank1, "saving X failed: disk full", acknowledged)
     rank0.say(peer_error_within(rank0), lambda message: None)
     start = time.monotonic()
     rank0.wait_until_seen()
-    publisher.join(timeout=10)
+    publisher.join(timeout=HANG_S)
     assert acknowledged == [True]
     assert time.monotonic() - start < rank0.SEEN_WAIT_S / 2
 
@@ -141,7 +145,7 @@ def test_rank_0_reads_the_error_of_every_other_rank():
     publisher = publishing(rank2, "rank 2's disk is full", acknowledged)
     said = []
     assert rank0.say(peer_error_within(rank0), said.append)
-    publisher.join(timeout=10)
+    publisher.join(timeout=HANG_S)
     assert said == ["rank 2's disk is full"] and acknowledged == [True]
 
 

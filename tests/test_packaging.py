@@ -69,10 +69,8 @@ def installed(tmp_path_factory) -> dict:
     return {"python": str(python), "cwd": empty, "env": env}
 
 
-def run(installed: dict, *command: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        list(command), cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, timeout=timeout
-    )
+def run(installed: dict, *command: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(command), cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True)
     assert done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done
 

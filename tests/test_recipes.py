@@ -151,7 +151,6 @@ def test_recipe_trains_two_steps(recipe, small_sum_to_x, tmp_path, monkeypatch):
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
         )
         assert done.returncode == 0, f"{recipe.name}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     state = json.loads((out / "trainer_state.json").read_text())

@@ -97,7 +97,8 @@ def loopback_sshd(root: Path) -> Iterator[dict[str, str]]:
         log.close()
 
 
-def _wait_for_port(port: int, sshd: subprocess.Popen, log: Path, timeout_s: float = 30) -> None:
+def _wait_for_port(port: int, sshd: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
+    """Polls until sshd listens; ``timeout_s`` catches an sshd that never does (a hang), not a slow start."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if sshd.poll() is not None:

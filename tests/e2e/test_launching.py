@@ -68,9 +68,24 @@ def test_a_shared_launch_that_fails_is_not_launched_again_for_the_next_test(fail
 def test_every_process_finds_this_environments_ninja_first():
     """DeepSpeed's op builds run the first ``ninja`` on PATH; a venv's and the system's disagree on what is built
     (tests/conftest.py), so what this process and its children (a wheel's venv adds only its own bin) find first is
-    this interpreter's, where it has one."""
-    own = Path(sys.executable).parent / "ninja"
-    if not own.is_file():
-        pytest.skip(f"no ninja beside {sys.executable}")
+    this environment's: the binary of the ``ninja`` package, which setup.cfg requires (in a venv, beside the
+    interpreter). The suite's own PATH must hold that, not the shell's activation: the entry ``activate`` put on
+    PATH is taken out first."""
+    import ninja
+
+    own = Path(ninja.BIN_DIR, "ninja")
+    assert own.is_file(), f"the ninja package ({ninja.__file__}) has no binary where it says: {own}"
     for path in (os.environ["PATH"], launch_env()["PATH"]):
-        assert shutil.which("ninja", path=path) == str(own)
+        unactivated = _without_activation(path)
+        found = shutil.which("ninja", path=unactivated)
+        assert found and os.path.samefile(found, own), (found, str(own), unactivated)
+
+
+def _without_activation(path: str) -> str:
+    """``path`` as an unactivated shell would have handed it on: one occurrence of ``$VIRTUAL_ENV/bin`` (the entry a
+    venv's ``activate`` prepends) removed, where a venv is active."""
+    entries = path.split(os.pathsep)
+    activated = os.path.join(os.environ["VIRTUAL_ENV"], "bin") if os.environ.get("VIRTUAL_ENV") else None
+    if activated in entries:
+        entries.remove(activated)
+    return os.pathsep.join(entries)

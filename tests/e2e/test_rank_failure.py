@@ -17,6 +17,8 @@ import pytest
 from tests.e2e.launching import ENTRY, REPO, launcher, run, run_two_nodes, sft_args
 
 MAX_SECONDS_AFTER_KILL = 60
+# Each launch's limit catches a job nobody ended (a hang: 200 steps), below the test's 600 s.
+HANG_S = 300
 
 
 @pytest.mark.slow
@@ -29,7 +31,7 @@ def test_a_dead_rank_ends_the_job(kind, tiny_model_dir, sum_data, tmp_path):
     launch = run(
         launcher(kind, 2) + [str(ENTRY)] + sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=False),
         tmp_path / "launch.log",
-        timeout=300,
+        timeout=HANG_S,
     )
     killed = json.loads((out / "e2e_killed.json").read_text())
     assert launch.returncode != 0, launch.log[-3000:]
@@ -46,7 +48,7 @@ def test_a_dead_rank_ends_a_two_node_torchrun_job(tiny_model_dir, sum_data, tmp_
         "torchrun",
         [str(ENTRY), *sft_args(tiny_model_dir, sum_data, out, *extra, eval_file=False)],
         tmp_path,
-        timeout=300,
+        timeout=HANG_S,
     )
     killed = json.loads((out / "e2e_killed.json").read_text())
     for node in nodes:

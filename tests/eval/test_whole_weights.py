@@ -101,5 +101,5 @@ print("ok")
 @pytest.mark.slow
 def test_a_zero3_engine_has_its_weights_whole_in_the_block_and_its_hooks_back_after_it(tiny_model_dir):
     script = [sys.executable, "-c", _ENGINE_SCRIPT, str(tiny_model_dir), str(free_port())]
-    done = subprocess.run(script, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(script, cwd=REPO, env=launch_env(), capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "ok", done.stdout[-3000:] + done.stderr[-4000:]

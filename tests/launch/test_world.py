@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
+from hf_lora_ds.distributed import launcher_world_size, process_group_exists
 from hf_lora_ds.launch import world
 
 
@@ -67,7 +68,19 @@ def test_launched_or_plain_runs_keep_their_environment(no_launcher):
 
 
 def test_a_single_process_agrees_with_itself(tmp_path, no_launcher):
-    world.ensure_world_agreement(TrainingArguments(output_dir=str(tmp_path), report_to="none"))
+    """One process and no launcher: Trainer, the launcher and torch.distributed all see a world of one, and the
+    check that compares them passes, creating no process group and exporting no launcher variable; the same check,
+    once a launcher says 2, names the three sizes it compared."""
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    environment = dict(os.environ)
+    world.ensure_world_agreement(args)
+    assert args.world_size == launcher_world_size() == 1
+    assert not process_group_exists() and dict(os.environ) == environment
+    no_launcher.setenv("WORLD_SIZE", "2")  # a second rank this process never saw: the check did run above
+    with pytest.raises(
+        RuntimeError, match="launcher started 2 processes, torch.distributed has 1, TrainingArguments sees 1"
+    ):
+        world.ensure_world_agreement(args)
 
 
 @pytest.mark.parametrize(("world_size", "shared"), [(1, False), (2, True)])

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ from transformers import DataCollatorWithFlattening, TrainerCallback
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
-from hf_lora_ds.data.packing import PackedDataset
+from hf_lora_ds.data.packing import PackedDataset, training_samples
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 
 RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x - 3} + 3"} for x in range(10, 42)]
@@ -276,16 +279,101 @@ def test_the_trainer_batches_padding_free_without_a_collator(tiny_model, qwen_st
     assert isinstance(trainer.data_collator, DataCollatorWithFlattening) and trainer.train_dataset is dataset
 
 
-def test_resume_is_resolved_once_when_the_trainer_is_built(tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory, qwen_style_tokenizer) -> Path:
+    """The output_dir of a finished 4-step run that saved complete checkpoints at steps 2 and 4 (once per module:
+    each test copies it, see ``_copy_of``)."""
+    from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
+
+    work = tmp_path_factory.mktemp("checkpointed")
+    model = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=2)
+    make_trainer(model, qwen_style_tokenizer, work, max_steps=4, save_strategy="steps", save_steps=2).train()
+    return work / "out"
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    """The checkpointed run's output_dir, copied to where ``make_trainer`` writes (``tmp_path / "out"``)."""
+    return Path(shutil.copytree(run, tmp_path / "out"))
+
+
+def test_resume_is_resolved_once_when_the_trainer_is_built(
+    checkpointed_run, tiny_model, qwen_style_tokenizer, tmp_path, monkeypatch
+):
     """--resume_from_checkpoint is resolved before the model loads (hf_lora_ds.trainer.run_inputs); train() takes
-    that answer as it is."""
+    that answer as it is: with checkpoints at steps 2 and 4, "auto" resumes from step 4 and trains steps 5 and 6."""
     from hf_lora_ds.trainer import lora_sft_trainer as trainer_module
+
+    out = _copy_of(checkpointed_run, tmp_path)
 
     def resolved_again(*_args, **_kwargs):
         raise AssertionError("resume resolved a second time")
 
     monkeypatch.setattr(trainer_module, "resolve_resume_checkpoint", resolved_again)
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1, resume_from_checkpoint="auto")
-    assert trainer.resume.checkpoint is None  # "auto" with no checkpoint yet: a fresh start
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=6, resume_from_checkpoint="auto")
+    assert trainer.resume.checkpoint == str(out / "checkpoint-4")
+    recorder = StepRecorder()
+    trainer.add_callback(recorder)
     trainer.train()
-    assert trainer.state.global_step == 1
+    assert recorder.steps == [5, 6] and trainer.state.global_step == 6
+
+
+def test_a_trainer_built_in_code_resumes_where_its_arguments_say(
+    checkpointed_run, tiny_model, qwen_style_tokenizer, tmp_path, package_log
+):
+    """``SFTTrainingArguments(resume_from_checkpoint=path)`` and a plain ``train()``, as a script writes it: the run
+    resumes from that checkpoint (an earlier one than "auto" would take), it does not train from step 1."""
+    checkpoint = _copy_of(checkpointed_run, tmp_path) / "checkpoint-2"
+    trainer = make_trainer(
+        tiny_model, qwen_style_tokenizer, tmp_path, max_steps=4, resume_from_checkpoint=str(checkpoint)
+    )
+    recorder = StepRecorder()
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert recorder.steps == [3, 4] and trainer.state.global_step == 4
+    assert f"resume: from {checkpoint}" in package_log.read()
+
+
+def test_a_trainer_built_in_code_trains_on_every_dataset_entry_its_arguments_name(
+    tiny_model, qwen_style_tokenizer, tmp_path
+):
+    """``train_file`` a LLaMA-Factory dataset_info.json folder and ``dataset`` two of its entries (--train_file,
+    --dataset), no records handed: both entries are trained on, each read with its own columns, and the entry not
+    named is not (hf_lora_ds.trainer.run_inputs passes ``args.dataset`` on)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    info = {
+        "sums": {"file_name": "sums.json"},
+        "chat": {"file_name": "chat.json", "columns": {"prompt": "question", "response": "answer"}},
+        "left_out": {"file_name": "left_out.json"},
+    }
+    (folder / "dataset_info.json").write_text(json.dumps(info))
+    (folder / "sums.json").write_text(json.dumps(RECORDS[:12]))
+    chat = [{"question": f"{x}=", "answer": f"{x - 1} + 1"} for x in range(10, 15)]
+    (folder / "chat.json").write_text(json.dumps(chat))
+    (folder / "left_out.json").write_text(json.dumps(RECORDS))
+    args = SFTTrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        train_file=str(folder),
+        dataset="sums,chat",
+        dataset_cache_dir=str(tmp_path / "cache"),
+        report_to="none",
+    )
+    trainer = LoraSFTTrainer(tiny_model, args, processing_class=qwen_style_tokenizer)
+    samples = training_samples(trainer.train_dataset)
+    assert isinstance(samples, ChatSFTDataset)
+    assert samples.source_counts == {"sums": 12, "chat": 5}
+
+
+def test_a_trainer_built_in_code_stops_before_loading_a_run_that_will_not_fit(tiny_model_dir, tmp_path, monkeypatch):
+    """The memory plan's check runs for a trainer built in code too (the model by its name, as run_sft builds it):
+    on an accelerator with too little memory for the run, building the trainer stops with the plan's message
+    before the model loads (hf_lora_ds.trainer.run_inputs, hf_lora_ds.plan.run_plan.check_run_fits)."""
+    from hf_lora_ds.trainer import run_inputs
+
+    args = SFTTrainingArguments(
+        output_dir=str(tmp_path / "out"), device_memory="64MiB", report_to="none", dataset_cache_dir=str(tmp_path)
+    )
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # a simulated GPU: the plan's stop applies
+    monkeypatch.setattr(run_inputs, "load_base_model", lambda _args: pytest.fail("loaded a run that will not fit"))
+    with pytest.raises(UserError, match="the memory plan says this run will not fit"):
+        LoraSFTTrainer(str(tiny_model_dir), args, train_dataset=RECORDS)
