@@ -22,6 +22,7 @@ from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention
 from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.data.packing import PackedCollator
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 
 __all__ = [
     "LengthGroupedEpochSampler",
@@ -76,14 +77,21 @@ def supports_padding_free(model: torch.nn.Module) -> bool:
     return hasattr(sys.modules.get(type(base).__module__), "create_causal_mask")
 
 
-def check_model_batching(batching: ResolvedBatching, model: torch.nn.Module) -> None:
-    """Padding-free batches and packed rows only for a model whose attention keeps their samples apart."""
-    if batching in ("padding_free", "packed") and not supports_padding_free(model):
+def check_model_batching(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[str, ...]:
+    """Padding-free batches and packed rows only for a model whose attention and other token-mixing layers keep their
+    samples apart (hf_lora_ds.model.packed_boundaries); returns the boundary keys such batches must carry."""
+    if batching == "padded":
+        return ()
+    if not supports_padding_free(model):
         raise UserError(
             f"--batching {batching}: {type(model).__name__} with attn_implementation="
             f"{model.config._attn_implementation!r} cannot keep packed sequences apart; use --batching padded, or "
             "--attn_implementation flash_attention_2 on a GPU"
         )
+    refusal = packing_refusal(batching, model)
+    if refusal:
+        raise UserError(refusal)
+    return packed_batch_keys(model) or ()
 
 
 def build_collator(
@@ -92,6 +100,7 @@ def build_collator(
     pad_to_multiple_of: int | None = None,
     sequence_parallel_size: int = 1,
     one_row: bool = False,
+    boundary_keys: tuple[str, ...] = (),
 ) -> Any:
     """The collator for an already resolved batching mode.
 
@@ -99,13 +108,18 @@ def build_collator(
     tokens), a length divisible by its size (the shards are equal) and its padding on the right (Ulysses drops the
     attention mask, and causal attention never looks right): ``PackedCollator`` makes such batches, one sample a row
     for padded batching. ``one_row`` flattens packed rows into one (flash attention reads packed samples from one row
-    only)."""
+    only). ``boundary_keys`` (``check_model_batching``'s) are the sample boundaries a hybrid model's kernels read
+    besides the position ids; flash-linear-attention reads ``cu_seq_lens_q`` of one row only."""
     multiple = math.lcm(pad_to_multiple_of or 1, sequence_parallel_size)
     if batching == "padded" and sequence_parallel_size == 1:
         return padded_collator(tokenizer, pad_to_multiple_of)
+    seq_idx, cu_seq_lens = "seq_idx" in boundary_keys, "cu_seq_lens_q" in boundary_keys
     if batching == "padding_free" and multiple == 1:
-        return DataCollatorWithFlattening(separator_id=IGNORE_INDEX)
-    return PackedCollator(tokenizer.pad_token_id, multiple, flatten=batching == "padding_free" or one_row)
+        return DataCollatorWithFlattening(
+            separator_id=IGNORE_INDEX, return_seq_idx=seq_idx, return_flash_attn_kwargs=cu_seq_lens
+        )
+    flatten = batching == "padding_free" or one_row or cu_seq_lens
+    return PackedCollator(tokenizer.pad_token_id, multiple, flatten=flatten, boundary_keys=boundary_keys)
 
 
 class LengthGroupedEpochSampler(LengthGroupedSampler):
