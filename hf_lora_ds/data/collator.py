@@ -22,7 +22,6 @@ from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention
 from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.data.packing import PackedCollator
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 
 __all__ = [
     "LengthGroupedEpochSampler",
@@ -77,21 +76,15 @@ def supports_padding_free(model: torch.nn.Module) -> bool:
     return hasattr(sys.modules.get(type(base).__module__), "create_causal_mask")
 
 
-def check_model_batching(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[str, ...]:
-    """Padding-free batches and packed rows only for a model whose attention and other token-mixing layers keep their
-    samples apart (hf_lora_ds.model.packed_boundaries); returns the boundary keys such batches must carry."""
-    if batching == "padded":
-        return ()
-    if not supports_padding_free(model):
+def check_model_batching(batching: ResolvedBatching, model: torch.nn.Module) -> None:
+    """Padding-free batches and packed rows only for a model whose attention keeps their samples apart (its other
+    token-mixing layers: hf_lora_ds.model.packed_boundaries)."""
+    if batching in ("padding_free", "packed") and not supports_padding_free(model):
         raise UserError(
             f"--batching {batching}: {type(model).__name__} with attn_implementation="
             f"{model.config._attn_implementation!r} cannot keep packed sequences apart; use --batching padded, or "
             "--attn_implementation flash_attention_2 on a GPU"
         )
-    refusal = packing_refusal(batching, model)
-    if refusal:
-        raise UserError(refusal)
-    return packed_batch_keys(model) or ()
 
 
 def build_collator(
@@ -108,8 +101,8 @@ def build_collator(
     tokens), a length divisible by its size (the shards are equal) and its padding on the right (Ulysses drops the
     attention mask, and causal attention never looks right): ``PackedCollator`` makes such batches, one sample a row
     for padded batching. ``one_row`` flattens packed rows into one (flash attention reads packed samples from one row
-    only). ``boundary_keys`` (``check_model_batching``'s) are the sample boundaries a hybrid model's kernels read
-    besides the position ids; flash-linear-attention reads ``cu_seq_lens_q`` of one row only."""
+    only). ``boundary_keys`` (hf_lora_ds.model.packed_boundaries) are the sample boundaries a hybrid model's
+    kernels read besides the position ids; flash-linear-attention reads ``cu_seq_lens_q`` of one row only."""
     multiple = math.lcm(pad_to_multiple_of or 1, sequence_parallel_size)
     if batching == "padded" and sequence_parallel_size == 1:
         return padded_collator(tokenizer, pad_to_multiple_of)

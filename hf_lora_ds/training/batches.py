@@ -18,9 +18,9 @@ from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.loading import base_model_config
-from hf_lora_ds.model.packed_boundaries import packing_refusal
+from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 
-__all__ = ["prepare_batches", "settle_batching"]
+__all__ = ["boundary_keys", "prepare_batches", "settle_batching"]
 
 logger = logging.get_logger(__name__)
 
@@ -35,9 +35,16 @@ def settle_batching(args: SFTTrainingArguments, model: torch.nn.Module | None = 
     model = model if model is not None else _meta_model(args)
     if getattr(args, "batching_asked", None) == "auto":
         args.batching = resolve_batching("auto", args.attn_implementation, bool(sequence_mixers(model)))
-    refusal = packing_refusal(args.batching, model)
+    boundary_keys(args.batching, model)
+
+
+def boundary_keys(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[str, ...]:
+    """What packed or padding-free batches must carry for ``model``'s non-attention layers to keep their samples
+    apart (hf_lora_ds.model.packed_boundaries); the one-line refusal where they cannot."""
+    refusal = packing_refusal(batching, model)
     if refusal:
         raise UserError(refusal)
+    return () if batching == "padded" else packed_batch_keys(model) or ()
 
 
 def _meta_model(args: SFTTrainingArguments) -> torch.nn.Module:
@@ -61,7 +68,8 @@ def prepare_batches(
     """``(train_dataset, eval_dataset, data_collator)`` for ``args.batching``: datasets packed unless they already are
     (or absent), and the collator built unless one is given."""
     batching: ResolvedBatching = args.batching  # resolved when the arguments were built (hf_lora_ds.config.batching)
-    boundary_keys = check_model_batching(batching, model)
+    check_model_batching(batching, model)
+    boundaries = boundary_keys(batching, model)
     if batching == "packed":
         train_dataset = _packed(train_dataset, args.max_length, "training")
         if train_dataset is not None:
@@ -78,7 +86,7 @@ def prepare_batches(
             raise ValueError(f"--batching {batching} pads with the tokenizer's pad token: pass processing_class")
         one_row = is_flash_attention(getattr(model.config, "_attn_implementation", None))
         data_collator = build_collator(
-            batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row, boundary_keys
+            batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row, boundaries
         )
     return train_dataset, eval_dataset, data_collator
 
