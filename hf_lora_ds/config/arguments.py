@@ -46,6 +46,7 @@ class SFTTrainingArguments(
         values TrainingArguments needs resolved first."""
         check_field_values(self)
         self._resolve_precision()
+        self.batching_asked = self.batching  # auto is resolved again once the model's layers are known
         self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
             self.parallelism_config = parallelism_config(

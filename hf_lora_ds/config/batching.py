@@ -1,4 +1,5 @@
-"""``--batching`` resolved once, from the flags: ``auto`` becomes padded or padding-free by the attention kernel."""
+"""``--batching`` resolved once, from the flags: ``auto`` becomes padded or padding-free by the attention kernel, and
+padded for a model with linear-attention, state-space or short-convolution layers once the model is known."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ def is_flash_attention(attn_implementation: str | None) -> bool:
     return "flash" in (attn_implementation or "")
 
 
-def resolve_batching(batching: Batching, attn_implementation: str | None) -> ResolvedBatching:
+def resolve_batching(
+    batching: Batching, attn_implementation: str | None, sequence_mixers: bool = False
+) -> ResolvedBatching:
     """``auto``: padding-free with flash attention, where no token is padding and it is fastest; padded (and, by
-    default, length-grouped) under sdpa and eager, which build a full mask for a flattened batch (bench/padding.py).
-    A resolved value is returned as it is."""
+    default, length-grouped) under sdpa and eager, which build a full mask for a flattened batch (bench/padding.py),
+    and for a model with ``sequence_mixers`` besides attention, which need kernels to keep flattened samples apart
+    (hf_lora_ds.model.packed_boundaries). A resolved value is returned as it is."""
     if batching == "auto":
-        return "padding_free" if is_flash_attention(attn_implementation) else "padded"
+        return "padding_free" if is_flash_attention(attn_implementation) and not sequence_mixers else "padded"
     return batching

@@ -77,7 +77,8 @@ def supports_padding_free(model: torch.nn.Module) -> bool:
 
 
 def check_model_batching(batching: ResolvedBatching, model: torch.nn.Module) -> None:
-    """Padding-free batches and packed rows only for a model whose attention keeps their samples apart."""
+    """Padding-free batches and packed rows only for a model whose attention keeps their samples apart (its other
+    token-mixing layers: hf_lora_ds.model.packed_boundaries)."""
     if batching in ("padding_free", "packed") and not supports_padding_free(model):
         raise UserError(
             f"--batching {batching}: {type(model).__name__} with attn_implementation="
@@ -92,6 +93,7 @@ def build_collator(
     pad_to_multiple_of: int | None = None,
     sequence_parallel_size: int = 1,
     one_row: bool = False,
+    boundary_keys: tuple[str, ...] = (),
 ) -> Any:
     """The collator for an already resolved batching mode.
 
@@ -99,13 +101,18 @@ def build_collator(
     tokens), a length divisible by its size (the shards are equal) and its padding on the right (Ulysses drops the
     attention mask, and causal attention never looks right): ``PackedCollator`` makes such batches, one sample a row
     for padded batching. ``one_row`` flattens packed rows into one (flash attention reads packed samples from one row
-    only)."""
+    only). ``boundary_keys`` (hf_lora_ds.model.packed_boundaries) are the sample boundaries a hybrid model's
+    kernels read besides the position ids; flash-linear-attention reads ``cu_seq_lens_q`` of one row only."""
     multiple = math.lcm(pad_to_multiple_of or 1, sequence_parallel_size)
     if batching == "padded" and sequence_parallel_size == 1:
         return padded_collator(tokenizer, pad_to_multiple_of)
+    seq_idx, cu_seq_lens = "seq_idx" in boundary_keys, "cu_seq_lens_q" in boundary_keys
     if batching == "padding_free" and multiple == 1:
-        return DataCollatorWithFlattening(separator_id=IGNORE_INDEX)
-    return PackedCollator(tokenizer.pad_token_id, multiple, flatten=batching == "padding_free" or one_row)
+        return DataCollatorWithFlattening(
+            separator_id=IGNORE_INDEX, return_seq_idx=seq_idx, return_flash_attn_kwargs=cu_seq_lens
+        )
+    flatten = batching == "padding_free" or one_row or cu_seq_lens
+    return PackedCollator(tokenizer.pad_token_id, multiple, flatten=flatten, boundary_keys=boundary_keys)
 
 
 class LengthGroupedEpochSampler(LengthGroupedSampler):

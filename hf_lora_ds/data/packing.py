@@ -22,7 +22,15 @@ import torch
 
 from hf_lora_ds.data.dataset import IGNORE_INDEX
 
-__all__ = ["PackedCollator", "PackedDataset", "best_fit_decreasing", "padding_segments", "training_samples"]
+__all__ = [
+    "PackedCollator",
+    "PackedDataset",
+    "best_fit_decreasing",
+    "cumulative_lengths",
+    "padding_segments",
+    "sequence_index",
+    "training_samples",
+]
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -104,10 +112,14 @@ class PackedCollator:
 
     Padding is one more sample of pad tokens (positions from 0, labels -100), so it attends to nothing real and
     nothing real attends to it. ``flatten`` concatenates the rows into one (flash attention detects packed samples
-    only in a batch of one row)."""
+    only in a batch of one row). ``boundary_keys`` are what a hybrid model's CUDA kernels read besides the position
+    ids (``hf_lora_ds.model.packed_boundaries``): ``seq_idx``, ``cu_seq_lens_q`` (with ``_k`` and their maxima)."""
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, flatten: bool = False):
+    def __init__(
+        self, pad_token_id: int, pad_to_multiple_of: int = 1, flatten: bool = False, boundary_keys: tuple[str, ...] = ()
+    ):
         self.pad_token_id, self.multiple, self.flatten = pad_token_id, pad_to_multiple_of, flatten
+        self.boundary_keys = boundary_keys
 
     def __call__(self, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         rows = [
@@ -124,7 +136,39 @@ class PackedCollator:
             batch["position_ids"].append(list(positions) + list(range(pad)))
         tensors = {key: torch.tensor(value, dtype=torch.long) for key, value in batch.items()}
         tensors["labels"][tensors["position_ids"] == 0] = IGNORE_INDEX  # each sample's first token, whatever fed it
+        if "seq_idx" in self.boundary_keys:
+            tensors["seq_idx"] = sequence_index(tensors["position_ids"])
+        if "cu_seq_lens_q" in self.boundary_keys:
+            tensors.update(cumulative_lengths(tensors["position_ids"]))
         return tensors
+
+
+def sequence_index(position_ids: torch.Tensor) -> torch.Tensor:
+    """``seq_idx`` as causal-conv1d and mamba-ssm take it: the sample each token of a packed row belongs to.
+
+    >>> sequence_index(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist()
+    [[0, 0, 0, 1, 1, 2]]
+    """
+    return ((position_ids == 0).cumsum(dim=1) - 1).to(torch.int32)
+
+
+def cumulative_lengths(position_ids: torch.Tensor) -> dict[str, Any]:
+    """``cu_seq_lens_q``/``_k`` (where each sample of the flattened batch starts, then its end) and ``max_length_q``/
+    ``_k``, as transformers' DataCollatorWithFlattening returns them (flash attention, flash-linear-attention).
+
+    >>> bounds = cumulative_lengths(torch.tensor([[0, 1, 2, 0, 1, 0]]))
+    >>> bounds["cu_seq_lens_q"].tolist(), bounds["max_length_q"]
+    ([0, 3, 5, 6], 3)
+    """
+    starts = (position_ids.flatten() == 0).nonzero().flatten()
+    cu_seq_lens = torch.cat([starts, torch.tensor([position_ids.numel()])]).to(torch.int32)
+    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    return {
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def padding_segments(input_ids: torch.Tensor, position_ids: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:

@@ -6,6 +6,12 @@ batch as its cache, left padding between that prefix and each row's own tokens, 
 out-of-memory shows in the first batch) with results put back in order, on a CPU the LM head a vocabulary chunk at a
 time (bench/README.md), and stopping at the template's end-of-turn token as well as eos (a Qwen base tokenizer's eos
 is ``<|endoftext|>``). The tokenizer is never modified: padding is done here.
+
+A model with linear-attention, state-space or short-convolution layers (hf_lora_ds.model.layer_kinds) carries a state
+along the sequence that padding between the prefix and a row's own tokens would change (their last logits moved by up
+to 0.06 on the tiny hybrid families), and transformers cannot copy its prefix cache for a batch: its prompts are
+batched only with prompts of equal length, unpadded and without a shared prefix, or one by one where every rank must
+make the same number of calls (``synced_gpus``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_lora_ds.data.dataset import TemplateError, render_samples
+from hf_lora_ds.model.layer_kinds import sequence_mixers
 
 __all__ = ["Generation", "generate", "stop_token_ids", "length_order"]
 
@@ -93,9 +100,11 @@ def generate(
     )
     options.update(generation_kwargs)
     beams = options.get("num_beams") or getattr(getattr(model, "generation_config", None), "num_beams", 1) or 1
-    shared = _shared_prefix_length(encoded) if encoded and not synced_gpus and beams == 1 else 0
+    unpadded = bool(sequence_mixers(model))  # a state along the sequence: no padding, no shared prefix
+    shared = _shared_prefix_length(encoded) if encoded and not synced_gpus and beams == 1 and not unpadded else 0
     prefix = encoded[0][:shared] if shared else []
-    order = length_order([len(ids) for ids in encoded])
+    lengths = [len(ids) for ids in encoded]
+    order = length_order(lengths)
     results: list[Generation | None] = [None] * len(encoded)
     was_training = model.training
     model.eval()
@@ -103,8 +112,7 @@ def generate(
     try:
         with torch.no_grad(), _attention_kernel_unwrapped(model):
             prefix_cache = _prefix_cache(model, prefix) if prefix else None
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
+            for rows in _batches(order, lengths, 1 if unpadded and synced_gpus else batch_size, unpadded):
                 own = [encoded[i][len(prefix) :] for i in rows]
                 input_ids, attention_mask = _pad_after_prefix(prefix, own, pad_id, model.device)
                 if prefix_cache is not None:
@@ -120,6 +128,21 @@ def generate(
             _causal_lm(model).set_output_embeddings(head)
         model.train(was_training)
     return results  # type: ignore[return-value]
+
+
+def _batches(order: list[int], lengths: Sequence[int], batch_size: int, equal_lengths: bool) -> list[list[int]]:
+    """``order`` cut into batches of ``batch_size``; with ``equal_lengths``, each batch's prompts of one length
+    (``order`` is longest first, so equal lengths are neighbours).
+
+    >>> _batches([0, 1, 2, 3], [5, 5, 5, 2], 2, equal_lengths=True)
+    [[0, 1], [2], [3]]
+    """
+    runs = (
+        [order]
+        if not equal_lengths
+        else [[i for i in order if lengths[i] == n] for n in dict.fromkeys(lengths[i] for i in order)]
+    )
+    return [run[start : start + batch_size] for run in runs for start in range(0, len(run), batch_size)]
 
 
 def _shared_prefix_length(encoded: Sequence[Sequence[int]]) -> int:

@@ -33,6 +33,7 @@ from hf_lora_ds.eval import get_task, load_samples, run_eval_options
 from hf_lora_ds.eval.tasks import Task
 from hf_lora_ds.model.loading import load_base_model, load_tokenizer
 from hf_lora_ds.plan import check_run_fits, profile_from_dataset
+from hf_lora_ds.training.batches import settle_batching
 from hf_lora_ds.training.checkpoints import ResumePoint, resolve_resume_checkpoint
 
 __all__ = ["RunInputs", "prepare_run_inputs"]
@@ -77,6 +78,9 @@ def prepare_run_inputs(
     logger.info(
         "\n".join([describe_world(args, args.engine.sequence_parallel), *([resume.note] if resume.note else [])])
     )
+    # --batching for the model's layers (auto padded for a hybrid, packing refused where it would leak) before the
+    # data is read and planned for.
+    settle_batching(args, None if by_name else model)
     if tokenizer is None and by_name:
         tokenizer = load_tokenizer(args)
     train = _training_data(train_dataset if train_dataset is not None else args.train_file, tokenizer, args)

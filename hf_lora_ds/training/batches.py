@@ -12,13 +12,49 @@ from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention
+from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention, resolve_batching
 from hf_lora_ds.data.collator import build_collator, check_model_batching
 from hf_lora_ds.data.packing import PackedDataset
+from hf_lora_ds.errors import UserError
+from hf_lora_ds.model.layer_kinds import sequence_mixers
+from hf_lora_ds.model.loading import base_model_config
+from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 
-__all__ = ["prepare_batches"]
+__all__ = ["boundary_keys", "prepare_batches", "settle_batching"]
 
 logger = logging.get_logger(__name__)
+
+
+def settle_batching(args: SFTTrainingArguments, model: torch.nn.Module | None = None) -> None:
+    """``args.batching`` for the model's layers, before any data is read: ``auto`` becomes padded for a model with
+    layers besides attention, and packed or padding-free batches that such layers would let leak from one sample
+    into the next are refused in one line. ``model`` None: the run's model, built from its config on the meta device
+    (no weight is read). ``prepare_batches`` checks the loaded model's attention too."""
+    if args.batching == "padded":
+        return
+    model = model if model is not None else _meta_model(args)
+    if getattr(args, "batching_asked", None) == "auto":
+        args.batching = resolve_batching("auto", args.attn_implementation, bool(sequence_mixers(model)))
+    boundary_keys(args.batching, model)
+
+
+def boundary_keys(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[str, ...]:
+    """What packed or padding-free batches must carry for ``model``'s non-attention layers to keep their samples
+    apart (hf_lora_ds.model.packed_boundaries); the one-line refusal where they cannot."""
+    refusal = packing_refusal(batching, model)
+    if refusal:
+        raise UserError(refusal)
+    return () if batching == "padded" else packed_batch_keys(model) or ()
+
+
+def _meta_model(args: SFTTrainingArguments) -> torch.nn.Module:
+    """The run's model with its layers and no weights; the default attention (flash needs no kernel here)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import set_zero3_state
+
+    # set_zero3_state: under ZeRO-3 from_config would build inside deepspeed.zero.Init, which cannot partition meta.
+    with set_zero3_state(), torch.device("meta"):
+        return AutoModelForCausalLM.from_config(base_model_config(args), trust_remote_code=args.trust_remote_code)
 
 
 def prepare_batches(
@@ -33,6 +69,7 @@ def prepare_batches(
     (or absent), and the collator built unless one is given."""
     batching: ResolvedBatching = args.batching  # resolved when the arguments were built (hf_lora_ds.config.batching)
     check_model_batching(batching, model)
+    boundaries = boundary_keys(batching, model)
     if batching == "packed":
         train_dataset = _packed(train_dataset, args.max_length, "training")
         if train_dataset is not None:
@@ -49,7 +86,7 @@ def prepare_batches(
             raise ValueError(f"--batching {batching} pads with the tokenizer's pad token: pass processing_class")
         one_row = is_flash_attention(getattr(model.config, "_attn_implementation", None))
         data_collator = build_collator(
-            batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row
+            batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row, boundaries
         )
     return train_dataset, eval_dataset, data_collator
 

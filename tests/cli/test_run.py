@@ -14,9 +14,11 @@ import run_sft
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, MORE_MOE_FAMILIES, build_tiny_moe
 from hf_lora_ds.data.formats import register_format
 from hf_lora_ds.data.records import DataError
+from hf_lora_ds.errors import UserError
 from hf_lora_ds.model import loading
 from hf_lora_ds.model.experts import moe_blocks
 from hf_lora_ds.resources import DEMO_ARGUMENTS
+from hf_lora_ds.trainer import run_inputs
 
 
 @pytest.fixture
@@ -232,3 +234,37 @@ def test_more_moe_families_train_the_same_way(family, sum_files, tmp_path, capsy
     train_moe_family(
         family, AutoTokenizer.from_pretrained(DEMO_ARGUMENTS["model_name_or_path"]), sum_files, tmp_path, capsys
     )
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory, qwen_style_tokenizer):
+    """Each tiny hybrid family saved with its tokenizer, as a ``--model_name_or_path`` directory."""
+    from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
+
+    dirs = {}
+    for family in HYBRID_FAMILIES:
+        dirs[family] = tmp_path_factory.mktemp(family)
+        build_tiny_hybrid(family, qwen_style_tokenizer).save_pretrained(dirs[family])
+        qwen_style_tokenizer.save_pretrained(dirs[family])
+    return dirs
+
+
+@pytest.mark.parametrize("batching", ["packed", "padding_free"])
+def test_hybrid_models_are_refused_packing_in_one_line_before_their_data_is_read(
+    hybrid_dirs, sum_files, tmp_path, monkeypatch, batching
+):
+    """From the command line, each family's refusal names its layers' kind; neither tokenizer nor weights load."""
+    kinds = {"qwen3_5_text": "linear-attention", "qwen3_next": "linear-attention", "lfm2": "short-convolution"}
+    monkeypatch.setattr(run_inputs, "load_tokenizer", _unreachable)
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", _unreachable)
+    for family, directory in hybrid_dirs.items():
+        flags = [*demo_flags(directory, sum_files, tmp_path / family), "--batching", batching, "--use_cache", "false"]
+        with pytest.raises(UserError) as refused:
+            run_sft.main(flags)
+        line = str(refused.value)
+        assert "\n" not in line and line.endswith("use --batching padded")
+        assert line.startswith(f"--batching {batching}: this model's {kinds.get(family, 'state-space')} layers ")
+
+
+def _unreachable(*args, **kwargs):
+    raise AssertionError("loaded before --batching was checked")

@@ -42,3 +42,11 @@ def test_the_run_s_arguments_hold_batching_resolved(tmp_path):
     args = SFTTrainingArguments(**build)
     assert (args.batching, args.train_sampling_strategy) == ("padded", "group_by_length")
     assert SFTTrainingArguments(**build, batching="packed").batching == "packed"
+
+
+@pytest.mark.parametrize("attention", [None, "sdpa", "flash_attention_2"])
+def test_auto_is_padded_for_a_model_with_layers_besides_attention(attention):
+    """Linear-attention, state-space and short-convolution layers need kernels to keep flattened samples apart
+    (hf_lora_ds.model.packed_boundaries): auto never flattens for them, even with flash attention."""
+    assert resolve_batching("auto", attention, sequence_mixers=True) == "padded"
+    assert resolve_batching("packed", attention, sequence_mixers=True) == "packed"  # asked for: refused elsewhere

@@ -8,6 +8,7 @@ import importlib
 import pytest
 import torch
 
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds.eval import generate, stop_token_ids
 from hf_lora_ds.eval.generation import (
     CHUNKED_HEAD_MIN_ROWS,
@@ -182,3 +183,36 @@ def test_fsdp2_sharded_model_generates_as_one_by_one(varied_model, qwen_style_to
 
     assert generate(model, tokenizer, prompts, batch_size=4, max_new_tokens=8, synced_gpus=synced_gpus) == expected
     assert type(model.get_input_embeddings().weight).__name__ == "DTensor", "the root's weights are sharded again"
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_hybrid_models_batched_answers_equal_one_by_one_with_no_padding(family, qwen_style_tokenizer):
+    """Linear-attention, state-space and short-convolution layers carry a state that padding between the shared
+    prefix and a row's tokens would change (and transformers cannot copy their prefix cache for a batch): their
+    prompts are batched by equal length, unpadded, and answer as each prompt alone does."""
+    tokenizer = qwen_style_tokenizer
+    model = build_tiny_hybrid(family, tokenizer)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # varied weights: answers that differ from prompt to prompt (all but Qwen3.5's and LFM2's)
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator))
+    questions = ["12=", "34=", "56=", "78=", "Tell me a joke about cats.", "Tell me a joke about dogs.", "hello", "x"]
+    prompts = render(tokenizer, [{"instruction": question} for question in questions])
+    lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    prefills = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda module, inputs, output: prefills.append(tuple(inputs[0].shape)) if inputs[0].shape[1] > 1 else None
+    )
+    try:
+        batched = generate(model, tokenizer, prompts, batch_size=3, max_new_tokens=6)
+    finally:
+        hook.remove()
+    by_length = sorted(set(lengths), reverse=True)
+    expected = [(min(3, lengths.count(n) - start), n) for n in by_length for start in range(0, lengths.count(n), 3)]
+    assert prefills == expected  # whole prompts, rows of one length: no padding, no shared prefix
+    assert any(rows > 1 for rows, _ in prefills)
+    for prompt, answer in zip(prompts, batched):
+        tokens = reference_generate(model, tokenizer, prompt, 6)
+        expected_text = tokenizer.decode(tokens[:-1] if answer.stopped else tokens, skip_special_tokens=False)
+        assert (answer.text, answer.num_tokens) == (expected_text, len(tokens))

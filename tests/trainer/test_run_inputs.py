@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds.callbacks import AnswerAccuracyCallback
 from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.errors import UserError
@@ -88,3 +89,14 @@ def test_two_model_names_and_records_without_a_tokenizer_are_one_line_each(tiny_
         LoraSFTTrainer(str(tiny_model_dir), arguments(tmp_path, model_name_or_path="other"), train_dataset=RECORDS)
     with pytest.raises(UserError, match="pass processing_class"):
         LoraSFTTrainer(tiny_model, arguments(tmp_path), train_dataset=RECORDS)
+
+
+@pytest.mark.parametrize("batching", ["packed", "padding_free"])
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_hybrid_model_is_refused_packing_before_its_data_is_read(family, batching, qwen_style_tokenizer, tmp_path):
+    """Built in code: the one line naming the layers that would let samples leak, before the (missing) training
+    file is read (hf_lora_ds.model.packed_boundaries)."""
+    model = build_tiny_hybrid(family, qwen_style_tokenizer)
+    args = arguments(tmp_path, batching=batching, use_cache=False)
+    with pytest.raises(UserError, match=rf"^--batching {batching}: this model's [a-z-]+ layers \(model\.layers\."):
+        LoraSFTTrainer(model, args, train_dataset=str(tmp_path / "absent.json"), processing_class=qwen_style_tokenizer)

@@ -58,3 +58,35 @@ def test_the_collator_shards_evenly_over_the_engines_sequence_parallel_group(tin
     collator = prepare_batches(args, tiny_model, dataset, None, None, qwen_style_tokenizer)[2]
     batch = collator([dataset[i] for i in range(3)])
     assert batch["input_ids"].shape[1] % 4 == 0 and "position_ids" in batch and "attention_mask" not in batch
+
+
+def test_auto_settles_on_padded_for_a_hybrid_and_stays_padding_free_for_attention(qwen_style_tokenizer, tiny_model):
+    """``--batching auto`` with flash attention resolves to padding-free before the model is known; once its layers
+    are, a hybrid is padded rather than refused (an attention-only model keeps padding-free)."""
+    from hf_lora_ds._testing.tiny_hybrids import build_tiny_hybrid
+    from hf_lora_ds.training.batches import settle_batching
+
+    def auto() -> SimpleNamespace:
+        return SimpleNamespace(batching="padding_free", batching_asked="auto", attn_implementation="flash_attention_2")
+
+    args = auto()
+    settle_batching(args, build_tiny_hybrid("bamba", qwen_style_tokenizer))
+    assert args.batching == "padded"
+    args = auto()
+    settle_batching(args, tiny_model)
+    assert args.batching == "padding_free"
+
+
+def test_packed_batches_carry_the_boundaries_a_hybrid_s_kernels_read(qwen_style_tokenizer, dataset):
+    """Where the kernels take boundaries (hf_lora_ds.model.packed_boundaries), the packed rows come as one row with
+    the ``seq_idx`` and ``cu_seq_lens`` of their samples, as DataCollatorWithFlattening makes them."""
+    packed = PackedDataset(dataset, 64)
+    collate = build_collator("packed", qwen_style_tokenizer, boundary_keys=("seq_idx", "cu_seq_lens_q"))
+    batch = collate([packed[0], packed[1]])
+    lengths = [len(dataset[i]["input_ids"]) for i in packed.rows[0] + packed.rows[1]]
+    assert batch["input_ids"].shape == (1, sum(lengths))
+    assert batch["seq_idx"].tolist() == [[n for n, length in enumerate(lengths) for _ in range(length)]]
+    assert batch["cu_seq_lens_q"].tolist() == [sum(lengths[:n]) for n in range(len(lengths) + 1)]
+    assert batch["max_length_q"] == max(lengths)
+    flat = build_collator("padding_free", qwen_style_tokenizer, boundary_keys=("seq_idx",))([dataset[0], dataset[1]])
+    assert flat["seq_idx"].tolist() == [[0] * len(dataset[0]["input_ids"]) + [1] * len(dataset[1]["input_ids"])]
