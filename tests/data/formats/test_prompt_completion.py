@@ -39,6 +39,36 @@ def test_trl_conversational_prompt_completion_trains_the_completion_only(chatml_
     assert sample(last) == expect(chatml_tokenizer, text, ["0 + 1" + END])
 
 
+def test_a_completion_turns_flag_is_read_at_its_place_after_the_prompt(chatml_tokenizer, tmp_path):
+    """A completion message's ``train`` flag belongs to that message, counted after the prompt's messages: the
+    switched-off answer (completion[0], the conversation's 4th message) gets no supervised token, the last answer
+    is trained. Read at its index within the completion, the flag would land on the prompt's first (user) turn and
+    the switched-off answer would be trained."""
+    record = {
+        "prompt": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke"},
+        ],
+        "completion": [
+            {"role": "assistant", "content": "cats.", "train": False},
+            {"role": "user", "content": "1="},
+            {"role": "assistant", "content": "0 + 1"},
+        ],
+    }
+    text = chatml(
+        ("user", "Hello"),
+        ("assistant", "Bonjour!"),
+        ("user", "Tell me a joke"),
+        ("assistant", "cats."),
+        ("user", "1="),
+        ("assistant", "0 + 1"),
+    )
+    dataset = build([record], chatml_tokenizer, tmp_path)
+    assert sample(dataset) == expect(chatml_tokenizer, text, ["0 + 1" + END])
+    assert dataset.flag_counts["turns_off"] == 1
+
+
 def test_trl_conversational_completion_with_tool_calls(tools_tokenizer, tmp_path):
     """A completion of several messages, a tool call and its result among them, trains as the messages record."""
     record = {"prompt": TOOL_MESSAGES[:1], "completion": TOOL_MESSAGES[1:], "tools": [TOOL]}
