@@ -7,6 +7,7 @@ import random
 
 import pytest
 from tokenizers import normalizers
+from transformers import PreTrainedTokenizerFast
 
 from hf_lora_ds.data.labels import tokenized_labels
 from hf_lora_ds.data.template_rule import TemplateError
@@ -97,6 +98,50 @@ def test_a_truncating_backend_is_encoded_as_a_call_would(unnormalized):
     assert TokenBytes.of(tokenizer).encode(TEXTS) is None
     spans = [[(0, 5)]] * len(TEXTS)
     assert _labelled(tokenizer, spans, TokenBytes.of(tokenizer)) == _labelled(tokenizer, spans, masks=[None] * 3)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_tokenizer_splitting_special_tokens_unlike_its_backend_gets_a_calls_ids(unnormalized, split: bool):
+    """``split_special_tokens`` set on the tokenizer after loading (True), or left on the backend by a call that
+    asked for it (False): a call of the tokenizer first sets its backend to the tokenizer's setting, so the package's
+    ids are what such a call gives (``<|im_start|>`` spelt in bytes or one token), never the backend's stale ones."""
+    tokenizer = copy.deepcopy(unnormalized)
+    tokenizer.split_special_tokens = split
+    tokenizer.backend_tokenizer.encode_special_tokens = not split
+    spans = [[(0, len(text))] for text in TEXTS]  # every text whole: on token edges however it is split
+    flat = tokenized_labels(tokenizer, TEXTS, spans, token_bytes=TokenBytes.of(tokenizer))
+    expected = tokenizer(TEXTS, add_special_tokens=False)["input_ids"]
+    assert (len(expected[0]) > len(unnormalized(TEXTS[0], add_special_tokens=False)["input_ids"])) is split
+    assert flat.ids.tolist() == flat.labels.tolist() == [token for ids in expected for token in ids]
+    assert flat.lengths.tolist() == [len(ids) for ids in expected]
+
+
+class _SplittingCall(PreTrainedTokenizerFast):
+    """A tokenizer class whose own ``__call__`` encodes otherwise than its backend: special tokens spelt out."""
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **{**kwargs, "split_special_tokens": True})
+
+
+class _SplittingEncodePlus(PreTrainedTokenizerFast):
+    """The same through its own ``_encode_plus``, which every call of the tokenizer goes through."""
+
+    def _encode_plus(self, *args, **kwargs):
+        return super()._encode_plus(*args, **{**kwargs, "split_special_tokens": True})
+
+
+@pytest.mark.parametrize("kind", [_SplittingCall, _SplittingEncodePlus])
+def test_a_class_with_its_own_encoding_is_not_placed_by_bytes(unnormalized, kind: type):
+    """A class that overrides ``__call__`` or ``_encode_plus`` gets no byte table, and the package's ids follow its
+    encoding: byte placement would bypass it and train on the backend's ids (``<|im_start|>`` as one token)."""
+    tokenizer = kind(tokenizer_object=copy.deepcopy(unnormalized.backend_tokenizer))
+    assert not tokenizer.split_special_tokens and not tokenizer.backend_tokenizer.encode_special_tokens
+    spans = [[(0, len(text))] for text in TEXTS]
+    flat = tokenized_labels(tokenizer, TEXTS, spans, token_bytes=TokenBytes.of(tokenizer))
+    expected = tokenizer(TEXTS, add_special_tokens=False)["input_ids"]
+    assert expected != unnormalized(TEXTS, add_special_tokens=False)["input_ids"]  # the class's own encoding
+    assert flat.ids.tolist() == [token for ids in expected for token in ids]
+    assert flat.lengths.tolist() == [len(ids) for ids in expected]
 
 
 def test_a_template_whose_batches_miss_stops_being_tried(unnormalized):
