@@ -44,18 +44,24 @@ def _token_edges(tokenizer, text: str) -> list[int]:
 @pytest.mark.parametrize("seed", range(60))
 def test_labels_placed_by_bytes_are_those_every_tokens_offsets_give(unnormalized, seed):
     """Spans on token edges, cut through a token (a multi-byte character's too) or empty: the same ids, labels and
-    lengths, or the same error, as reading every token's offsets."""
+    lengths, or the same error, as reading every token's offsets; and the batch is placed by bytes exactly when its
+    every span is non-empty with both edges on token edges (else both answers would be the offsets' alone)."""
     rng = random.Random(seed)
-    spans = []
-    for text in TEXTS:
-        edges = _token_edges(unnormalized, text)
-        edges += [rng.randrange(len(text)) for _ in range(rng.randint(0, 1))]  # maybe inside a token
-        picked = sorted(rng.sample(sorted(set(edges)), min(len(set(edges)), 2 * rng.randint(0, 2))))
+    spans, token_edges = [], [set(_token_edges(unnormalized, text)) for text in TEXTS]
+    for text, edges in zip(TEXTS, token_edges):
+        edges = edges | {rng.randrange(len(text)) for _ in range(rng.randint(0, 1))}  # maybe inside a token
+        picked = sorted(rng.sample(sorted(edges), min(len(edges), 2 * rng.randint(0, 2))))
         spans.append(list(zip(picked[0::2], picked[1::2])))
     if seed % 10 == 0:
         spans[0] = [(0, 0), *spans[0]]
     token_bytes = TokenBytes.of(unnormalized)
     assert _labelled(unnormalized, spans, token_bytes) == _labelled(unnormalized, spans, masks=[None] * len(TEXTS))
+    on_edges = all(
+        start < end and {start, end} <= edges
+        for text_spans, edges in zip(spans, token_edges)
+        for start, end in text_spans
+    )
+    assert (token_bytes.placed, token_bytes.missed) == ((1, 0) if on_edges else (0, 1))
 
 
 def test_a_batch_on_token_edges_is_placed_without_offsets(unnormalized, monkeypatch):
