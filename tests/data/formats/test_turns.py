@@ -56,7 +56,12 @@ def test_a_reading_names_a_field_as_the_user_wrote_it_and_gathers_flags_by_messa
         reading.string({"q": " "}, "q")
     assert reading.string({"a": ""}, "a", required=False, allow_empty=True) == ""
     reading.offset = 1  # a list that continues a conversation, as a TRL completion does
-    turns = [{"role": "user", "content": "q", "train": True, "lang": "en"}, {"role": "assistant", "content": "a"}]
-    assert reading.messages(turns, "turns") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    detail = [{"begin_offset": 0, "end_offset": 0, "train": False}]
+    turns = [
+        {"role": "user", "content": "q", "train": True, "lang": "en"},
+        {"role": "assistant", "content": "ab", "train_detail": detail},
+    ]
+    assert reading.messages(turns, "turns") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"}]
     reading.shift(1)
-    assert reading.fields() == {"flags": {2: True}} and reading.unused == ["turns[].lang"]
+    assert reading.fields() == {"flags": {2: True}, "detail": {3: [(0, 1, False)]}}
+    assert reading.unused == ["turns[].lang"]
