@@ -61,7 +61,8 @@ def test_a_reading_names_a_field_as_the_user_wrote_it_and_gathers_flags_by_messa
         {"role": "user", "content": "q", "train": True, "lang": "en"},
         {"role": "assistant", "content": "ab", "train_detail": detail},
     ]
-    assert reading.messages(turns, "turns") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"}]
+    read = reading.messages(turns, "turns")
+    assert read == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"}]
     reading.shift(1)
     assert reading.fields() == {"flags": {2: True}, "detail": {3: [(0, 1, False)]}}
     assert reading.unused == ["turns[].lang"]
