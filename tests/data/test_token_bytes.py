@@ -97,10 +97,15 @@ def test_tokenizers_not_spelt_in_bytes_get_no_table(chatml_tokenizer):
     assert TokenBytes.of(lowercased) is None
 
 
-def test_a_truncating_backend_is_encoded_as_a_call_would(unnormalized):
-    """A tokenizer.json saved with truncation on: a call of the tokenizer turns it off first; the bytes do not try."""
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_truncating_or_padding_backend_is_encoded_as_a_call_would(unnormalized, setting: str):
+    """A tokenizer.json saved with truncation or padding on: a call of the tokenizer turns it off first; the bytes do
+    not try (the backend's own encoding would cut or pad the ids)."""
     tokenizer = copy.deepcopy(unnormalized)
-    tokenizer.backend_tokenizer.enable_truncation(4)
+    if setting == "truncation":
+        tokenizer.backend_tokenizer.enable_truncation(4)
+    else:
+        tokenizer.backend_tokenizer.enable_padding(pad_id=0, pad_token="<|endoftext|>")
     assert TokenBytes.of(tokenizer).encode(TEXTS) is None
     spans = [[(0, 5)]] * len(TEXTS)
     assert _labelled(tokenizer, spans, TokenBytes.of(tokenizer)) == _labelled(tokenizer, spans, masks=[None] * 3)
@@ -148,6 +153,20 @@ def test_a_class_with_its_own_encoding_is_not_placed_by_bytes(unnormalized, kind
     assert expected != unnormalized(TEXTS, add_special_tokens=False)["input_ids"]  # the class's own encoding
     assert flat.ids.tolist() == [token for ids in expected for token in ids]
     assert flat.lengths.tolist() == [len(ids) for ids in expected]
+
+
+def test_an_added_token_spelt_beyond_ascii_is_placed_by_bytes(unnormalized):
+    """An added token is matched in the text as written, so its length is its content's UTF-8 bytes, not its
+    spelling's characters (DeepSeek's ``<｜end▁of▁sentence｜>``: 19 characters, 27 bytes): its batches are placed."""
+    tokenizer = copy.deepcopy(unnormalized)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<｜end▁of▁sentence｜>"]})
+    texts = [TEXTS[0].replace("<|im_end|>", "<｜end▁of▁sentence｜>"), TEXTS[2]]
+    spans = [[(len(texts[0]) - 28, len(texts[0]) - 1)], [(4, 9)]]  # "!<｜end▁of▁sentence｜>", "quick"
+    expected = tokenized_labels(tokenizer, texts, spans, [None] * len(texts))
+    token_bytes = TokenBytes.of(tokenizer)
+    flat = tokenized_labels(tokenizer, texts, spans, token_bytes=token_bytes)
+    assert (token_bytes.placed, token_bytes.missed) == (1, 0)
+    assert (flat.ids.tolist(), flat.labels.tolist()) == (expected.ids.tolist(), expected.labels.tolist())
 
 
 def test_a_template_whose_batches_miss_stops_being_tried(unnormalized):
