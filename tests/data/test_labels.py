@@ -4,6 +4,7 @@ and on offsets out of order (where it falls back to the rule itself)."""
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -163,3 +164,24 @@ def test_labels_placed_at_span_edges_are_those_every_tokens_offsets_give(chatml_
         for start, end in text_spans
     )
     assert len(placed) == 1 and (placed[0] or not at_token_edges)
+
+
+@pytest.mark.parametrize("method", ["decode", "_decode"])
+def test_a_class_with_its_own_decode_is_proven_by_it(chatml_tokenizer, method: str):
+    """A tokenizer class whose own ``decode`` (or ``_decode``) writes otherwise than its backend: a span's tokens are
+    proven by that decode, as the rule proves them, so a span it does not give back is the rule's error, not trained
+    tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    def question_marks(self: PreTrainedTokenizerFast, *args: Any, **kwargs: Any) -> str:
+        return getattr(super(kind, self), method)(*args, **kwargs).replace("!", "?")
+
+    kind = type("QuestionMarks", (PreTrainedTokenizerFast,), {method: question_marks})
+    tokenizer = kind(tokenizer_object=copy.deepcopy(chatml_tokenizer.backend_tokenizer))
+    answer = TEXTS[0].index("Bonjour")
+    spans = [[(answer, answer + len("Bonjour!<|im_end|>"))], [], [(0, 3)]]
+    offsets, ids = tokenized(tokenizer, TEXTS)
+    rule = outcome_one_by_one(tokenizer, TEXTS, spans, offsets, ids)
+    assert rule == "supervised tokens decode to 'Bonjour?<|im_end|>', expected 'Bonjour!<|im_end|>'"
+    assert outcome_batched(tokenizer, TEXTS, spans, offsets, ids) == rule
+    assert _labelled(tokenizer, TEXTS, spans) == rule  # placed at the spans' edges
