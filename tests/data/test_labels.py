@@ -4,12 +4,15 @@ and on offsets out of order (where it falls back to the rule itself)."""
 
 from __future__ import annotations
 
+import copy
 import random
+from typing import Any
 
 import pytest
 
+from hf_lora_ds.data import labels
 from hf_lora_ds.data.dataset import TemplateError
-from hf_lora_ds.data.labels import batch_labels, labels_from_spans
+from hf_lora_ds.data.labels import FlatLabels, batch_labels, labels_from_spans
 
 TEXTS = [
     "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nBonjour!<|im_end|>\n",
@@ -121,20 +124,64 @@ def _spaces_uncovered_tokenizer():
 
 
 @pytest.mark.parametrize("seed", range(100))
-def test_labels_placed_at_span_edges_are_those_every_tokens_offsets_give(chatml_tokenizer, seed):
+def test_labels_placed_at_span_edges_are_those_every_tokens_offsets_give(chatml_tokenizer, seed, monkeypatch):
     """tokenized_labels without masks places each span's tokens from its edges alone; with masks (here none that
     switch anything) it reads every token's offsets. Same ids and labels, or the same error, on spans that fit the
-    tokens, cut through one, start at a character no token covers, hold nothing."""
+    tokens, cut through one, start at a character no token covers, hold nothing; and spans that fit the tokens are
+    placed from their edges."""
     rng = random.Random(seed)
     tokenizer = chatml_tokenizer if seed % 2 else _spaces_uncovered_tokenizer()
-    spans = []
+    spans, token_edges = [], []
     for text in TEXTS:
         offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         bounds = {0, len(text)} | {end for _, end in offsets} | {start for start, _ in offsets}
+        token_edges.append(set(bounds))
         bounds |= {rng.randrange(len(text)) for _ in range(rng.randint(0, 1))}
         picked = sorted(rng.sample(sorted(bounds), min(len(bounds), 2 * rng.randint(0, 2))))
         spans.append(list(zip(picked[0::2], picked[1::2])))
     if seed % 10 == 0:  # an empty span, at the start (no character before it)
         spans[0] = [(0, 0), *spans[0]]
+    placed: list[bool] = []
+    at_span_edges = labels._labels_at_span_edges
+
+    def watched(*args: Any) -> FlatLabels | None:
+        flat = at_span_edges(*args)
+        placed.append(flat is not None)
+        return flat
+
+    monkeypatch.setattr(labels, "_labels_at_span_edges", watched)
     at_edges = _labelled(tokenizer, TEXTS, spans)
     assert at_edges == _labelled(tokenizer, TEXTS, spans, [None] * len(TEXTS))
+    # Placed at least where each span is non-empty, on token edges, ends in a character of one token (ASCII here: a
+    # CJK character is several byte tokens, and the edge finds only its first) and decodes to its text (words of the
+    # whitespace-split tokenizer decode joined by one space): else both answers would be the offsets' alone.
+    at_token_edges = all(
+        start < end
+        and {start, end} <= edges
+        and text[end - 1].isascii()
+        and (tokenizer is chatml_tokenizer or text[start:end] == " ".join(text[start:end].split()))
+        for text, text_spans, edges in zip(TEXTS, spans, token_edges)
+        for start, end in text_spans
+    )
+    assert len(placed) == 1 and (placed[0] or not at_token_edges)
+
+
+@pytest.mark.parametrize("method", ["decode", "_decode"])
+def test_a_class_with_its_own_decode_is_proven_by_it(chatml_tokenizer, method: str):
+    """A tokenizer class whose own ``decode`` (or ``_decode``) writes otherwise than its backend: a span's tokens are
+    proven by that decode, as the rule proves them, so a span it does not give back is the rule's error, not trained
+    tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    def question_marks(self: PreTrainedTokenizerFast, *args: Any, **kwargs: Any) -> str:
+        return getattr(super(kind, self), method)(*args, **kwargs).replace("!", "?")
+
+    kind = type("QuestionMarks", (PreTrainedTokenizerFast,), {method: question_marks})
+    tokenizer = kind(tokenizer_object=copy.deepcopy(chatml_tokenizer.backend_tokenizer))
+    answer = TEXTS[0].index("Bonjour")
+    spans = [[(answer, answer + len("Bonjour!<|im_end|>"))], [], [(0, 3)]]
+    offsets, ids = tokenized(tokenizer, TEXTS)
+    rule = outcome_one_by_one(tokenizer, TEXTS, spans, offsets, ids)
+    assert rule == "supervised tokens decode to 'Bonjour?<|im_end|>', expected 'Bonjour!<|im_end|>'"
+    assert outcome_batched(tokenizer, TEXTS, spans, offsets, ids) == rule
+    assert _labelled(tokenizer, TEXTS, spans) == rule  # placed at the spans' edges

@@ -7,6 +7,7 @@ import random
 
 import pytest
 from tokenizers import normalizers
+from transformers import PreTrainedTokenizerFast
 
 from hf_lora_ds.data.labels import tokenized_labels
 from hf_lora_ds.data.template_rule import TemplateError
@@ -43,18 +44,24 @@ def _token_edges(tokenizer, text: str) -> list[int]:
 @pytest.mark.parametrize("seed", range(60))
 def test_labels_placed_by_bytes_are_those_every_tokens_offsets_give(unnormalized, seed):
     """Spans on token edges, cut through a token (a multi-byte character's too) or empty: the same ids, labels and
-    lengths, or the same error, as reading every token's offsets."""
+    lengths, or the same error, as reading every token's offsets; and the batch is placed by bytes exactly when its
+    every span is non-empty with both edges on token edges (else both answers would be the offsets' alone)."""
     rng = random.Random(seed)
-    spans = []
-    for text in TEXTS:
-        edges = _token_edges(unnormalized, text)
-        edges += [rng.randrange(len(text)) for _ in range(rng.randint(0, 1))]  # maybe inside a token
-        picked = sorted(rng.sample(sorted(set(edges)), min(len(set(edges)), 2 * rng.randint(0, 2))))
+    spans, token_edges = [], [set(_token_edges(unnormalized, text)) for text in TEXTS]
+    for text, edges in zip(TEXTS, token_edges):
+        edges = edges | {rng.randrange(len(text)) for _ in range(rng.randint(0, 1))}  # maybe inside a token
+        picked = sorted(rng.sample(sorted(edges), min(len(edges), 2 * rng.randint(0, 2))))
         spans.append(list(zip(picked[0::2], picked[1::2])))
     if seed % 10 == 0:
         spans[0] = [(0, 0), *spans[0]]
     token_bytes = TokenBytes.of(unnormalized)
     assert _labelled(unnormalized, spans, token_bytes) == _labelled(unnormalized, spans, masks=[None] * len(TEXTS))
+    on_edges = all(
+        start < end and {start, end} <= edges
+        for text_spans, edges in zip(spans, token_edges)
+        for start, end in text_spans
+    )
+    assert (token_bytes.placed, token_bytes.missed) == ((1, 0) if on_edges else (0, 1))
 
 
 def test_a_batch_on_token_edges_is_placed_without_offsets(unnormalized, monkeypatch):
@@ -90,13 +97,76 @@ def test_tokenizers_not_spelt_in_bytes_get_no_table(chatml_tokenizer):
     assert TokenBytes.of(lowercased) is None
 
 
-def test_a_truncating_backend_is_encoded_as_a_call_would(unnormalized):
-    """A tokenizer.json saved with truncation on: a call of the tokenizer turns it off first; the bytes do not try."""
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_truncating_or_padding_backend_is_encoded_as_a_call_would(unnormalized, setting: str):
+    """A tokenizer.json saved with truncation or padding on: a call of the tokenizer turns it off first; the bytes do
+    not try (the backend's own encoding would cut or pad the ids)."""
     tokenizer = copy.deepcopy(unnormalized)
-    tokenizer.backend_tokenizer.enable_truncation(4)
+    if setting == "truncation":
+        tokenizer.backend_tokenizer.enable_truncation(4)
+    else:
+        tokenizer.backend_tokenizer.enable_padding(pad_id=0, pad_token="<|endoftext|>")
     assert TokenBytes.of(tokenizer).encode(TEXTS) is None
     spans = [[(0, 5)]] * len(TEXTS)
     assert _labelled(tokenizer, spans, TokenBytes.of(tokenizer)) == _labelled(tokenizer, spans, masks=[None] * 3)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_tokenizer_splitting_special_tokens_unlike_its_backend_gets_a_calls_ids(unnormalized, split: bool):
+    """``split_special_tokens`` set on the tokenizer after loading (True), or left on the backend by a call that
+    asked for it (False): a call of the tokenizer first sets its backend to the tokenizer's setting, so the package's
+    ids are what such a call gives (``<|im_start|>`` spelt in bytes or one token), never the backend's stale ones."""
+    tokenizer = copy.deepcopy(unnormalized)
+    tokenizer.split_special_tokens = split
+    tokenizer.backend_tokenizer.encode_special_tokens = not split
+    spans = [[(0, len(text))] for text in TEXTS]  # every text whole: on token edges however it is split
+    flat = tokenized_labels(tokenizer, TEXTS, spans, token_bytes=TokenBytes.of(tokenizer))
+    expected = tokenizer(TEXTS, add_special_tokens=False)["input_ids"]
+    assert (len(expected[0]) > len(unnormalized(TEXTS[0], add_special_tokens=False)["input_ids"])) is split
+    assert flat.ids.tolist() == flat.labels.tolist() == [token for ids in expected for token in ids]
+    assert flat.lengths.tolist() == [len(ids) for ids in expected]
+
+
+class _SplittingCall(PreTrainedTokenizerFast):
+    """A tokenizer class whose own ``__call__`` encodes otherwise than its backend: special tokens spelt out."""
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **{**kwargs, "split_special_tokens": True})
+
+
+class _SplittingEncodePlus(PreTrainedTokenizerFast):
+    """The same through its own ``_encode_plus``, which every call of the tokenizer goes through."""
+
+    def _encode_plus(self, *args, **kwargs):
+        return super()._encode_plus(*args, **{**kwargs, "split_special_tokens": True})
+
+
+@pytest.mark.parametrize("kind", [_SplittingCall, _SplittingEncodePlus])
+def test_a_class_with_its_own_encoding_is_not_placed_by_bytes(unnormalized, kind: type):
+    """A class that overrides ``__call__`` or ``_encode_plus`` gets no byte table, and the package's ids follow its
+    encoding: byte placement would bypass it and train on the backend's ids (``<|im_start|>`` as one token)."""
+    tokenizer = kind(tokenizer_object=copy.deepcopy(unnormalized.backend_tokenizer))
+    assert not tokenizer.split_special_tokens and not tokenizer.backend_tokenizer.encode_special_tokens
+    spans = [[(0, len(text))] for text in TEXTS]
+    flat = tokenized_labels(tokenizer, TEXTS, spans, token_bytes=TokenBytes.of(tokenizer))
+    expected = tokenizer(TEXTS, add_special_tokens=False)["input_ids"]
+    assert expected != unnormalized(TEXTS, add_special_tokens=False)["input_ids"]  # the class's own encoding
+    assert flat.ids.tolist() == [token for ids in expected for token in ids]
+    assert flat.lengths.tolist() == [len(ids) for ids in expected]
+
+
+def test_an_added_token_spelt_beyond_ascii_is_placed_by_bytes(unnormalized):
+    """An added token is matched in the text as written, so its length is its content's UTF-8 bytes, not its
+    spelling's characters (DeepSeek's ``<｜end▁of▁sentence｜>``: 19 characters, 27 bytes): its batches are placed."""
+    tokenizer = copy.deepcopy(unnormalized)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<｜end▁of▁sentence｜>"]})
+    texts = [TEXTS[0].replace("<|im_end|>", "<｜end▁of▁sentence｜>"), TEXTS[2]]
+    spans = [[(len(texts[0]) - 28, len(texts[0]) - 1)], [(4, 9)]]  # "!<｜end▁of▁sentence｜>", "quick"
+    expected = tokenized_labels(tokenizer, texts, spans, [None] * len(texts))
+    token_bytes = TokenBytes.of(tokenizer)
+    flat = tokenized_labels(tokenizer, texts, spans, token_bytes=token_bytes)
+    assert (token_bytes.placed, token_bytes.missed) == (1, 0)
+    assert (flat.ids.tolist(), flat.labels.tolist()) == (expected.ids.tolist(), expected.labels.tolist())
 
 
 def test_a_template_whose_batches_miss_stops_being_tried(unnormalized):

@@ -7,7 +7,18 @@ import pytest
 
 from hf_lora_ds.data.formats import to_conversation
 from hf_lora_ds.data.records import DataError
-from tests.data.peer_records import END, TOOL, TOOL_MESSAGES, build, chatml, expect, expected, sample, tool_pieces
+from tests.data.peer_records import (
+    END,
+    TOOL,
+    TOOL_MESSAGES,
+    build,
+    chatml,
+    expect,
+    expected,
+    labels_of,
+    sample,
+    tool_pieces,
+)
 
 
 def test_trl_conversational_prompt_completion_trains_the_completion_only(chatml_tokenizer, tmp_path):
@@ -37,6 +48,62 @@ def test_trl_conversational_prompt_completion_trains_the_completion_only(chatml_
     )
     last = build([record], chatml_tokenizer, tmp_path / "last", assistant_turns="last")
     assert sample(last) == expect(chatml_tokenizer, text, ["0 + 1" + END])
+
+
+def test_a_completion_turns_flag_is_read_at_its_place_after_the_prompt(chatml_tokenizer, tmp_path):
+    """A completion message's ``train`` flag belongs to that message, counted after the prompt's messages: the
+    switched-off answer (completion[0], the conversation's 4th message) gets no supervised token, the last answer
+    is trained. Read at its index within the completion, the flag would land on the prompt's first (user) turn and
+    the switched-off answer would be trained."""
+    record = {
+        "prompt": [
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Bonjour!"},
+            {"role": "user", "content": "Tell me a joke"},
+        ],
+        "completion": [
+            {"role": "assistant", "content": "cats.", "train": False},
+            {"role": "user", "content": "1="},
+            {"role": "assistant", "content": "0 + 1"},
+        ],
+    }
+    text = chatml(
+        ("user", "Hello"),
+        ("assistant", "Bonjour!"),
+        ("user", "Tell me a joke"),
+        ("assistant", "cats."),
+        ("user", "1="),
+        ("assistant", "0 + 1"),
+    )
+    dataset = build([record], chatml_tokenizer, tmp_path)
+    assert sample(dataset) == expect(chatml_tokenizer, text, ["0 + 1" + END])
+    assert dataset.flag_counts["turns_off"] == 1
+
+
+def test_a_completion_turns_train_detail_keeps_to_its_turn_after_the_prompt_and_a_system_prompt(
+    chatml_tokenizer, tmp_path
+):
+    """A completion message's ``train_detail`` spans belong to that message, counted after the prompt's messages and
+    after a ``--system_prompt`` put first: its switched-off words are not trained, the rest of the answer is.
+    Indexed within the completion alone, or not moved past the system turn, they would land on a user turn and the
+    whole answer would be trained."""
+    answer = "cats and dogs."
+    record = {
+        "prompt": [{"role": "user", "content": "Tell me a joke"}],
+        "completion": [
+            {
+                "role": "assistant",
+                "content": answer,
+                "train_detail": [{"begin_offset": 4, "end_offset": 12, "train": False}],  # " and dogs", inclusive
+            }
+        ],
+    }
+    text = chatml(("system", "Be brief."), ("user", "Tell me a joke"), ("assistant", answer))
+    dataset = build([record], chatml_tokenizer, tmp_path, system_prompt="Be brief.")
+    at = text.index(answer)
+    trained = [at <= i < at + 4 or at + 13 <= i < at + len(answer + END) for i in range(len(text))]
+    assert sample(dataset) == labels_of(chatml_tokenizer, text, trained)
+    assert dataset.flag_counts["tokens_masked"] > 0
 
 
 def test_trl_conversational_completion_with_tool_calls(tools_tokenizer, tmp_path):

@@ -56,7 +56,23 @@ def test_a_reading_names_a_field_as_the_user_wrote_it_and_gathers_flags_by_messa
         reading.string({"q": " "}, "q")
     assert reading.string({"a": ""}, "a", required=False, allow_empty=True) == ""
     reading.offset = 1  # a list that continues a conversation, as a TRL completion does
-    turns = [{"role": "user", "content": "q", "train": True, "lang": "en"}, {"role": "assistant", "content": "a"}]
-    assert reading.messages(turns, "turns") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    detail = [{"begin_offset": 0, "end_offset": 0, "train": False}]
+    turns = [
+        {"role": "user", "content": "q", "train": True, "lang": "en"},
+        {"role": "assistant", "content": "ab", "train_detail": detail},
+    ]
+    read = reading.messages(turns, "turns")
+    assert read == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"}]
     reading.shift(1)
-    assert reading.fields() == {"flags": {2: True}} and reading.unused == ["turns[].lang"]
+    assert reading.fields() == {"flags": {2: True}, "detail": {3: [(0, 1, False)]}}
+    assert reading.unused == ["turns[].lang"]
+
+
+def test_a_flagged_empty_text_part_switches_nothing_and_is_accepted():
+    """An empty text part covers no character: its flag gives no ``train_detail`` span (one would end before it
+    begins and the record be refused), while the flags of the parts beside it are kept."""
+    parts = [{"type": "text", "text": "", "train": False}, {"type": "text", "text": "Hi", "train": True}]
+    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": parts}]}
+    conversation = to_conversation(record, "r")
+    assert conversation["messages"][1]["content"] == "Hi"
+    assert conversation["detail"] == {1: [(0, 2, True)]}
