@@ -25,7 +25,7 @@ from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
-from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.packing import training_samples
 from hf_lora_ds.distributed import gather_from_ranks
@@ -39,7 +39,7 @@ from hf_lora_ds.model.lora_targets import experts_line
 from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.trainer.answers import before_and_after
 from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
-from hf_lora_ds.training.batches import prepare_batches
+from hf_lora_ds.training.batches import prepare_batches, with_supervised_positions
 from hf_lora_ds.training.checkpoints import (
     lost_ranks,
     resolve_resume_checkpoint,
@@ -56,12 +56,15 @@ from hf_lora_ds.training.sequence_parallel import (
     supervised_tokens_in_shards,
 )
 from hf_lora_ds.training.supervised_logits import (
+    SUPERVISED_POSITIONS,
     accepts_position_mask,
     fused_head,
     head_computes_loss,
+    head_selects_rows,
     normalised_loss,
     shifted_labels,
     supervised_cross_entropy,
+    supervised_positions,
     supervised_rows,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
@@ -71,6 +74,7 @@ __all__ = ["LoraSFTTrainer"]
 logger = logging.get_logger(__name__)
 
 _BATCHING_KWARGS = ("train_dataset", "eval_dataset", "data_collator", "processing_class")
+_LABEL_KEYS = ("labels", "shift_labels", SUPERVISED_POSITIONS)  # what the loss reads and the model's forward must not
 
 
 class LoraSFTTrainer(Trainer):
@@ -125,17 +129,21 @@ class LoraSFTTrainer(Trainer):
         logger.info("\n".join([self.lora_coverage.table(), *self.lora_lines]))
         experts_off = config.target_parameters == []  # --lora_target_experts none: left out on purpose
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config), experts_off)
+        # The trained positions found on the host, after the data pass above, whose forwards take no such key.
+        trainer_kwargs["data_collator"] = with_supervised_positions(args, train_dataset, data_collator)
         super().__init__(model, args, **trainer_kwargs)
         if coverage_note:
             logger.info(coverage_note)
         # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
         self.run_callbacks = attach_run_callbacks(self)
         logger.info(trainable_parameters_line(self.model))
-        # Without the mask (transformers releases before boolean logits_to_keep) the fused head selects the rows.
+        # Models that take a boolean logits_to_keep pass the head's rows on flattened: the head can pick them itself.
         self._position_mask = accepts_position_mask(self.model)
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
         self._fused_head_loss = True  # off for good once a model is seen to change its head's output
+        self._fused_head_checked = False  # on once a forward returned the fused head's loss unchanged
+        self.supervised_in_forward: int | None = None  # the supervised tokens of the forward under way, if known
         if self.args.supervised_logits_only and full_logits_reason:
             logger.info(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
@@ -282,6 +290,7 @@ class LoraSFTTrainer(Trainer):
         if self.supervised_logits_only and not self._logits_for_metrics and labelled:
             result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
         else:
+            inputs = {key: value for key, value in inputs.items() if key != SUPERVISED_POSITIONS}
             result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if model.training:
             loss = result[0] if return_outputs else result
@@ -319,16 +328,21 @@ class LoraSFTTrainer(Trainer):
         the fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
         ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
         """
-        targets = shifted_labels(inputs)
-        keep = targets != IGNORE_INDEX
-        forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
-        if self._position_mask:  # else the model computes every position and the loss reads the supervised ones
-            forward_inputs["logits_to_keep"] = keep
-        outputs = self._fused_loss_forward(model, forward_inputs, keep, targets[keep])
-        if outputs is None:
-            outputs = model(**forward_inputs)
-            outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, keep), targets[keep])
-        loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
+        rows = inputs.get(SUPERVISED_POSITIONS)
+        targets = shifted_labels(inputs).flatten()
+        if rows is None:  # batches of a user's own making: found on the device, which the host then waits for
+            rows = supervised_positions(targets)
+        targets = targets.index_select(0, rows)
+        forward_inputs = {key: value for key, value in inputs.items() if key not in _LABEL_KEYS}
+        self.supervised_in_forward = rows.numel()  # the forward gets no labels: ThroughputCallback counts this
+        try:
+            outputs = self._fused_loss_forward(model, forward_inputs, rows, targets)
+            if outputs is None:
+                outputs = self._supervised_logits_forward(model, forward_inputs, rows)
+                outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, rows), targets)
+        finally:
+            self.supervised_in_forward = None
+        loss = normalised_loss(outputs.loss, rows.numel(), num_items_in_batch)
         if (
             self.sequence_parallel > 1 and model.training
         ):  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
@@ -347,13 +361,27 @@ class LoraSFTTrainer(Trainer):
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | int | None:
         """Under sequence parallelism the batches are shards without ``labels`` (Trainer would count nothing): the
-        trained tokens of the global batch, from every rank's ``shift_labels``."""
+        trained tokens of the global batch, from every rank's ``shift_labels``; and each shard gets its trained
+        positions (``SUPERVISED_POSITIONS``), which the collator cannot give a batch that is sharded after it."""
         if self.sequence_parallel > 1 and batch_samples and "shift_labels" in batch_samples[0]:
+            for shard in batch_samples:  # still on the CPU here (DeepSpeed's adapter): indexed before they move
+                if shard["shift_labels"].device.type == "cpu":
+                    shard[SUPERVISED_POSITIONS] = supervised_positions(shard["shift_labels"])
             return supervised_tokens_in_shards(batch_samples, device)
         return super()._get_num_items_in_batch(batch_samples, device)
 
+    def _supervised_logits_forward(
+        self, model: torch.nn.Module, forward_inputs: dict[str, Any], rows: torch.Tensor
+    ) -> CausalLMOutputWithPast:
+        """The model's forward with logits for ``rows`` only where the model passes the head's rows on as they come
+        (``accepts_position_mask``), else for every position."""
+        if not self._position_mask:
+            return model(**forward_inputs)
+        with head_selects_rows(self.model.get_output_embeddings(), rows):
+            return model(**forward_inputs)
+
     def _fused_loss_forward(
-        self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor, targets: torch.Tensor
+        self, model: torch.nn.Module, forward_inputs: dict[str, Any], rows: torch.Tensor, targets: torch.Tensor
     ) -> CausalLMOutputWithPast | None:
         """The model's forward with its head computing the summed loss chunk by chunk (no logits at all), or None
         where the head cannot (then and for the rest of the run, with one line if the model changed its head's
@@ -361,11 +389,14 @@ class LoraSFTTrainer(Trainer):
         head = fused_head(self.model) if self._fused_head_loss else None
         if head is None:
             return None
-        with head_computes_loss(head, targets, keep) as produced:
+        with head_computes_loss(head, targets, rows) as produced:
             outputs = model(**forward_inputs)
         loss = produced.get("loss")
+        if self._fused_head_checked:  # the model's code is the same every step: compared once, not read every step
+            return CausalLMOutputWithPast(loss=outputs.logits)
         # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
         if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
+            self._fused_head_checked = True
             return CausalLMOutputWithPast(loss=outputs.logits)
         self._fused_head_loss = False
         logger.info(

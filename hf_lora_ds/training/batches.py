@@ -1,6 +1,7 @@
 """The run's datasets and collator as ``--batching`` asks: packed into rows of ``--max_length`` for ``packed``, and
 the padded, padding-free or packed collator, so a ``LoraSFTTrainer`` built in code batches as run_sft does (as
-TRL's ``SFTTrainer._prepare_dataset`` packs inside the trainer)."""
+TRL's ``SFTTrainer._prepare_dataset`` packs inside the trainer), and the collator's batches given the positions the
+loss trains where nothing slices them on their way (``with_supervised_positions``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention
-from hf_lora_ds.data.collator import build_collator, check_model_batching
+from hf_lora_ds.data.collator import SupervisedPositionsCollator, build_collator, check_model_batching
 from hf_lora_ds.data.packing import PackedDataset
 
-__all__ = ["prepare_batches"]
+__all__ = ["prepare_batches", "with_supervised_positions"]
 
 logger = logging.get_logger(__name__)
 
@@ -52,6 +53,25 @@ def prepare_batches(
             batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row
         )
     return train_dataset, eval_dataset, data_collator
+
+
+def with_supervised_positions(
+    args: SFTTrainingArguments, train_dataset: Any, data_collator: Callable | None
+) -> Callable | None:
+    """``data_collator`` adding the flat indices of the trained positions to its batches
+    (``SupervisedPositionsCollator``), where each batch reaches ``compute_loss`` whole. Not where something slices
+    batches on the way (the indices would then point past or into other rows): accelerate's split or dispatched
+    batches (an iterable dataset is dispatched by default), DataParallel over several GPUs of one process, and
+    sequence parallelism, whose shards the trainer indexes itself (``LoraSFTTrainer._get_num_items_in_batch``)."""
+    accelerator = args.accelerator_config
+    sliced = (
+        accelerator.split_batches
+        or accelerator.dispatch_batches
+        or isinstance(train_dataset, torch.utils.data.IterableDataset)
+        or args.n_gpu > 1
+        or args.engine.sequence_parallel > 1
+    )
+    return data_collator if data_collator is None or sliced else SupervisedPositionsCollator(data_collator)
 
 
 def _packed(dataset: Any, capacity: int, name: str) -> Any:
