@@ -282,10 +282,10 @@ class LoraSFTTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked
-        before its backward pass: a NaN or infinite training loss stops the run with the step, the samples and the
-        last complete checkpoint, before any NaN gradient lands, or with ``--on_nonfinite skip`` has its step
-        dropped (hf_lora_ds.training.nonfinite)."""
+        """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked: a
+        NaN or infinite training loss stops the run with the step, the samples and the last complete checkpoint at
+        the end of its logging window, or with ``--on_nonfinite skip`` has its step dropped
+        (hf_lora_ds.training.nonfinite)."""
         labelled = inputs.get("labels") is not None or inputs.get("shift_labels") is not None  # SP shards: shifted
         if self.supervised_logits_only and not self._logits_for_metrics and labelled:
             result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -299,20 +299,37 @@ class LoraSFTTrainer(Trainer):
         return result
 
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: torch.Tensor | float | None = None):
-        """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.training.nonfinite).
+        """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.training.nonfinite), which reads
+        the device here only on a step that logs or saves (``_ends_window``).
 
         Overridden (a private Trainer method) because it is the one point of ``_inner_training_loop`` that holds the
         step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
         DeepSpeed and a single process alike; no callback event receives the norm before the update."""
         grad_norm = full_grad_norm(super()._get_grad_norm(model, grad_norm=grad_norm))
-        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled)
+        step = self.state.global_step + 1
+        self.nonfinite.check_grad_norm(grad_norm, model, step, self.is_deepspeed_enabled, self._ends_window(step))
         return grad_norm
+
+    def _ends_window(self, step: int) -> bool:
+        """Whether optimizer step ``step`` will log its loss or save a checkpoint, as Trainer's DefaultFlowCallback
+        decides after it (every step where logging or saving goes by epochs, whose last step is not known here)."""
+        args, state = self.args, self.state
+        if args.logging_strategy == "epoch" or args.save_strategy in ("epoch", "best"):
+            return True
+        logs = args.logging_strategy == "steps" and (
+            step % state.logging_steps == 0 or (step == 1 and args.logging_first_step)
+        )
+        saves = args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0
+        return logs or saves or step >= state.max_steps
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """With ``--on_nonfinite skip``, each training log (and the final train metrics) also carries
-        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far."""
-        if self.args.on_nonfinite == "skip" and ("loss" in logs or "train_loss" in logs):
-            logs = {**logs, "nonfinite_skipped": self.nonfinite.skipped}
+        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far. A training log also ends the
+        non-finite check's window, where ``_ends_window`` did not foresee it."""
+        if "loss" in logs or "train_loss" in logs:
+            self.nonfinite.end_window(applied=self.state.global_step)
+            if self.args.on_nonfinite == "skip":
+                logs = {**logs, "nonfinite_skipped": self.nonfinite.skipped}
         super().log(logs, start_time)
 
     def _supervised_loss(
@@ -470,5 +487,6 @@ class LoraSFTTrainer(Trainer):
         """A checkpoint that cannot be written (full disk, no permission) ends the run with one line naming it, the
         cause and the last complete checkpoint, which stays intact (hf_lora_ds.training.checkpoints)."""
         checkpoint = Path(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.nonfinite.end_window(applied=self.state.global_step)  # no checkpoint of weights a NaN reached
         with save_failures(checkpoint, self.args.output_dir):
             super()._save_checkpoint(model, trial)
