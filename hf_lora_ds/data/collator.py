@@ -65,7 +65,6 @@ def supervised_positions(targets: torch.Tensor) -> torch.Tensor:
     return (targets != IGNORE_INDEX).flatten().nonzero().squeeze(1)
 
 
-
 class SupervisedPositionsCollator:
     """``collator``'s batches with ``SUPERVISED_POSITIONS`` added: ``supervised_positions`` of their shifted labels,
     found here on the CPU tensors the collator made, so the loss picks its rows on the device by index, with no
@@ -84,7 +83,6 @@ class SupervisedPositionsCollator:
         if isinstance(labels, torch.Tensor) and labels.dim() == 2 and labels.device.type == "cpu":
             batch[SUPERVISED_POSITIONS] = supervised_positions(shifted_labels(batch))
         return batch
-
 
 
 def padded_collator(

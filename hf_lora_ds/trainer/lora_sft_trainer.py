@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,10 @@ from hf_lora_ds.training.checkpoints import (
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
-from hf_lora_ds.training.nonfinite import NonFiniteGuard
+from hf_lora_ds.training.nonfinite import NonFiniteGuard, ends_window
 from hf_lora_ds.training.sequence_parallel import (
     deepspeed_gradient_divisor,
+    index_shards,
     sequence_parallel_group,
     sequence_parallel_loss,
     supervised_tokens_in_shards,
@@ -59,13 +60,12 @@ from hf_lora_ds.training.supervised_logits import (
     SUPERVISED_POSITIONS,
     accepts_position_mask,
     fused_head,
-    head_computes_loss,
+    fused_loss_outputs,
     head_selects_rows,
     normalised_loss,
-    shifted_labels,
     supervised_cross_entropy,
-    supervised_positions,
     supervised_rows,
+    supervised_targets,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
 
@@ -74,7 +74,6 @@ __all__ = ["LoraSFTTrainer"]
 logger = logging.get_logger(__name__)
 
 _BATCHING_KWARGS = ("train_dataset", "eval_dataset", "data_collator", "processing_class")
-_LABEL_KEYS = ("labels", "shift_labels", SUPERVISED_POSITIONS)  # what the loss reads and the model's forward must not
 
 
 class LoraSFTTrainer(Trainer):
@@ -129,7 +128,6 @@ class LoraSFTTrainer(Trainer):
         logger.info("\n".join([self.lora_coverage.table(), *self.lora_lines]))
         experts_off = config.target_parameters == []  # --lora_target_experts none: left out on purpose
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config), experts_off)
-        # The trained positions found on the host, after the data pass above, whose forwards take no such key.
         trainer_kwargs["data_collator"] = with_supervised_positions(args, train_dataset, data_collator)
         super().__init__(model, args, **trainer_kwargs)
         if coverage_note:
@@ -141,8 +139,7 @@ class LoraSFTTrainer(Trainer):
         self._position_mask = accepts_position_mask(self.model)
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
-        self._fused_head_loss = True  # off for good once a model is seen to change its head's output
-        self._fused_head_checked = False  # on once a forward returned the fused head's loss unchanged
+        self._fused_head_loss: bool | None = None  # None until a forward shows the model returns the head's loss as is
         self.supervised_in_forward: int | None = None  # the supervised tokens of the forward under way, if known
         if self.args.supervised_logits_only and full_logits_reason:
             logger.info(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
@@ -283,9 +280,8 @@ class LoraSFTTrainer(Trainer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked: a
-        NaN or infinite training loss stops the run with the step, the samples and the last complete checkpoint at
-        the end of its logging window, or with ``--on_nonfinite skip`` has its step dropped
-        (hf_lora_ds.training.nonfinite)."""
+        NaN or infinite training loss stops the run at the end of its logging window, naming the step, the samples
+        and the last complete checkpoint, or with ``--on_nonfinite skip`` has its step dropped (training.nonfinite)."""
         labelled = inputs.get("labels") is not None or inputs.get("shift_labels") is not None  # SP shards: shifted
         if self.supervised_logits_only and not self._logits_for_metrics and labelled:
             result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -299,33 +295,19 @@ class LoraSFTTrainer(Trainer):
         return result
 
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: torch.Tensor | float | None = None):
-        """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.training.nonfinite), which reads
-        the device here only on a step that logs or saves (``_ends_window``).
+        """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.training.nonfinite).
 
         Overridden (a private Trainer method) because it is the one point of ``_inner_training_loop`` that holds the
         step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
         DeepSpeed and a single process alike; no callback event receives the norm before the update."""
         grad_norm = full_grad_norm(super()._get_grad_norm(model, grad_norm=grad_norm))
-        step = self.state.global_step + 1
-        self.nonfinite.check_grad_norm(grad_norm, model, step, self.is_deepspeed_enabled, self._ends_window(step))
+        ends = ends_window(self.args, self.state)  # the non-finite check reads the device only at a window's end
+        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled, ends)
         return grad_norm
-
-    def _ends_window(self, step: int) -> bool:
-        """Whether optimizer step ``step`` will log its loss or save a checkpoint, as Trainer's DefaultFlowCallback
-        decides after it (every step where logging or saving goes by epochs, whose last step is not known here)."""
-        args, state = self.args, self.state
-        if args.logging_strategy == "epoch" or args.save_strategy in ("epoch", "best"):
-            return True
-        logs = args.logging_strategy == "steps" and (
-            step % state.logging_steps == 0 or (step == 1 and args.logging_first_step)
-        )
-        saves = args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0
-        return logs or saves or step >= state.max_steps
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """With ``--on_nonfinite skip``, each training log (and the final train metrics) also carries
-        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far. A training log also ends the
-        non-finite check's window, where ``_ends_window`` did not foresee it."""
+        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far. It ends a non-finite window."""
         if "loss" in logs or "train_loss" in logs:
             self.nonfinite.end_window(applied=self.state.global_step)
             if self.args.on_nonfinite == "skip":
@@ -345,20 +327,15 @@ class LoraSFTTrainer(Trainer):
         the fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
         ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
         """
-        rows = inputs.get(SUPERVISED_POSITIONS)
-        targets = shifted_labels(inputs).flatten()
-        if rows is None:  # batches of a user's own making: found on the device, which the host then waits for
-            rows = supervised_positions(targets)
-        targets = targets.index_select(0, rows)
-        forward_inputs = {key: value for key, value in inputs.items() if key not in _LABEL_KEYS}
+        rows, targets = supervised_targets(inputs)
+        forward_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", SUPERVISED_POSITIONS)}
         self.supervised_in_forward = rows.numel()  # the forward gets no labels: ThroughputCallback counts this
-        try:
-            outputs = self._fused_loss_forward(model, forward_inputs, rows, targets)
-            if outputs is None:
-                outputs = self._supervised_logits_forward(model, forward_inputs, rows)
-                outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, rows), targets)
-        finally:
-            self.supervised_in_forward = None
+        outputs = self._fused_loss_forward(model, forward_inputs, rows, targets)
+        if outputs is None:  # logits of the rows only where the model passes the head's rows on as they come
+            with head_selects_rows(self.model.get_output_embeddings(), rows) if self._position_mask else nullcontext():
+                outputs = model(**forward_inputs)
+            outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, rows), targets)
+        self.supervised_in_forward = None
         loss = normalised_loss(outputs.loss, rows.numel(), num_items_in_batch)
         if (
             self.sequence_parallel > 1 and model.training
@@ -378,24 +355,11 @@ class LoraSFTTrainer(Trainer):
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | int | None:
         """Under sequence parallelism the batches are shards without ``labels`` (Trainer would count nothing): the
-        trained tokens of the global batch, from every rank's ``shift_labels``; and each shard gets its trained
-        positions (``SUPERVISED_POSITIONS``), which the collator cannot give a batch that is sharded after it."""
+        trained tokens of the global batch, from every rank's ``shift_labels``; each shard indexed (index_shards)."""
         if self.sequence_parallel > 1 and batch_samples and "shift_labels" in batch_samples[0]:
-            for shard in batch_samples:  # still on the CPU here (DeepSpeed's adapter): indexed before they move
-                if shard["shift_labels"].device.type == "cpu":
-                    shard[SUPERVISED_POSITIONS] = supervised_positions(shard["shift_labels"])
+            index_shards(batch_samples)
             return supervised_tokens_in_shards(batch_samples, device)
         return super()._get_num_items_in_batch(batch_samples, device)
-
-    def _supervised_logits_forward(
-        self, model: torch.nn.Module, forward_inputs: dict[str, Any], rows: torch.Tensor
-    ) -> CausalLMOutputWithPast:
-        """The model's forward with logits for ``rows`` only where the model passes the head's rows on as they come
-        (``accepts_position_mask``), else for every position."""
-        if not self._position_mask:
-            return model(**forward_inputs)
-        with head_selects_rows(self.model.get_output_embeddings(), rows):
-            return model(**forward_inputs)
 
     def _fused_loss_forward(
         self, model: torch.nn.Module, forward_inputs: dict[str, Any], rows: torch.Tensor, targets: torch.Tensor
@@ -403,24 +367,18 @@ class LoraSFTTrainer(Trainer):
         """The model's forward with its head computing the summed loss chunk by chunk (no logits at all), or None
         where the head cannot (then and for the rest of the run, with one line if the model changed its head's
         output: this batch's forward is thrown away and redone on the logits path)."""
-        head = fused_head(self.model) if self._fused_head_loss else None
+        head = fused_head(self.model) if self._fused_head_loss is not False else None
         if head is None:
             return None
-        with head_computes_loss(head, targets, rows) as produced:
-            outputs = model(**forward_inputs)
-        loss = produced.get("loss")
-        if self._fused_head_checked:  # the model's code is the same every step: compared once, not read every step
-            return CausalLMOutputWithPast(loss=outputs.logits)
-        # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
-        if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
-            self._fused_head_checked = True
-            return CausalLMOutputWithPast(loss=outputs.logits)
-        self._fused_head_loss = False
-        logger.info(
-            f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
-            "head's output; the loss uses supervised-position logits"
-        )
-        return None
+        # The model's code is the same every step: its output is compared with the head's once, not read every step.
+        outputs = fused_loss_outputs(model, head, forward_inputs, rows, targets, check=self._fused_head_loss is None)
+        self._fused_head_loss = outputs is not None
+        if outputs is None:
+            logger.info(
+                f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
+                "head's output; the loss uses supervised-position logits"
+            )
+        return outputs
 
     def prediction_step(
         self,

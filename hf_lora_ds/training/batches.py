@@ -62,7 +62,8 @@ def with_supervised_positions(
     (``SupervisedPositionsCollator``), where each batch reaches ``compute_loss`` whole. Not where something slices
     batches on the way (the indices would then point past or into other rows): accelerate's split or dispatched
     batches (an iterable dataset is dispatched by default), DataParallel over several GPUs of one process, and
-    sequence parallelism, whose shards the trainer indexes itself (``LoraSFTTrainer._get_num_items_in_batch``)."""
+    sequence parallelism, whose shards the trainer indexes itself (``LoraSFTTrainer._get_num_items_in_batch``). For
+    the trainer only, after the data pass of EVA and CorDA, whose forwards would get the key."""
     accelerator = args.accelerator_config
     sliced = (
         accelerator.split_batches

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 import torch
+from transformers import TrainerState, TrainingArguments
 
 from hf_lora_ds.distributed import gather_from_ranks, process_group_exists
 from hf_lora_ds.errors import UserError
@@ -36,6 +37,7 @@ __all__ = [
     "NonFiniteLossError",
     "any_rank_nonfinite",
     "batch_sequences",
+    "ends_window",
     "find_samples",
     "nonfinite_message",
 ]
@@ -67,6 +69,20 @@ def any_rank_nonfinite(value: torch.Tensor | float) -> bool:
             flag = flag.to(torch.accelerator.current_accelerator())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     return bool(flag.item())
+
+
+def ends_window(args: TrainingArguments, state: TrainerState) -> bool:
+    """Whether the optimizer step under way (``state.global_step + 1``) will log its loss or save a checkpoint, as
+    Trainer's DefaultFlowCallback decides after it: the stop check reads the device before its update. Every step
+    where logging or saving goes by epochs, whose last step is not known here."""
+    step = state.global_step + 1
+    if args.logging_strategy == "epoch" or args.save_strategy in ("epoch", "best"):
+        return True
+    logs = args.logging_strategy == "steps" and (
+        step % state.logging_steps == 0 or (step == 1 and args.logging_first_step)
+    )
+    saves = args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0
+    return logs or saves or step >= state.max_steps
 
 
 def batch_sequences(inputs: Mapping[str, torch.Tensor]) -> list[tuple[int, ...]]:
@@ -161,7 +177,7 @@ class NonFiniteGuard:
         ends_window: bool = True,
     ) -> None:
         """Called once per optimizer step, after the backward passes and before ``optimizer.step()``. Stop mode: noted,
-        and read with the window's other notes when ``ends_window`` (``end_window``). Skip mode: drop the step, count it.
+        and the window read when ``ends_window`` (``end_window``). Skip mode: drop the step, count it.
 
         Without DeepSpeed every gradient becomes None, which torch optimizers skip (no moment update, no weight decay).
         Under ZeRO 1-3 the engine steps inside the backward and its own overflow check has already dropped a step with

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_lora_ds.data.collator import SUPERVISED_POSITIONS, shifted_labels, supervised_positions
 from hf_lora_ds.training.fused_head_loss import fused_head_loss
@@ -31,6 +32,7 @@ __all__ = [
     "SUPERVISED_POSITIONS",
     "accepts_position_mask",
     "fused_head",
+    "fused_loss_outputs",
     "head_computes_loss",
     "normalised_loss",
     "shifted_labels",
@@ -38,6 +40,7 @@ __all__ = [
     "supervised_cross_entropy",
     "supervised_positions",
     "supervised_rows",
+    "supervised_targets",
 ]
 
 # fp32 logits per cross-entropy chunk (128 MiB): above this, each chunk's upcast and log-softmax are recomputed in
@@ -61,6 +64,16 @@ def accepts_position_mask(model: torch.nn.Module) -> bool:
         return False
     probe = slicer(torch.zeros(1, 2, 1), torch.tensor([[False, True]]))
     return tuple(probe.shape) == (1, 1)
+
+
+def supervised_targets(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, targets)``: the flat indices of the trained positions, the collator's ``SUPERVISED_POSITIONS`` or,
+    for batches of a user's own making, found on the device (which the host then waits for), and their labels."""
+    targets = shifted_labels(inputs).flatten()
+    rows = inputs.get(SUPERVISED_POSITIONS)
+    if rows is None:
+        rows = supervised_positions(targets)
+    return rows, targets.index_select(0, rows)
 
 
 def supervised_cross_entropy(
@@ -145,3 +158,23 @@ def head_computes_loss(
     finally:
         handle.remove()
         del head.forward
+
+
+def fused_loss_outputs(
+    model: torch.nn.Module,
+    head: torch.nn.Linear,
+    forward_inputs: dict[str, Any],
+    rows: torch.Tensor,
+    targets: torch.Tensor,
+    check: bool,
+) -> CausalLMOutputWithPast | None:
+    """``model``'s forward with ``head`` computing the summed loss of ``rows`` (``head_computes_loss``), as outputs
+    holding that loss; with ``check``, None when the model returned something else than the head's value (it changed
+    the head's output: the loss must come from logits). Compared by value, not identity: DeepSpeed's ZeRO-3 hooks on
+    the enclosing modules re-wrap the tensor on its way out. The comparison reads the device."""
+    with head_computes_loss(head, targets, rows) as produced:
+        outputs = model(**forward_inputs)
+    loss = produced.get("loss")
+    if check and not (loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss)):
+        return None
+    return CausalLMOutputWithPast(loss=outputs.logits)

@@ -423,7 +423,7 @@ def test_host_side_positions_give_the_same_loss_and_gradients(
     accumulated micro-batches (red: an index off by one, or rows taken in another order, change both)."""
     with_positions, without = batches_with_and_without_positions(dataset, qwen_style_tokenizer, batching, 3)
     trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, batching)
-    trainer._fused_head_loss = fused
+    trainer._fused_head_loss = None if fused else False
     loss, grads = loss_and_lora_grads(trainer, with_positions)
     expected_loss, expected_grads = loss_and_lora_grads(trainer, without)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-6)
@@ -455,9 +455,7 @@ def test_shifted_label_shards_take_their_positions_on_the_host(tiny64, qwen_styl
 def test_the_positions_never_reach_the_forward(tiny64, qwen_style_tokenizer, dataset, tmp_path):
     """Training and evaluation (loss only, and with metrics' full logits) with the collator's positions: the model's
     forward never receives the key."""
-    trainer = make_trainer(
-        tiny64, qwen_style_tokenizer, dataset, tmp_path, True, eval_strategy="steps", eval_steps=1
-    )
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, eval_strategy="steps", eval_steps=1)
     assert isinstance(trainer.data_collator, SupervisedPositionsCollator)
     seen = []
     trainer.model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(set(kwargs)), with_kwargs=True)
@@ -473,9 +471,7 @@ def test_the_positions_never_reach_the_forward(tiny64, qwen_style_tokenizer, dat
     [dict(accelerator_config={"split_batches": True}), dict(accelerator_config={"dispatch_batches": True})],
     ids=["split_batches", "dispatch_batches"],
 )
-def test_batches_sliced_after_the_collator_get_no_positions(
-    tiny64, qwen_style_tokenizer, dataset, tmp_path, overrides
-):
+def test_batches_sliced_after_the_collator_get_no_positions(tiny64, qwen_style_tokenizer, dataset, tmp_path, overrides):
     trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, **overrides)
     assert not isinstance(trainer.data_collator, SupervisedPositionsCollator)
     plain = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True)
