@@ -208,7 +208,8 @@ def _matmul_dtype(args: TrainingArguments, model: nn.Module) -> torch.dtype:
 class _TokenCounter:
     """Forward pre-hook that counts the tokens of training micro-batches; device counts stay on the device.
 
-    Per micro-batch: supervised tokens (``labels != -100``), real tokens (the attention mask's sum, or without a mask
+    Per micro-batch: supervised tokens (``labels != -100``, or what the trainer says its forward without labels
+    trains: ``LoraSFTTrainer.supervised_in_forward``), real tokens (the attention mask's sum, or without a mask
     every token but each row's trailing padding), padded tokens and sequences. Its one blind spot: a ``compute_loss``
     that pops ``labels`` before the forward (label smoothing) hides the supervised tokens, and those rates are left out.
     """
@@ -216,6 +217,7 @@ class _TokenCounter:
     def __init__(self) -> None:
         self.labels_missing = False
         self.pad_token_id: int | None = None  # the padding of packed rows is told apart by it (padding_segments)
+        self.trainer: Any = None  # read for supervised_in_forward
         self._host: Counter[str] = Counter()
         self._device: dict[str, torch.Tensor] = {}
 
@@ -241,12 +243,11 @@ class _TokenCounter:
         else:
             self._add("real", mask.sum() if mask is not None and mask.dim() == 2 else input_ids.numel())
             self._add("sequences", input_ids.shape[0])
-        kept = kwargs.get("logits_to_keep")
+        told = getattr(self.trainer, "supervised_in_forward", None)
         if labels is not None:
             self._add("supervised", (labels != IGNORE_INDEX).sum())
-        elif isinstance(kept, torch.Tensor) and kept.dtype == torch.bool:
-            # LoraSFTTrainer's supervised-position loss passes the positions instead of the labels (one per label).
-            self._add("supervised", kept.sum())
+        elif told is not None:  # LoraSFTTrainer's supervised-position loss: no labels reach the forward
+            self._add("supervised", told)
         else:
             self.labels_missing = True
 
@@ -341,6 +342,7 @@ class ThroughputCallback(LoggingCallback):
         if self._active_params and state.is_world_process_zero:
             logger.info("MFU counts the active parameters of the experts: N_active %d of %d", active, every)
         self._counter.pad_token_id = getattr(kwargs.get("processing_class"), "pad_token_id", None)
+        self._counter.trainer = self._trainer
         self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
         self._clock = _ActiveClock()
         if args.eval_on_start:
