@@ -27,6 +27,7 @@ from hf_lora_ds.data.packing import padding_segments
 from hf_lora_ds.data.template_rule import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.model.experts import experts_per_token, moe_blocks, unwrapped_name
+from hf_lora_ds.model.layer_kinds import sequence_mixers
 
 __all__ = [
     "ThroughputCallback",
@@ -99,8 +100,15 @@ def _routed_shares(model: nn.Module) -> dict[str, float]:
     return shares
 
 
+# Training FLOPs per element of a layer's recurrent state, per token (forward, then backward twice that): the delta
+# rule reads the state, writes it and reads it out (3 matrix-vector products, 6 forward); a Mamba scan updates it and
+# reads it out (4 forward). A depthwise convolution's weight is counted with the matmul parameters.
+_STATE_FLOPS = {"linear attention": 18, "state space": 12}
+
+
 def _attention_shape(model: nn.Module) -> tuple[int, int]:
-    """(layers, heads·head_dim) from the model config; (0, 0) when the config does not say."""
+    """(attention layers, heads·head_dim) from the model config; (0, 0) when the config does not say. A hybrid model's
+    attention layers are its attention modules, not all of its layers."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "get_text_config"):
         config = config.get_text_config()
@@ -108,25 +116,43 @@ def _attention_shape(model: nn.Module) -> tuple[int, int]:
     heads = getattr(config, "num_attention_heads", None)
     if not layers or not heads:
         return 0, 0
+    if sequence_mixers(model):
+        layers = sum(type(module).__name__.endswith("Attention") for module in model.modules())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return int(layers), int(heads * head_dim)
 
 
-def flops_shape(model: nn.Module) -> tuple[int, int, int, int]:
-    """What the FLOPs of a token depend on, counted once: frozen and trainable matmul parameters, layers and the
-    attention width."""
-    return (*matmul_parameters(model), *_attention_shape(model))
+def _recurrent_flops(model: nn.Module) -> int:
+    """Training FLOPs per token of the linear-attention and state-space layers' recurrences: per element of their
+    state (Gated DeltaNet: value heads x key x value head size; Mamba: inner size x state size), independent of the
+    sequence's length."""
+    flops = 0
+    for name, kind in sequence_mixers(model).items():
+        mixer = model.get_submodule(name)
+        if kind == "linear attention":
+            flops += _STATE_FLOPS[kind] * mixer.num_v_heads * mixer.head_k_dim * mixer.head_v_dim
+        elif kind == "state space":
+            flops += _STATE_FLOPS[kind] * mixer.intermediate_size * mixer.ssm_state_size
+    return flops
 
 
-def flops_per_token(shape: tuple[int, int, int, int], seq_len: float) -> float:
-    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len, for a model's ``flops_shape``.
+def flops_shape(model: nn.Module) -> tuple[int, int, int, int, int]:
+    """What the FLOPs of a token depend on, counted once: frozen and trainable matmul parameters, attention layers and
+    width, and the recurrences of linear-attention and state-space layers."""
+    return (*matmul_parameters(model), *_attention_shape(model), _recurrent_flops(model))
+
+
+def flops_per_token(shape: tuple[int, int, int, int, int], seq_len: float) -> float:
+    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L_attn·d_attn·seq_len + recurrences, for a
+    model's ``flops_shape``.
 
     A weight costs 2 FLOPs per token forward and 2 for the activation gradient; only trainable (LoRA) weights pay 2 more
-    for their weight gradient. 12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice
-    that), T the mean processed length. Gradient-checkpointing recomputation is not model FLOPs (as in PaLM); a MoE
-    model's routed experts count for their active share (``matmul_parameters``): N is N_active."""
-    frozen, trainable, layers, attn_dim = shape
-    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
+    for their weight gradient. 12·L_attn·d_attn·T is the attention score/value work of the attention layers (forward
+    4·d_attn·T, backward twice that), T the mean processed length; a linear-attention or state-space layer instead
+    updates a fixed-size state per token (``_STATE_FLOPS``). Gradient-checkpointing recomputation is not model FLOPs
+    (as in PaLM); a MoE model's routed experts count for their active share (``matmul_parameters``): N is N_active."""
+    frozen, trainable, layers, attn_dim, recurrent = shape
+    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len + recurrent
 
 
 def _synchronize(device: torch.device) -> None:
@@ -298,7 +324,7 @@ class ThroughputCallback(LoggingCallback):
         self._warned_mfu = False
         self._counter = _TokenCounter()
         self._hook: Any = None
-        self._shape = (0, 0, 0, 0)  # (N_frozen, N_trainable, layers, d_attn), read once at train begin
+        self._shape = (0, 0, 0, 0, 0)  # flops_shape: (N_frozen, N_trainable, layers, d_attn, state), at train begin
         self._active_params: tuple[int, int] | None = None  # MoE: (N_active, N) of the matmul parameters
         self._clock = _ActiveClock()
         self._window_start = 0.0
