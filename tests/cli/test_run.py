@@ -232,3 +232,14 @@ def test_more_moe_families_train_the_same_way(family, sum_files, tmp_path, capsy
     train_moe_family(
         family, AutoTokenizer.from_pretrained(DEMO_ARGUMENTS["model_name_or_path"]), sum_files, tmp_path, capsys
     )
+
+
+def test_the_command_line_starts_its_bar_after_the_setup_lines(tiny_model_dir, sum_files, tmp_path, capfd):
+    """The command line asks for the setup-first bar (the trainer keeps Trainer's own): what a callback prints at
+    train begin stands before the bar, not on its line."""
+    from tests.callbacks.test_progress_bar import SetupLine
+
+    flags = [*demo_flags(tiny_model_dir, sum_files, tmp_path / "run"), "--eval_file", "", "--disable_tqdm", "false"]
+    run_sft.main([*flags, "--max_steps", "2", "--run_callbacks", "none"], callbacks=[SetupLine()])
+    err = capfd.readouterr().err
+    assert "engine: plain\n" in err and err.index("engine: plain") < err.index(" 0/2 [")  # the training bar's start

@@ -9,6 +9,7 @@ import torch
 from peft import PeftModel
 from transformers import DataCollatorWithFlattening, TrainerCallback
 
+from hf_lora_ds.callbacks import MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
@@ -153,7 +154,7 @@ class StepRecorder(TrainerCallback):
 
 def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, tmp_path):
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)  # save_strategy "no"
-    tracer = trainer.run_callbacks.memory
+    tracer = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MemoryTraceCallback))
     trainer.train()
     assert [record["phase"] for record in tracer.records] == ["train", "save"]
     assert json.loads((tmp_path / "out" / "memory_trace.json").read_text())[-1]["phase"] == "save"
