@@ -34,7 +34,7 @@ def attach_run_callbacks(trainer: Trainer, made: Sequence[TrainerCallback] = ())
     the chosen ones of them:
 
     1. SwanLab (with ``report_to`` swanlab): ours, in place of transformers' own;
-    2. the bookkeeping: the ``engine:`` line, divergence, data sources;
+    2. the guards and bookkeeping: the ``engine:`` line, divergence, data sources;
     3. answer accuracy, ahead of the memory tracer, which closes the eval phase its generation belongs to;
     4. memory and throughput, logged through ``Trainer.log`` so every ``report_to`` integration gets them;
     5. the checkpoint completion marker, after every callback whose ``on_save`` adds to a checkpoint;

@@ -211,7 +211,7 @@ class LoraSFTTrainer(Trainer):
                     f"{checkpoint}; rerun with --resume_from_checkpoint auto"
                 )
                 return result
-            self._announce("on_final_save_begin")  # Trainer's events have ended: callbacks see this save only so
+            self._announce("on_final_save_begin")  # after Trainer's last event: callbacks learn of this save only so
             self.save_model()
             self._announce("on_final_save_end")
         except BaseException:
