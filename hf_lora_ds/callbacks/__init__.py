@@ -1,8 +1,9 @@
 """Every TrainerCallback of the package: metric callbacks that work in any ``transformers.Trainer`` (memory, throughput
 and MFU, answer accuracy, SwanLab, the run report) and the guards and bookkeeping of a LoRA SFT run.
 
-``LoraSFTTrainer`` attaches all of them in order. With a plain Trainer, attach the metric ones yourself (``attach``
-lets them reach every ``report_to`` integration; with ``report_to="swanlab"`` call ``use_swanlab(trainer)``)::
+``LoraSFTTrainer`` attaches the ones its run chooses, in order, after those it was given. With a plain Trainer, attach
+the metric ones yourself (``attach`` lets them reach every ``report_to`` integration; with ``report_to="swanlab"`` call
+``use_swanlab(trainer)``)::
 
     MemoryTraceCallback().attach(trainer)
     ThroughputCallback().attach(trainer)
@@ -14,10 +15,9 @@ from hf_lora_ds.callbacks.checkpoint_completion import CheckpointCompletionCallb
 from hf_lora_ds.callbacks.data_sources import SourceCountsLog
 from hf_lora_ds.callbacks.divergence import DivergenceCallback
 from hf_lora_ds.callbacks.engine_line import EngineCallback
-from hf_lora_ds.callbacks.learning_rate import LearningRateWatch
 from hf_lora_ds.callbacks.memory import MemoryTraceCallback
-from hf_lora_ds.callbacks.preemption import PreemptionCallback
-from hf_lora_ds.callbacks.run_callbacks import RunCallbacks, attach_run_callbacks
+from hf_lora_ds.callbacks.progress_bar import bar_after_setup_lines
+from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.callbacks.run_report import RunReportCallback, write_run_report
 from hf_lora_ds.callbacks.throughput import ThroughputCallback
 
@@ -34,11 +34,9 @@ __all__ = [
     "CheckpointCompletionCallback",
     "DivergenceCallback",
     "EngineCallback",
-    "LearningRateWatch",
-    "PreemptionCallback",
     "SourceCountsLog",
-    "RunCallbacks",
     "attach_run_callbacks",
+    "bar_after_setup_lines",
 ]
 
 _SWANLAB_NAMES = ("SwanLabCallback", "default_swanlab_mode", "use_swanlab")

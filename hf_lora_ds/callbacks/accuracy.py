@@ -52,11 +52,13 @@ class AnswerAccuracyCallback(LoggingCallback):
 
     def attach(self, trainer: Trainer) -> AnswerAccuracyCallback:
         """Register with ``trainer`` ahead of any ``MemoryTraceCallback``: that one closes the eval phase in its own
-        ``on_evaluate``, and the generation done here belongs to the evaluation, not to the training around it."""
-        super().attach(trainer)
+        ``on_evaluate``, and the generation done here belongs to the evaluation, not to the training around it. One
+        already registered stays where its caller put it."""
         callbacks = trainer.callback_handler.callbacks
+        registered = self in callbacks
+        super().attach(trainer)
         tracer = next((i for i, cb in enumerate(callbacks) if isinstance(cb, MemoryTraceCallback)), None)
-        if tracer is not None and callbacks.index(self) > tracer:
+        if not registered and tracer is not None and callbacks.index(self) > tracer:
             callbacks.remove(self)
             callbacks.insert(tracer, self)
         return self

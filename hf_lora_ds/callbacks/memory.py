@@ -150,7 +150,7 @@ class MemoryTraceCallback(LoggingCallback):
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Trace a phase the trainer cannot see (model load, a final ``save_model``). Enter it on every rank."""
+        """Trace a phase no trainer event marks (the model load). Enter it on every rank."""
         self._begin(name)
         try:
             yield
@@ -206,3 +206,15 @@ class MemoryTraceCallback(LoggingCallback):
         for name in ("eval", "save"):  # left open only if training stopped between trigger and event
             self._end(name)
         self._finish(state, "train")
+
+    # ---- LoraSFTTrainer's own events, after Trainer's have ended (hf_lora_ds.trainer.lora_sft_trainer) ----
+
+    def on_final_save_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self._remember(args, state)
+        self._begin("save")
+
+    def on_final_save_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self._finish(state, "save")
+
+    def on_train_failed(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        self.abandon_open_phases()  # no on_train_end will come: stop the RSS sampler here

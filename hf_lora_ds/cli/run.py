@@ -19,12 +19,13 @@ from collections.abc import Sequence
 import transformers  # the module only: its trainer names import PEFT, which a command imports first, its own way
 
 from hf_lora_ds import LoraSFTTrainer, SFTTrainingArguments
-from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
+from hf_lora_ds.callbacks.progress_bar import bar_after_setup_lines
 from hf_lora_ds.cli.log import configure_logging
 from hf_lora_ds.distributed import release_process_group
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.resolve import parse_run_arguments
 from hf_lora_ds.resources import DEMO_ARGUMENTS
+from hf_lora_ds.training.preemption import PREEMPTED_EXIT_CODE
 
 __all__ = ["cli", "main", "parse_args"]
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[transformers.Trainer
     configure_logging(args)  # --log_level, --log_level_replica
     # The trainer reads --train_file/--eval_file and every record before it loads the model (LoraSFTTrainer).
     trainer = LoraSFTTrainer(args.model_name_or_path, args, callbacks=list(callbacks))
+    bar_after_setup_lines(trainer)  # the terminal's bar below the setup lines train() prints, not on their line
     trainer.train()
     if trainer.preempted:  # a complete checkpoint is saved; --resume_from_checkpoint auto continues
         release_process_group()

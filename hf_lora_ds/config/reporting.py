@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RUN_CALLBACKS", "ReportingArguments", "check_reporting_fields", "chosen_callbacks"]
 
-# The callbacks --run_callbacks may choose (hf_lora_ds.callbacks.run_callbacks attaches them in the run's order).
+# What --run_callbacks may choose: the callbacks hf_lora_ds.callbacks.run_callbacks attaches in the run's order, and
+# preemption, the trainer's own (hf_lora_ds.training.preemption).
 RUN_CALLBACKS = ("preemption", "engine", "divergence", "sources", "memory", "throughput", "report")
 
 
@@ -27,8 +28,9 @@ class ReportingArguments:
     run_callbacks: str = field(
         default="none",
         metadata={
-            "help": "The run's own callbacks, comma-separated, 'all' or 'none': preemption (SIGTERM/SIGUSR1 save a "
-            "checkpoint and exit 75: installs signal handlers), engine (the engine line), divergence "
+            "help": "The run's own callbacks, comma-separated, 'all' or 'none': preemption (the trainer's own "
+            "handling, no callback: SIGTERM/SIGUSR1 save a checkpoint and exit 75; it installs signal handlers while "
+            "training), engine (the engine line), divergence "
             "(--on_divergence), sources (per-source sample counts), memory (per phase and rank), throughput "
             "(tokens/s, MFU), report (report.html). The command line's default is 'all'; a LoraSFTTrainer built in "
             "code gets what this names."

@@ -24,20 +24,21 @@ from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.lora_init import parse_lora_init
+from hf_lora_ds.config.reporting import chosen_callbacks
 from hf_lora_ds.data.collator import LengthGroupedEpochSampler
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.packing import training_samples
-from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval.evaluator import EvalResult
-from hf_lora_ds.model.adapter_check import UntrainedAdapterError, check_adapter_trained, verify_adapter
-from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot, write_plain_adapter
+from hf_lora_ds.model.adapter_check import verify_adapter
+from hf_lora_ds.model.adapter_conversion import adapter_set_to, adapter_snapshot
 from hf_lora_ds.model.lora import lora_config_from_args, targets_text, trainable_parameters_line
 from hf_lora_ds.model.lora_coverage import COVERAGE_FILE, lora_coverage
 from hf_lora_ds.model.lora_targets import experts_line
 from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.trainer.answers import before_and_after
+from hf_lora_ds.trainer.final_adapter import finish_final_adapter
 from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
 from hf_lora_ds.training.batches import prepare_batches, with_supervised_positions
 from hf_lora_ds.training.checkpoints import (
@@ -49,6 +50,7 @@ from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, s
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 from hf_lora_ds.training.nonfinite import NonFiniteGuard, ends_window
+from hf_lora_ds.training.preemption import Preemption
 from hf_lora_ds.training.sequence_parallel import (
     deepspeed_gradient_divisor,
     index_shards,
@@ -132,8 +134,11 @@ class LoraSFTTrainer(Trainer):
         super().__init__(model, args, **trainer_kwargs)
         if coverage_note:
             logger.info(coverage_note)
-        # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
-        self.run_callbacks = attach_run_callbacks(self)
+        # Metrics, accuracy and the report, in their order, after the caller's (hf_lora_ds.callbacks.run_callbacks).
+        attach_run_callbacks(self, inputs.made)
+        # What decides the run is the trainer's own: the adapter check's highest learning rate, preemption.
+        self.max_learning_rate = 0.0
+        self.preemption = Preemption() if "preemption" in chosen_callbacks(args.run_callbacks) else None
         logger.info(trainable_parameters_line(self.model))
         # Models that take a boolean logits_to_keep pass the head's rows on flattened: the head can pick them itself.
         self._position_mask = accepts_position_mask(self.model)
@@ -200,34 +205,50 @@ class LoraSFTTrainer(Trainer):
                     logger.info(f"  {name}: {audit.line()}")
         # the engine and its ZeRO optimizer are built inside train()
         trimmed = deepspeed_startup_trimmed() if self.is_deepspeed_enabled else contextlib.nullcontext()
-        memory, preemption = self.run_callbacks.memory, self.run_callbacks.preemption
+        signals = self.preemption.handling_signals() if self.preemption else contextlib.nullcontext()
         try:
-            with lost_ranks(self.args.output_dir), trimmed:  # lost_ranks: a rank killed inside a save is one line
+            with signals, lost_ranks(self.args.output_dir), trimmed:  # lost_ranks: a rank killed in a save is one line
                 result = super().train(resume.checkpoint, *args, **kwargs)
-        except BaseException:
-            if memory is not None:
-                memory.abandon_open_phases()  # on_train_end never comes: stop the RSS sampler here
-            raise
-        finally:
-            if preemption is not None:
-                preemption.restore_handlers()
-        if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
-            logger.info(
-                f"preempted (signal {preemption.signal_received or 'on another rank'}): saved "
-                f"{self.args.output_dir}/checkpoint-{self.state.global_step}; rerun with --resume_from_checkpoint auto"
-            )
-            return result
-        # Trainer's events end with training, so the memory tracer sees this save only if it is wrapped for it.
-        with memory.phase("save") if memory is not None else contextlib.nullcontext():
+            if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
+                signal_number, checkpoint = self.preemption.signal_received, f"checkpoint-{self.state.global_step}"
+                logger.info(
+                    f"preempted (signal {signal_number or 'on another rank'}): saved {self.args.output_dir}/"
+                    f"{checkpoint}; rerun with --resume_from_checkpoint auto"
+                )
+                return result
+            self._announce("on_final_save_begin")  # after Trainer's last event: callbacks learn of this save only so
             self.save_model()
-        self._finish_final_adapter()
+            self._announce("on_final_save_end")
+        except BaseException:
+            self._announce("on_train_failed")  # no on_train_end comes: callbacks close what they opened
+            raise
+        finish_final_adapter(self)
         return result
 
     @property
     def preempted(self) -> bool:
         """Whether a preemption signal stopped training (with --run_callbacks preemption): the run's state is its
         last checkpoint, no final adapter was saved."""
-        return self.run_callbacks.preemption is not None and self.run_callbacks.preemption.preempted
+        return self.preemption is not None and self.preemption.preempted
+
+    def _announce(self, event: str) -> None:
+        """One of this trainer's events beyond Trainer's, to each callback that defines it (MemoryTraceCallback);
+        like Trainer's, the trainer reads nothing back."""
+        for callback in self.callback_handler.callbacks:
+            if hasattr(callback, event):
+                getattr(callback, event)(self.args, self.state, self.control)
+
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """Trainer's step, recording the learning rate it applies (the final adapter check's measure), then, after
+        an optimizer step's last micro-batch, the preemption decision: before ``on_step_end``, so every callback
+        sees the save and the stop there, as it sees Trainer's own decisions."""
+        self.max_learning_rate = max(self.max_learning_rate, *(group["lr"] for group in self.optimizer.param_groups))
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.preemption is not None and self.accelerator.sync_gradients:
+            self.preemption.stop_if_signalled(self.control, self.args.device)
+        return loss
 
     def evaluate_answers(self) -> dict[str, EvalResult]:
         """Answer accuracy before training and after, reported (hf_lora_ds.trainer.answers); ``{}`` without eval
@@ -241,29 +262,6 @@ class LoraSFTTrainer(Trainer):
         if self.adapter_start is not None:
             return adapter_set_to(self.model, self.adapter_start)
         return self.model.disable_adapter()
-
-    def _finish_final_adapter(self) -> None:
-        """Rank 0 makes the saved adapter plain LoRA for the original base (converted from its start where that was
-        not zero: hf_lora_ds.model.adapter_conversion) and checks that it trained; every rank raises the same error,
-        so no rank is left in a collective."""
-        problem = None
-        if self.args.should_save:
-            steps, top_rate = self.state.global_step, self.run_callbacks.learning_rates.max_learning_rate
-            try:
-                if self.adapter_start is not None or self.variant_line:
-                    moved = write_plain_adapter(self.args.output_dir, self.adapter_start)
-                    verify_adapter(self.args.output_dir, base_model=self.model.get_base_model().config)
-                    if not moved and steps and top_rate > 0:
-                        raise UntrainedAdapterError(
-                            f"The adapter saved in {self.args.output_dir} never trained: "
-                            f"every tensor still holds its start after {steps} steps"
-                        )
-                check_adapter_trained(self.args.output_dir, steps, top_rate)
-            except UntrainedAdapterError as error:
-                problem = str(error)
-        problem = gather_from_ranks(problem)[0]
-        if problem:
-            raise UntrainedAdapterError(problem)
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """Trainer's optimizer, or LoRA+ / LoRA-FA (``--lora_optimizer``: hf_lora_ds.training.lora_optimizers),

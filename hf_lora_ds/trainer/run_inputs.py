@@ -54,7 +54,8 @@ class RunInputs:
     eval_records: list | None  # raw, generated from for answer accuracy
     task: Task
     resume: ResumePoint
-    callbacks: list[TrainerCallback]  # the caller's, the memory tracer that saw the load, the accuracy callback
+    callbacks: list[TrainerCallback]  # the caller's, as given
+    made: list[TrainerCallback]  # the run's own made here: the memory tracer that saw the load, the accuracy callback
 
 
 def prepare_run_inputs(
@@ -101,16 +102,16 @@ def prepare_run_inputs(
             model, quantized = load_base_model(args)
         if quantized:
             logger.info(quantized)
-    extra: list[TrainerCallback] = [] if memory is None or memory in callbacks else [memory]
+    made: list[TrainerCallback] = [] if memory is None or memory in callbacks else [memory]
     if evaluating and eval_records:
         options = run_eval_options(args)
-        extra.append(
+        made.append(
             AnswerAccuracyCallback(_need(tokenizer), eval_records, task, predictions_dir=args.output_dir, **options)
         )
     eval_tokenized = eval_dataset if eval_data is None else None  # a tokenized set as it is
     if evaluating and eval_data is not None:
         eval_tokenized = sft_dataset(eval_data, _need(tokenizer), args)
-    return RunInputs(model, tokenizer, train, eval_tokenized, eval_records, task, resume, [*callbacks, *extra])
+    return RunInputs(model, tokenizer, train, eval_tokenized, eval_records, task, resume, callbacks, made)
 
 
 def _take_model_name(name: str, args: SFTTrainingArguments) -> None:

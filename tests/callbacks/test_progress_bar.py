@@ -7,8 +7,7 @@ import sys
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
-from hf_lora_ds.callbacks.progress_bar import SetupFirstProgressCallback
-from hf_lora_ds.callbacks.run_callbacks import _start_the_bar_after_the_setup_lines
+from hf_lora_ds.callbacks.progress_bar import SetupFirstProgressCallback, bar_after_setup_lines
 
 
 class SetupLine(TrainerCallback):
@@ -19,7 +18,7 @@ class SetupLine(TrainerCallback):
 def test_setup_lines_come_before_the_bar(make_trainer, capfd):
     trainer = make_trainer(disable_tqdm=False, max_steps=2)
     trainer.add_callback(SetupLine())  # after the bar, as every callback a trainer is given
-    _start_the_bar_after_the_setup_lines(trainer)
+    bar_after_setup_lines(trainer)
     assert not any(type(cb) is ProgressCallback for cb in trainer.callback_handler.callbacks)
     trainer.train()
     err = capfd.readouterr().err

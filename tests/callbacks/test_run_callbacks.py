@@ -1,6 +1,7 @@
 """The run's callbacks are attached once each, in the order their events depend on, the ones --run_callbacks chooses
-(a trainer built in code: what its arguments name, no signal handler unless asked), and the ones given to the trainer
-are the ones used (the memory tracer has measured the model load before the trainer exists)."""
+(a trainer built in code: what its arguments name, no signal handler unless asked), after the ones the trainer was
+given, which keep their places and their order (a kind among them is the one used: the memory tracer has measured the
+model load before the trainer exists); the progress bar stays Trainer's own."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ import signal
 
 import pytest
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
 from hf_lora_ds.callbacks import (
     AnswerAccuracyCallback,
     CheckpointCompletionCallback,
     DivergenceCallback,
     EngineCallback,
-    LearningRateWatch,
     MemoryTraceCallback,
-    PreemptionCallback,
     RunReportCallback,
     SourceCountsLog,
     ThroughputCallback,
@@ -24,8 +24,6 @@ from hf_lora_ds.callbacks import (
 from tests.trainer.test_lora_sft_trainer import RECORDS, make_trainer
 
 ORDER = [
-    LearningRateWatch,
-    PreemptionCallback,
     EngineCallback,
     DivergenceCallback,
     SourceCountsLog,
@@ -41,20 +39,36 @@ def ours(trainer) -> list[type]:
     return [type(cb) for cb in trainer.callback_handler.callbacks if type(cb) in ORDER]
 
 
-def test_the_run_callbacks_in_their_order_with_the_given_ones_used(tiny_model, qwen_style_tokenizer, tmp_path):
+class _Probe(TrainerCallback):
+    pass
+
+
+def test_the_callers_callbacks_keep_their_places_and_the_runs_own_follow_in_order(
+    tiny_model, qwen_style_tokenizer, tmp_path
+):
     memory = MemoryTraceCallback()
     accuracy = AnswerAccuracyCallback(qwen_style_tokenizer, RECORDS[:2], "exact_match")
-    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, callbacks=[accuracy, memory])
-    assert ours(trainer) == ORDER
+    given = [_Probe(), memory, accuracy, _Probe()]  # accuracy after the tracer: the caller's order, kept
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, callbacks=given)
     handler = trainer.callback_handler.callbacks
-    assert memory in handler and accuracy in handler
-    assert trainer.run_callbacks.memory is memory and memory._trainer is trainer  # its metrics go through Trainer.log
-    assert trainer.run_callbacks.preemption is not None and not trainer.preempted
+    assert [cb for cb in handler if cb in given] == given  # none removed, none moved
+    assert handler.index(given[-1]) < handler.index(next(cb for cb in handler if isinstance(cb, EngineCallback)))
+    assert ours(trainer) == [MemoryTraceCallback, AnswerAccuracyCallback] + [
+        kind for kind in ORDER if kind not in (MemoryTraceCallback, AnswerAccuracyCallback)
+    ]
+    assert memory._trainer is trainer and accuracy._trainer is trainer  # their metrics go through Trainer.log
 
 
 def test_without_eval_records_there_is_no_accuracy_callback(tiny_model, qwen_style_tokenizer, tmp_path):
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path)
     assert ours(trainer) == [kind for kind in ORDER if kind is not AnswerAccuracyCallback]
+
+
+def test_the_progress_bar_is_trainers_own(tiny_model, qwen_style_tokenizer, tmp_path):
+    """The setup-first bar is the command line's choice (hf_lora_ds.cli.run), not the trainer's."""
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, disable_tqdm=False)
+    bars = [type(cb) for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
+    assert bars == [ProgressCallback]
 
 
 class _SigtermHandlerInTraining(TrainerCallback):
@@ -65,8 +79,8 @@ class _SigtermHandlerInTraining(TrainerCallback):
 @pytest.mark.parametrize(
     ("chosen", "attached"),
     [
-        ("none", [LearningRateWatch, CheckpointCompletionCallback]),
-        ("memory,report", [LearningRateWatch, MemoryTraceCallback, CheckpointCompletionCallback, RunReportCallback]),
+        ("none", [CheckpointCompletionCallback]),
+        ("memory,report", [MemoryTraceCallback, CheckpointCompletionCallback, RunReportCallback]),
     ],
 )
 def test_a_trainer_built_in_code_gets_the_callbacks_its_arguments_name(

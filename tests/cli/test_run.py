@@ -268,3 +268,21 @@ def test_hybrid_models_are_refused_packing_in_one_line_before_their_data_is_read
 
 def _unreachable(*args, **kwargs):
     raise AssertionError("loaded before --batching was checked")
+
+
+def test_the_command_line_starts_its_bar_after_the_setup_lines(tiny_model_dir, sum_files, tmp_path, capfd, monkeypatch):
+    """The command line asks for the setup-first bar (the trainer keeps Trainer's own): what the callbacks attached
+    after the bar print at train begin (the engine: line, the load's memory) stands before it, not on its line."""
+    from hf_lora_ds import LoraSFTTrainer
+    from tests.callbacks.test_progress_bar import SetupLine
+
+    class SetupLineAfterTheBar(LoraSFTTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.add_callback(SetupLine())  # as the run's own callbacks are: after the bar Trainer made
+
+    monkeypatch.setattr("hf_lora_ds.cli.run.LoraSFTTrainer", SetupLineAfterTheBar)
+    flags = [*demo_flags(tiny_model_dir, sum_files, tmp_path / "run"), "--eval_file", "", "--disable_tqdm", "false"]
+    run_sft.main([*flags, "--max_steps", "2", "--run_callbacks", "none"])
+    err = capfd.readouterr().err
+    assert "engine: plain\n" in err and err.index("engine: plain") < err.index(" 0/2 [")  # the training bar's start

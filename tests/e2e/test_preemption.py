@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.training.checkpoints import is_complete_checkpoint
+from hf_lora_ds.training.preemption import PREEMPTED_EXIT_CODE
 from tests.e2e.launching import (
     ENTRY,
     REPO,

@@ -11,8 +11,9 @@ import torch
 from peft import PeftModel
 from transformers import DataCollatorWithFlattening, TrainerCallback
 
+from hf_lora_ds.callbacks import MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.data.collator import build_collator
+from hf_lora_ds.data.collator import SupervisedPositionsCollator, build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.packing import PackedDataset, training_samples
 from hf_lora_ds.errors import UserError
@@ -156,7 +157,7 @@ class StepRecorder(TrainerCallback):
 
 def test_final_save_is_traced_as_a_save_phase(tiny_model, qwen_style_tokenizer, tmp_path):
     trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)  # save_strategy "no"
-    tracer = trainer.run_callbacks.memory
+    tracer = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MemoryTraceCallback))
     trainer.train()
     assert [record["phase"] for record in tracer.records] == ["train", "save"]
     assert json.loads((tmp_path / "out" / "memory_trace.json").read_text())[-1]["phase"] == "save"
@@ -276,7 +277,10 @@ def test_the_trainer_batches_padding_free_without_a_collator(tiny_model, qwen_st
     )
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
-    assert isinstance(trainer.data_collator, DataCollatorWithFlattening) and trainer.train_dataset is dataset
+    collator = trainer.data_collator  # the loss's positions added on the host (data/collator.py)
+    assert isinstance(collator, SupervisedPositionsCollator)
+    assert isinstance(collator.collator, DataCollatorWithFlattening)
+    assert trainer.train_dataset is dataset
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """SIGTERM mid-training: the step finishes, a complete checkpoint is saved, exit code 75; ``auto`` continues from it
-and the resumed run runs only the remaining steps and ends with the adapter of an uninterrupted run."""
+and the resumed run runs only the remaining steps and ends with the adapter of an uninterrupted run. Preemption is the
+trainer's own (hf_lora_ds.training.preemption): it works with every callback of the package taken out."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl
 
 import run_sft
-from hf_lora_ds.callbacks.preemption import PREEMPTED_EXIT_CODE
 from hf_lora_ds.training.checkpoints import is_complete_checkpoint
-from tests.trainer.test_lora_sft_trainer import RECORDS, StepRecorder
+from hf_lora_ds.training.preemption import PREEMPTED_EXIT_CODE, Preemption
+from tests.trainer.test_final_adapter import _without_the_packages_callbacks
+from tests.trainer.test_lora_sft_trainer import RECORDS, StepRecorder, make_trainer
 
 
 class SignalAtStep(TrainerCallback):
@@ -111,3 +113,57 @@ def test_a_run_that_raises_leaves_no_signal_handler_behind(sft_argv, tmp_path):
     with pytest.raises(RuntimeError, match="fails mid-training"):
         run_sft.main(sft_argv(tmp_path / "failed"), callbacks=[FailAtStep()])
     assert {number: signal.getsignal(number) for number in before} == before
+
+
+def test_the_handlers_record_a_signal_and_go_back_however_the_block_ends():
+    preemption, before = Preemption(), signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(RuntimeError), preemption.handling_signals():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        raise RuntimeError("training failed")
+    assert preemption.signal_received == signal.SIGUSR1 and signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_only_a_signal_asks_for_the_save_and_the_stop():
+    preemption, control = Preemption(), TrainerControl()
+    preemption.stop_if_signalled(control, torch.device("cpu"))
+    assert not (preemption.preempted or control.should_save or control.should_training_stop)
+    preemption.signal_received = signal.SIGTERM
+    preemption.stop_if_signalled(control, torch.device("cpu"))
+    assert preemption.preempted and control.should_save and control.should_training_stop
+
+
+class _StepEndControl(TrainerCallback):
+    """What a callback sees of the trainer's decisions at each step's end."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bool, bool]] = []
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.seen.append((state.global_step, control.should_save, control.should_training_stop))
+
+
+def test_the_trainer_stops_on_a_signal_with_none_of_the_packages_callbacks(tiny_model, qwen_style_tokenizer, tmp_path):
+    """The test's own handler for SIGUSR1 around training: had the trainer none, the signal would land there and
+    training would run on to step 4."""
+    caught: list[int] = []
+
+    def ours(number: int, frame) -> None:
+        caught.append(number)
+
+    previous = signal.signal(signal.SIGUSR1, ours)
+    try:
+        observer = _StepEndControl()
+        callbacks = [SignalAtStep(2, signal.SIGUSR1), observer]
+        trainer = make_trainer(
+            tiny_model, qwen_style_tokenizer, tmp_path, callbacks=callbacks, run_callbacks="preemption"
+        )
+        _without_the_packages_callbacks(trainer)
+        trainer.train()
+        after = signal.getsignal(signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert caught == [] and after is ours  # the trainer's handler took the signal; the one before it is back
+    assert trainer.preempted and trainer.preemption.signal_received == signal.SIGUSR1
+    assert observer.seen == [(1, False, False), (2, True, True)]  # decided before on_step_end: every callback sees it
+    out = tmp_path / "out"
+    assert (out / "checkpoint-2").is_dir() and not (out / "adapter_model.safetensors").exists()
