@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 from peft import LoraConfig, get_peft_model
+from torch.nn.utils import parametrize
+from transformers import PreTrainedTokenizerFast
 
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe
-from hf_lora_ds.model.experts import expert_weight_names, experts_per_token, moe_blocks, unwrapped_name
+from hf_lora_ds.model.experts import MoeBlock, expert_weight_names, experts_per_token, moe_blocks, unwrapped_name
 
 SHARED = {"qwen2_moe": "shared_expert", "deepseek_v3": "shared_experts"}
 ROUTER = {"gpt_oss": "router"}
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_each_family_layout_raw_and_wrapped(family, qwen_style_tokenizer):
+def test_each_family_layout_raw_and_wrapped(family: str, qwen_style_tokenizer: PreTrainedTokenizerFast) -> None:
+    """The layout read from the raw model, from the PEFT-wrapped one, and from the wrapped one during its forward,
+    where each ParamWrapper has moved its fused weight under ``parametrizations`` (read from a hook there, the
+    stacks are found only through the parametrizations: outside a forward that branch never runs)."""
     model = build_tiny_moe(family, qwen_style_tokenizer)
     blocks = moe_blocks(model)
     layers = [1] if family == "deepseek_v3" else [0, 1]  # DeepSeek-V3's first layer is dense
@@ -27,6 +35,24 @@ def test_each_family_layout_raw_and_wrapped(family, qwen_style_tokenizer):
     stacks = [param for block in blocks for param in block.fused_parameters()]
     wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["o_proj"], target_parameters=stacks))
     assert moe_blocks(wrapped) == blocks  # ParamWrappers nest the experts twice: the names are the model's own
+    experts = wrapped.get_submodule("base_model.model.model.layers.1.mlp.experts.base_layer.base_layer")
+    during_forward: list[tuple[bool, list[MoeBlock]]] = []
+    hook = experts.register_forward_pre_hook(
+        lambda module, args: during_forward.append((parametrize.is_parametrized(module), moe_blocks(wrapped)))
+    )
+    try:
+        wrapped(input_ids=torch.tensor([[1, 2, 3, 4]]))
+    finally:
+        hook.remove()
+    (parametrized, seen), *more = during_forward
+    assert parametrized and not more  # the forward ran, with both stacks moved under parametrizations
+    assert stacks_in_order(seen) == stacks_in_order(blocks)
+
+
+def stacks_in_order(blocks: list[MoeBlock]) -> list[MoeBlock]:
+    """``blocks`` with their fused stacks sorted: a parametrized stack is listed after the others, in the order the
+    ParamWrappers ran (down_proj's outer one first)."""
+    return [dataclasses.replace(block, fused=tuple(sorted(block.fused))) for block in blocks]
 
 
 def test_a_dense_model_has_no_blocks_and_gates_are_routers(tiny_model, qwen_style_tokenizer):
