@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -113,6 +114,57 @@ def test_mixtral_s_transformers_4_names_adapt_both_fused_stacks(qwen_style_token
         "model.layers.0.mlp.experts.down_proj",
         "model.layers.1.mlp.experts.down_proj",
     ]
+
+
+@pytest.mark.parametrize("target", ["gate_proj", "up_proj"])
+def test_either_half_of_a_fused_gate_up_proj_names_the_stack(
+    target: str, qwen_style_tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """gate_proj or up_proj alone adapts the fused gate_up_proj that holds it. On DeepSeek-V3 the name also matches
+    the dense layer and the shared experts, so a lost mapping raises nothing: the routed experts would train
+    without LoRA on their first projection."""
+    found = adapters(wrapped("deepseek_v3", qwen_style_tokenizer, lora_target_modules=target))
+    assert sorted(found) == [
+        f"model.layers.0.mlp.{target}",
+        "model.layers.1.mlp.experts.gate_up_proj",
+        f"model.layers.1.mlp.shared_experts.{target}",
+    ]
+
+
+class NonGatedExperts(torch.nn.Module):
+    """Fused experts without a gate (Nemotron-H's layout): up_proj (experts, intermediate, hidden) and down_proj."""
+
+    def __init__(self, experts: int = 4, hidden: int = 32, intermediate: int = 16) -> None:
+        super().__init__()
+        self.up_proj = torch.nn.Parameter(torch.zeros(experts, intermediate, hidden))
+        self.down_proj = torch.nn.Parameter(torch.zeros(experts, hidden, intermediate))
+
+
+def test_mixtral_s_w3_names_a_fused_up_proj_without_a_gate(qwen_style_tokenizer: PreTrainedTokenizerFast) -> None:
+    """w3, the up projection in transformers 4's names, adapts the fused up_proj of experts that have no gate."""
+    model = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
+    for layer in model.model.layers:
+        layer.mlp.experts = NonGatedExperts()
+    flags = LoraArguments(lora_target_modules="q_proj,w3")
+    found = adapters(wrap_with_lora(model, lora_config_from_args(flags)))
+    assert [name for name in found if ".experts." in name] == [
+        "model.layers.0.mlp.experts.up_proj",
+        "model.layers.1.mlp.experts.up_proj",
+    ]
+
+
+def test_the_experts_line_says_which_moe_layers_and_whether_the_router_are_adapted(
+    qwen_style_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """The line counts the MoE layers whose experts carry LoRA (an adapter built by hand may leave some out) and says
+    when a router is adapted, as the coverage users check before a long run."""
+    model = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
+    config = LoraConfig(r=2, target_modules=["q_proj"], target_parameters=["model.layers.1.mlp.experts.down_proj"])
+    assert experts_line(get_peft_model(model, config), 0.0).startswith(
+        "experts: LoRA on down_proj (fused) of 4 experts in 1/2 MoE layers, rank 2 each; router not adapted;"
+    )
+    routed = wrapped("mixtral", qwen_style_tokenizer, lora_target_modules="q_proj,w1,w3,gate")
+    assert "; router adapted (named);" in experts_line(routed, 0.0)
 
 
 def test_a_moe_family_s_model_with_only_its_dense_layer_keeps_the_named_mlp_targets(
