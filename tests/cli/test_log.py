@@ -83,6 +83,7 @@ class WriteRecorder:
 
     def __init__(self) -> None:
         self.writes: list[str] = []
+        self.flushed: list[str] = []  # the writes made when each flush came
 
     def write(self, text: str) -> int:
         if text:  # an empty write (tqdm's ``end=""``) writes nothing
@@ -90,7 +91,7 @@ class WriteRecorder:
         return len(text)
 
     def flush(self) -> None:
-        pass
+        self.flushed.append("".join(self.writes))
 
 
 def test_a_line_is_written_to_the_stdout_of_the_moment_at_once_with_its_newline(no_launcher, monkeypatch):
@@ -101,6 +102,7 @@ def test_a_line_is_written_to_the_stdout_of_the_moment_at_once_with_its_newline(
     monkeypatch.setattr(sys, "stdout", stdout := WriteRecorder())
     MODULE_LOGGER.info("engine: FSDP2\nmemory plan: 1 GiB")
     assert stdout.writes == ["engine: FSDP2\nmemory plan: 1 GiB\n"]
+    assert stdout.flushed[-1:] == ["engine: FSDP2\nmemory plan: 1 GiB\n"]  # flushed, not left in a pipe's buffer
 
 
 def test_a_line_lifts_a_live_progress_bar_off_its_line(no_launcher, capsys):
