@@ -74,6 +74,8 @@ def test_gradient_checkpointing_keeps_layer_inputs_and_one_layer():
     with_gc = shape.activation_bytes(1, gradient_checkpointing=True)
     assert with_gc == 24 * 256 * 896 * 2 + shape.layer_activation_bytes + shape.backward_working_bytes
     assert with_gc < without / 5
+    # What sequence parallelism exchanges: 14 query heads, 2 key/value heads (grouped-query attention) of 64
+    assert (shape.attention_heads, shape.kv_heads, shape.head_dim) == (14, 2, 64)
 
 
 def test_eager_attention_keeps_the_scores_fused_does_not():
