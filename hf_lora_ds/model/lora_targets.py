@@ -274,10 +274,19 @@ def _targeted(name: str, targets) -> bool:
 def _beside_peft_rewrite(model: torch.nn.Module, modules: list[str]) -> tuple[list[str], list[str]]:
     """``modules`` split into those PEFT's transformers-4 rewrite keeps and, as their weights, those it would take
     for expert weights on a plain ``from_pretrained`` (the module docstring); PEFT's own rewrite says which."""
-    probe = LoraConfig(target_modules=list(modules))
-    convert_peft_config_for_transformers(probe, model, None)
-    kept = set(probe.target_modules or ())
-    return [m for m in modules if m in kept], [f"{m}.weight" for m in modules if m not in kept]
+    taken = {module for module in modules if _taken_by_peft_rewrite(model, module)}
+    return [m for m in modules if m not in taken], [f"{m}.weight" for m in modules if m in taken]
+
+
+def _taken_by_peft_rewrite(model: torch.nn.Module, module: str) -> bool:
+    """Whether PEFT's rewrite turns the layer ``module`` into an expert weight. Asked one layer at a time: it refuses
+    half of a pair it fuses (``gate_proj`` without ``up_proj``), and that refusal says the same."""
+    probe = LoraConfig(target_modules=[module])
+    try:
+        convert_peft_config_for_transformers(probe, model, None)
+    except ValueError:
+        return True
+    return module not in (probe.target_modules or ())
 
 
 def _check_parameter_adapters(config: LoraConfig) -> None:

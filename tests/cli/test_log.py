@@ -52,6 +52,23 @@ def test_configured_again_it_keeps_one_handler_and_takes_the_new_level_and_strea
     assert sum(isinstance(h, log.ConsoleLines) for h in logging.getLogger("hf_lora_ds").handlers) == 1
 
 
+def test_a_root_handler_does_not_show_a_command_s_lines_twice(
+    no_launcher: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command's process where another library called ``logging.basicConfig`` (a handler on the root logger, here
+    writing to the same stdout): each of the package's lines shows once, through the package's own handler."""
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stdout)  # pytest's captured stdout, as basicConfig's stream would be
+    handler.setFormatter(logging.Formatter("root: %(message)s"))
+    root.addHandler(handler)
+    try:
+        log.configure_logging()
+        MODULE_LOGGER.info("engine: FSDP2")
+    finally:
+        root.removeHandler(handler)
+    assert capsys.readouterr().out == "engine: FSDP2\n"
+
+
 def test_a_library_process_that_configures_nothing_gets_no_info_line_on_stdout(capsys, caplog):
     """What a user building the trainer in code gets: the records reach standard logging (here pytest's handler on
     the root logger), nothing is written to stdout."""
@@ -66,6 +83,7 @@ class WriteRecorder:
 
     def __init__(self) -> None:
         self.writes: list[str] = []
+        self.flushed: list[str] = []  # the writes made when each flush came
 
     def write(self, text: str) -> int:
         if text:  # an empty write (tqdm's ``end=""``) writes nothing
@@ -73,7 +91,7 @@ class WriteRecorder:
         return len(text)
 
     def flush(self) -> None:
-        pass
+        self.flushed.append("".join(self.writes))
 
 
 def test_a_line_is_written_to_the_stdout_of_the_moment_at_once_with_its_newline(no_launcher, monkeypatch):
@@ -84,6 +102,7 @@ def test_a_line_is_written_to_the_stdout_of_the_moment_at_once_with_its_newline(
     monkeypatch.setattr(sys, "stdout", stdout := WriteRecorder())
     MODULE_LOGGER.info("engine: FSDP2\nmemory plan: 1 GiB")
     assert stdout.writes == ["engine: FSDP2\nmemory plan: 1 GiB\n"]
+    assert stdout.flushed[-1:] == ["engine: FSDP2\nmemory plan: 1 GiB\n"]  # flushed, not left in a pipe's buffer
 
 
 def test_a_line_lifts_a_live_progress_bar_off_its_line(no_launcher, capsys):

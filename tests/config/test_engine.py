@@ -33,10 +33,24 @@ def values(**changes):
         ({"deepspeed": "stage2", "fsdp": "full_shard"}, "choose one of FSDP and DeepSpeed"),
         ({"sequence_parallel_size": 0}, "--sequence_parallel_size must be a positive integer"),
         ({"sequence_parallel_size": 2}, "needs DeepSpeed"),
+        # Kernels and batchings Ulysses would run with the samples' mask dropped (attending across samples)
+        ({"deepspeed": "stage2", "sequence_parallel_size": 2, "attn_implementation": "eager"}, "eager with"),
+        (
+            {"deepspeed": "stage2", "sequence_parallel_size": 2, "attn_implementation": "flex_attention"},
+            "flex_attention",
+        ),
+        (
+            {"deepspeed": "stage2", "sequence_parallel_size": 2, "attn_implementation": "paged|sdpa"},
+            r"--attn_implementation paged\|sdpa with",
+        ),
+        ({"deepspeed": "stage2", "sequence_parallel_size": 2, "batching": "packed"}, "--batching packed with"),
+        ({"deepspeed": "stage2", "sequence_parallel_size": 2, "batching": "padding_free"}, "--batching padding_free"),
     ],
 )
-def test_engine_values_refused_with_the_flag(changes, message):
+def test_engine_values_refused_with_the_flag(changes: dict, message: str) -> None:
+    """Each engine combination that would fail later, or train wrongly without a word, is refused naming its flag."""
     check_engine_fields(values())
+    check_engine_fields(values(deepspeed="stage2", sequence_parallel_size=2))  # Ulysses on sdpa, padded: accepted
     with pytest.raises(UserError, match=message):
         check_engine_fields(values(**changes))
 

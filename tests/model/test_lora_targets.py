@@ -5,12 +5,15 @@ flags choose what they say."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe
 from hf_lora_ds.config.lora import LoraArguments
@@ -90,6 +93,106 @@ def test_the_experts_flag_and_the_expert_rank(qwen_style_tokenizer):
     )
     assert (stack.r["default"], stack.lora_A["default"].weight.shape[0], shared.r["default"]) == (2, 2 * 4, 8)
     assert stack.scaling["default"] == shared.scaling["default"] == 2.0  # alpha / r kept
+
+
+def test_rslora_keeps_the_experts_scaling_alpha_over_the_square_root_of_their_rank(
+    qwen_style_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """--use_rslora scales by alpha / sqrt(r): an expert rank apart from --lora_rank must keep the experts' scaling
+    the other adapters', 16 / sqrt(8) here. An expert alpha scaled by r_e / r instead of its square root trains the
+    experts at half the learning signal (2.83 instead of 5.66) and nothing else says so."""
+    flags = {"lora_rank": 8, "lora_alpha": 16, "lora_expert_rank": 2, "use_rslora": True}
+    found = adapters(wrapped("qwen2_moe", qwen_style_tokenizer, **flags))
+    stack, shared = found["model.layers.0.mlp.experts.gate_up_proj"], found["model.layers.0.mlp.shared_expert.up_proj"]
+    assert (stack.r["default"], shared.r["default"]) == (2, 8)
+    assert stack.scaling["default"] == pytest.approx(shared.scaling["default"]) == pytest.approx(16 / math.sqrt(8))
+
+
+def test_mixtral_s_transformers_4_names_adapt_both_fused_stacks(qwen_style_tokenizer: PreTrainedTokenizerFast) -> None:
+    """Mixtral's targets as transformers 4 named its expert layers (w1, w3: gate_up_proj; w2: down_proj) adapt each
+    fused stack they name: a target list written for a transformers-4 Mixtral adapter trains every expert weight."""
+    found = adapters(wrapped("mixtral", qwen_style_tokenizer, lora_target_modules="q_proj,w1,w2,w3"))
+    assert sorted(name for name in found if "layers.1" in name) == [
+        "model.layers.1.mlp.experts.down_proj",
+        "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.1.self_attn.q_proj",
+    ]
+    only_w2 = adapters(wrapped("mixtral", qwen_style_tokenizer, lora_target_modules="q_proj,w2"))
+    assert [name for name in only_w2 if ".experts." in name] == [
+        "model.layers.0.mlp.experts.down_proj",
+        "model.layers.1.mlp.experts.down_proj",
+    ]
+
+
+@pytest.mark.parametrize("target", ["gate_proj", "up_proj"])
+def test_either_half_of_a_fused_gate_up_proj_names_the_stack(
+    target: str, qwen_style_tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """gate_proj or up_proj alone adapts the fused gate_up_proj that holds it. On DeepSeek-V3 the name also matches
+    the dense layer and the shared experts (adapted through their weights, which PEFT's transformers-4 rewrite of a
+    plain reload leaves alone), so a lost mapping raises nothing: the routed experts would train without LoRA on
+    their first projection."""
+    found = adapters(wrapped("deepseek_v3", qwen_style_tokenizer, lora_target_modules=target))
+    assert sorted(found) == [
+        f"model.layers.0.mlp.{target}.weight",
+        "model.layers.1.mlp.experts.gate_up_proj",
+        f"model.layers.1.mlp.shared_experts.{target}.weight",
+    ]
+
+
+class NonGatedExperts(torch.nn.Module):
+    """Fused experts without a gate (Nemotron-H's layout): up_proj (experts, intermediate, hidden) and down_proj."""
+
+    def __init__(self, experts: int = 4, hidden: int = 32, intermediate: int = 16) -> None:
+        super().__init__()
+        self.up_proj = torch.nn.Parameter(torch.zeros(experts, intermediate, hidden))
+        self.down_proj = torch.nn.Parameter(torch.zeros(experts, hidden, intermediate))
+
+
+def test_mixtral_s_w3_names_a_fused_up_proj_without_a_gate(qwen_style_tokenizer: PreTrainedTokenizerFast) -> None:
+    """w3, the up projection in transformers 4's names, adapts the fused up_proj of experts that have no gate."""
+    model = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
+    for layer in model.model.layers:
+        layer.mlp.experts = NonGatedExperts()
+    flags = LoraArguments(lora_target_modules="q_proj,w3")
+    found = adapters(wrap_with_lora(model, lora_config_from_args(flags)))
+    assert [name for name in found if ".experts." in name] == [
+        "model.layers.0.mlp.experts.up_proj",
+        "model.layers.1.mlp.experts.up_proj",
+    ]
+
+
+def test_the_experts_line_says_which_moe_layers_and_whether_the_router_are_adapted(
+    qwen_style_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """The line counts the MoE layers whose experts carry LoRA (an adapter built by hand may leave some out) and says
+    when a router is adapted, as the coverage users check before a long run."""
+    model = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
+    config = LoraConfig(r=2, target_modules=["q_proj"], target_parameters=["model.layers.1.mlp.experts.down_proj"])
+    assert experts_line(get_peft_model(model, config), 0.0).startswith(
+        "experts: LoRA on down_proj (fused) of 4 experts in 1/2 MoE layers, rank 2 each; router not adapted;"
+    )
+    routed = wrapped("mixtral", qwen_style_tokenizer, lora_target_modules="q_proj,w1,w3,gate")
+    assert "; router adapted (named);" in experts_line(routed, 0.0)
+
+
+def test_a_moe_family_s_model_with_only_its_dense_layer_keeps_the_named_mlp_targets(
+    qwen_style_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """A MoE family's model without an MoE layer (the planner's one-layer copy of DeepSeek-V3, whose first layer is
+    dense) is resolved all the same: left to PEFT, its transformers-4 rewrite drops the dense MLP's gate_proj,
+    up_proj and down_proj, and the plan counts that layer without their adapters. They are adapted through their
+    weights, which that rewrite leaves alone."""
+    config = build_tiny_moe("deepseek_v3", qwen_style_tokenizer).config
+    config.num_hidden_layers = 1
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    assert moe_blocks(model) == []
+    flags = LoraArguments(lora_target_modules="o_proj,gate_proj,up_proj,down_proj")
+    assert sorted(adapters(wrap_with_lora(model, lora_config_from_args(flags)))) == [
+        f"model.layers.0.{name}"
+        for name in ("mlp.down_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "self_attn.o_proj")
+    ]
 
 
 @pytest.mark.parametrize(

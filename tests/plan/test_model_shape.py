@@ -7,12 +7,14 @@ import json
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
+from peft.tuners.lora import LoraLayer
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe, build_tiny_qwen2
 from hf_lora_ds.config.lora import LoraArguments
 from hf_lora_ds.errors import MissingPathError, UserError
+from hf_lora_ds.model.experts import unwrapped_name
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.source import load_model_config
 from hf_lora_ds.plan.model_shape import _decoder_copy, measure_model_shape
@@ -73,6 +75,8 @@ def test_gradient_checkpointing_keeps_layer_inputs_and_one_layer():
     with_gc = shape.activation_bytes(1, gradient_checkpointing=True)
     assert with_gc == 24 * 256 * 896 * 2 + shape.layer_activation_bytes + shape.backward_working_bytes
     assert with_gc < without / 5
+    # What sequence parallelism exchanges: 14 query heads, 2 key/value heads (grouped-query attention) of 64
+    assert (shape.attention_heads, shape.kv_heads, shape.head_dim) == (14, 2, 64)
 
 
 def test_eager_attention_keeps_the_scores_fused_does_not():
@@ -180,3 +184,27 @@ def test_a_hybrid_model_is_measured_and_its_copies_keep_their_layer_pattern(fami
         assert len(AutoModelForCausalLM.from_config(two).model.layers) == 2
     shape = measure_model_shape(config, lora_config_from_args(LoraArguments()), torch.float32, seq_len=16)
     assert shape.layer_activation_bytes > 0 and shape.num_layers == config.get_text_config().num_hidden_layers
+
+
+def test_a_dense_first_layer_s_mlp_adapters_are_counted_under_explicit_targets(
+    qwen_style_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """The planner's one-layer copy of DeepSeek-V3 holds only its dense first layer (no MoE block): named targets
+    must adapt that layer's MLP there as the whole model has it, not as PEFT's transformers-4 rewrite would (it drops
+    gate_proj/up_proj/down_proj). Dropped, the first layer is planned with the attention's adapters only and the
+    difference lands on each further layer: a 2-layer total stays right, a 3-layer model's does not."""
+    targets = lora_config_from_args(LoraArguments(lora_target_modules="o_proj,gate_proj,up_proj,down_proj"))
+    config = build_tiny_moe("deepseek_v3", qwen_style_tokenizer, hidden_size=64).config
+    config.num_hidden_layers = 3  # a dense layer, then two MoE layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    real = wrap_with_lora(model, targets)
+    assert {"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"} <= {
+        unwrapped_name(name) for name, module in real.named_modules() if isinstance(module, LoraLayer)
+    }
+    shape = measure_model_shape(config, targets, torch.float32, seq_len=24, attn_implementation="eager")
+    planned = shape.activation_bytes(1, gradient_checkpointing=False) - shape.backward_working_bytes
+    assert planned == pytest.approx(real_saved_bytes(real, 24), rel=0.005)
+    attention_only = lora_config_from_args(LoraArguments(lora_target_modules="o_proj"))
+    without_mlp = measure_model_shape(config, attention_only, torch.float32, 24, attn_implementation="eager")
+    assert shape.first_layer_activation_bytes > without_mlp.first_layer_activation_bytes
