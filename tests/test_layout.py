@@ -38,8 +38,9 @@ LAYERS: list[dict[str, list[str]]] = [
     {"training runtime": ["hf_lora_ds.training"]},
     {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"], "planner": ["hf_lora_ds.plan"]},
     {"callbacks": ["hf_lora_ds.callbacks"]},
-    {"trainer": ["hf_lora_ds.trainer"]},
+    # The run's resolution, below the trainer that resolves the arguments it is handed (hf_lora_ds.launch.resolve).
     {"launch": ["hf_lora_ds.launch"]},
+    {"trainer": ["hf_lora_ds.trainer"]},
     {"command lines": ["hf_lora_ds.cli"]},
     # The public facade, the ``python -m`` shims of the commands and what they do to their process, and the test models
     # (imported by nothing here).

@@ -1,13 +1,16 @@
 """``SFTTrainingArguments``: TrainingArguments plus the model, quantization, data, LoRA, engine, memory plan,
 reliability and reporting fields of a LoRA SFT run, one flat dataclass composed from the parts beside it.
 
-``__post_init__`` checks the values alone (no file, environment variable or process group is read: resolving the run
-around them is hf_lora_ds.launch.resolve's work), then resolves what TrainingArguments needs first: ``--dtype auto``
-and the mixed precision that goes with it.
+``__post_init__`` checks the values alone (no file, environment variable or process group is read: the checks of
+the run around them are hf_lora_ds.launch.resolve's, which ``LoraSFTTrainer`` runs on arguments not ``resolved`` yet),
+then resolves what TrainingArguments needs first: ``--dtype auto`` and the mixed precision that goes with it, and a
+shipped DeepSpeed config's short name. A refusal names a field as it was given (hf_lora_ds.config.naming).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import typing
 from dataclasses import dataclass, field, fields, make_dataclass
 
@@ -16,17 +19,28 @@ from transformers import TrainingArguments
 
 from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.config.data import DataArguments, check_data_fields, join_sources
+from hf_lora_ds.config.deepspeed import deepspeed_config_path
 from hf_lora_ds.config.engine import Engine, EngineArguments, check_engine_fields, engine_of, parallelism_config
 from hf_lora_ds.config.lora import LoraArguments, check_lora_fields
 from hf_lora_ds.config.memory_plan import MemoryPlanArguments
 from hf_lora_ds.config.model import ModelArguments, check_model_fields
+from hf_lora_ds.config.naming import named_as_given
 from hf_lora_ds.config.quantization import QuantizationArguments, check_quantization_fields
 from hf_lora_ds.config.ranges import check_ranges
 from hf_lora_ds.config.reliability import ReliabilityArguments
 from hf_lora_ds.config.reporting import ReportingArguments, check_reporting_fields
 from hf_lora_ds.devices import auto_dtype
+from hf_lora_ds.errors import MissingPathError, UserError
 
-__all__ = ["RunFields", "RunValues", "SFTTrainingArguments", "check_field_values", "pinned_memory_helps"]
+__all__ = [
+    "RunFields",
+    "RunValues",
+    "SFTTrainingArguments",
+    "check_dict_fields",
+    "check_field_values",
+    "check_fsdp_config_path",
+    "pinned_memory_helps",
+]
 
 
 @dataclass
@@ -41,11 +55,17 @@ class SFTTrainingArguments(
     ReportingArguments,
     TrainingArguments,
 ):
+    # Set once the run's checks have passed (hf_lora_ds.launch.resolve): not a flag, not saved with the arguments.
+    resolved: bool = field(default=False, init=False, repr=False)
+
     def __post_init__(self) -> None:
         """The checks of the fields, alone and together, before TrainingArguments builds anything from them; then the
         values TrainingArguments needs resolved first."""
-        check_field_values(self)
-        self._resolve_precision()
+        with named_as_given(self):
+            check_field_values(self)
+            self._resolve_precision()
+            if isinstance(self.deepspeed, str):  # transformers reads a file or base64 text, not a short name
+                self.deepspeed = deepspeed_config_path(self.deepspeed)
         self.batching_asked = self.batching  # auto is resolved again once the model's layers are known
         self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
@@ -111,6 +131,31 @@ def check_field_values(args: RunValues) -> None:
     check_lora_fields(args)
     check_engine_fields(args)
     check_reporting_fields(args)
+    check_dict_fields(args)
+
+
+def check_dict_fields(args: RunValues) -> None:
+    """The dict-valued fields, which TrainingArguments reads when built: a value starting with '{' as JSON (its error
+    names no field), any other as a file path (--accelerator_config's only once the Trainer is built). --deepspeed
+    has its own checks (hf_lora_ds.launch.resolve)."""
+    check_fsdp_config_path(args)
+    for flag in SFTTrainingArguments._VALID_DICT_FIELDS:
+        value = getattr(args, flag, None)
+        if flag == "deepspeed" or not isinstance(value, str) or not value:
+            continue
+        if value.lstrip().startswith("{"):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as err:
+                raise UserError(f"--{flag} {value!r}: not valid JSON ({err.msg} at column {err.colno})") from None
+        elif not os.path.isfile(value):
+            raise MissingPathError(f"--{flag} {value}: no such file; pass a JSON file or an inline JSON object")
+
+
+def check_fsdp_config_path(args: RunValues) -> None:
+    """An --fsdp_config that is no file, named with the shipped one."""
+    if args.fsdp and isinstance(args.fsdp_config, str) and not os.path.isfile(args.fsdp_config):
+        raise MissingPathError(f"--fsdp_config {args.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

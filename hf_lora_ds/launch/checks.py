@@ -1,16 +1,16 @@
 """The checks of a run's values that read the file system or a library's list: the paths (shared with the audit,
-the planner, the eval and merge commands), --columns/--sharegpt_roles, the LoRA variant, the dict-valued flags,
-the names --report_to, --torch_compile_*, --attn_implementation and --eval_task take, and --sequence_parallel_size
-against the launch and the model. The value-only checks are hf_lora_ds.config's.
+the planner, the eval and merge commands), --columns/--sharegpt_roles, the LoRA variant, the names --report_to,
+--torch_compile_*, --attn_implementation and --eval_task take, and --sequence_parallel_size against the launch and
+the model. The value-only checks are hf_lora_ds.config's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from hf_lora_ds.config import RunValues, SFTTrainingArguments
+from hf_lora_ds.config import RunValues
+from hf_lora_ds.config.arguments import check_fsdp_config_path
 from hf_lora_ds.config.data import join_sources
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.sources import DATA_SUFFIXES, parse_sources
@@ -56,8 +56,7 @@ def check_paths(args: RunValues) -> None:
                 raise MissingPathError(f"--{flag} {source.location}: no such file")
     for flag in ("output_dir", "dataset_cache_dir"):
         check_output_path(f"--{flag}", getattr(args, flag))
-    if args.fsdp and isinstance(args.fsdp_config, str) and not os.path.isfile(args.fsdp_config):
-        raise MissingPathError(f"--fsdp_config {args.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
+    check_fsdp_config_path(args)
 
 
 def check_output_path(flag: str, value: str | os.PathLike | None, *, file: bool = False) -> None:
@@ -80,7 +79,8 @@ def check_sequence_parallel(args: RunValues, world_size: int) -> None:
             f"multiple of {size} (each group of {size} ranks trains one batch); launch {size} or "
             f"{2 * size} ranks"
         )
-    _check_heads(args, size)
+    if args.model_name_or_path:  # a model handed to the trainer in code is checked by its own config once loaded
+        _check_heads(args, size)
 
 
 def _check_heads(args: RunValues, size: int) -> None:
@@ -105,25 +105,8 @@ def _head_divisors(heads: int, kv_heads: int) -> str:
 
 
 def check_training_flags(args: RunValues) -> None:
-    """The non-numeric flags above, in the order a user would fix them; ``args`` is an SFTTrainingArguments."""
-    _check_dict_flags(args)
+    """The names above (the dict-valued flags, which TrainingArguments reads when built, are hf_lora_ds.config's)."""
     _check_names(args)
-
-
-def _check_dict_flags(args: RunValues) -> None:
-    """transformers reads a value starting with '{' as JSON (its error names no flag) and any other as a file path,
-    which --accelerator_config opens only when the Trainer is built. --deepspeed has its own checks."""
-    for flag in SFTTrainingArguments._VALID_DICT_FIELDS:
-        value = getattr(args, flag, None)
-        if flag == "deepspeed" or not isinstance(value, str) or not value:
-            continue
-        if value.lstrip().startswith("{"):
-            try:
-                json.loads(value)
-            except json.JSONDecodeError as err:
-                raise UserError(f"--{flag} {value!r}: not valid JSON ({err.msg} at column {err.colno})") from None
-        elif not os.path.isfile(value):
-            raise MissingPathError(f"--{flag} {value}: no such file; pass a JSON file or an inline JSON object")
 
 
 def _check_names(args: RunValues) -> None:

@@ -1,8 +1,12 @@
-"""From a command line to a run's arguments, each step once and in this order: defaults, a YAML/JSON file given
-first, flags over it; an ``accelerate launch`` config adopted and ``--deepspeed auto`` planned; the checks that read
-files, the DeepSpeed config, the launch and the model's config; the process environment prepared for the launcher;
-``SFTTrainingArguments`` built; the world size made to agree with DeepSpeed's. ``--resume_from_checkpoint`` is
-resolved by the job (hf_lora_ds.cli.run), before it loads the data and the model.
+"""The one resolution of a run. From a command line, each step once and in this order: defaults, a YAML/JSON file
+given first, flags over it; an ``accelerate launch`` config adopted and ``--deepspeed auto`` planned; the run's checks
+(``check_run``: the files, the DeepSpeed config, the launch and the model's config); the process environment prepared
+for the launcher; ``SFTTrainingArguments`` built; the world size made to agree with DeepSpeed's.
+
+From code, ``SFTTrainingArguments(...)`` checks its values alone and ``LoraSFTTrainer`` runs ``resolve_arguments`` on
+it before anything loads: the same ``check_run``, the same one-line refusal with the field named as in code
+(``lora_optimizer="lorafa"``, hf_lora_ds.config.naming). ``--resume_from_checkpoint`` is resolved by the trainer,
+before it loads the data and the model.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.utils import logging
 
-from hf_lora_ds.config import RunFields, SFTTrainingArguments
+from hf_lora_ds.config import RunFields, RunValues, SFTTrainingArguments
 from hf_lora_ds.config.arguments import check_field_values
 from hf_lora_ds.config.deepspeed import (
     check_deepspeed_config,
@@ -25,6 +29,7 @@ from hf_lora_ds.config.deepspeed import (
 )
 from hf_lora_ds.config.engine import data_parallel_size
 from hf_lora_ds.config.fsdp import fsdp_settings
+from hf_lora_ds.config.naming import from_command_line, named_as_given
 from hf_lora_ds.config.quantization import quantization_flag
 from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.distributed import launcher_world_size
@@ -49,6 +54,7 @@ __all__ = [
     "read_arguments_file",
     "read_checked_values",
     "read_run_values",
+    "resolve_arguments",
     "resolve_launch",
     "resolve_run",
 ]
@@ -160,35 +166,56 @@ def _check_fsdp(values: RunFields) -> None:
         )
 
 
+def check_run(args: RunValues) -> None:
+    """The checks of the run around its values, in the order a user would fix them: the files and the data format,
+    the non-numeric flags, the DeepSpeed or FSDP config against the rest, sequence parallelism against the launch and
+    the model. Every route into a run passes here (see the module docstring)."""
+    check_run_values(args)
+    check_training_flags(args)
+    check_engine(args)
+    check_sequence_parallel(args, launcher_world_size())
+
+
 def resolve_run(values: RunFields) -> SFTTrainingArguments:
     """The run's arguments from its parsed values, resolved and checked, with the process ready for its launcher
     (see the module docstring). A ``ValueError`` raised while they are built is a bad flag or combination (ours or
     TrainingArguments'), so it becomes a ``UserError``: one line, exit code 2."""
     try:
-        resolve_launch(values)
-        check_field_values(values)
-        check_run_values(values)
-        check_training_flags(values)
-        check_engine(values)
-        check_sequence_parallel(values, launcher_world_size())
+        with named_as_given(values):
+            resolve_launch(values)
+            check_field_values(values)
+            check_run(values)
         prepare_distributed(values)  # the run's one change to the process environment
         args = SFTTrainingArguments(**{f.name: getattr(values, f.name) for f in fields(SFTTrainingArguments) if f.init})
     except UserError:
         raise
     except ValueError as err:
         raise UserError(str(err)) from err
+    args.resolved = True
     ensure_world_agreement(args)
     return args
 
 
+def resolve_arguments(args: SFTTrainingArguments) -> SFTTrainingArguments:
+    """``args`` built in code, checked as a command line's are (``check_run``), once: ``LoraSFTTrainer`` calls it
+    before it loads anything; arguments already ``resolved`` (by ``parse_run_arguments``) pass as they are."""
+    if not args.resolved:
+        with named_as_given(args):
+            check_run(args)
+        args.resolved = True
+    return args
+
+
 def parse_run_arguments(argv: Sequence[str], defaults: dict | None = None) -> SFTTrainingArguments:
-    """The run's arguments from a command line (``defaults`` under a YAML/JSON file and the flags), resolved."""
-    try:
-        (values,) = read_run_values(argv, defaults)
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    check_command_line_needs(values)
-    return resolve_run(values)
+    """The run's arguments from a command line (``defaults`` under a YAML/JSON file and the flags), resolved; a
+    refusal names the flag."""
+    with from_command_line():
+        try:
+            (values,) = read_run_values(argv, defaults)
+        except ValueError as err:
+            raise UserError(str(err)) from err
+        check_command_line_needs(values)
+        return resolve_run(values)
 
 
 def build_run_arguments(**values: object) -> SFTTrainingArguments:

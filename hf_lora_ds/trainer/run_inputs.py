@@ -4,7 +4,8 @@ path, its tokenizer, the datasets from raw records, the eval records with their 
 A dataset may be a list of records, a ``datasets.Dataset``, a file, folder, Hub id or mixture as ``--train_file``
 takes it, or already tokenized (a ``ChatSFTDataset``, or any torch dataset, used as it is); none given, the run's
 ``--train_file``/``--eval_file`` are read. Everything that can stop the run is checked before the model loads: the
-checkpoint to resume from, every record (file, line, field), the memory plan.
+arguments as a command line's are (hf_lora_ds.launch.resolve), the checkpoint to resume from, every record (file,
+line, field), the memory plan.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hf_lora_ds.distributed import describe_world
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval import get_task, load_samples, run_eval_options
 from hf_lora_ds.eval.tasks import Task
+from hf_lora_ds.launch.resolve import resolve_arguments
 from hf_lora_ds.model.loading import load_base_model, load_tokenizer
 from hf_lora_ds.plan import check_run_fits, profile_from_dataset
 from hf_lora_ds.training.batches import settle_batching
@@ -71,6 +73,7 @@ def prepare_run_inputs(
     by_name = isinstance(model, (str, os.PathLike))
     if by_name:
         _take_model_name(str(model), args)
+    resolve_arguments(args)  # arguments built in code: the command line's checks, before anything loads
     # "auto" picks the latest checkpoint every rank finished; a ZeRO one from another rank count that this run cannot
     # convert to a universal checkpoint fails here, not after the model is loaded.
     resume = resolve_resume_checkpoint(
