@@ -14,7 +14,7 @@ from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401 (acce
 
 from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.data.collator import build_collator
+from hf_lora_ds.data.batches.collator import build_collator
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.training import fused_head_loss
