@@ -27,6 +27,7 @@ from hf_lora_ds.data.batches.packing import padding_segments
 from hf_lora_ds.data.masking import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.model.experts import experts_per_token, moe_blocks, unwrapped_name
+from hf_lora_ds.model.layer_kinds import sequence_mixers
 
 __all__ = [
     "ThroughputCallback",
@@ -99,8 +100,15 @@ def _routed_shares(model: nn.Module) -> dict[str, float]:
     return shares
 
 
+# Training FLOPs per element of a layer's recurrent state, per token (forward, then backward twice that): the delta
+# rule reads the state, writes it and reads it out (3 matrix-vector products, 6 forward); a Mamba scan updates it and
+# reads it out (4 forward). A depthwise convolution's weight is counted with the matmul parameters.
+_STATE_FLOPS = {"linear attention": 18, "state space": 12}
+
+
 def _attention_shape(model: nn.Module) -> tuple[int, int]:
-    """(layers, heads·head_dim) from the model config; (0, 0) when the config does not say."""
+    """(attention layers, heads·head_dim) from the model config; (0, 0) when the config does not say. A hybrid model's
+    attention layers are its attention modules, not all of its layers."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "get_text_config"):
         config = config.get_text_config()
@@ -108,25 +116,43 @@ def _attention_shape(model: nn.Module) -> tuple[int, int]:
     heads = getattr(config, "num_attention_heads", None)
     if not layers or not heads:
         return 0, 0
+    if sequence_mixers(model):
+        layers = sum(type(module).__name__.endswith("Attention") for module in model.modules())
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return int(layers), int(heads * head_dim)
 
 
-def flops_shape(model: nn.Module) -> tuple[int, int, int, int]:
-    """What the FLOPs of a token depend on, counted once: frozen and trainable matmul parameters, layers and the
-    attention width."""
-    return (*matmul_parameters(model), *_attention_shape(model))
+def _recurrent_flops(model: nn.Module) -> int:
+    """Training FLOPs per token of the linear-attention and state-space layers' recurrences: per element of their
+    state (Gated DeltaNet: value heads x key x value head size; Mamba: inner size x state size), independent of the
+    sequence's length."""
+    flops = 0
+    for name, kind in sequence_mixers(model).items():
+        mixer = model.get_submodule(name)
+        if kind == "linear attention":
+            flops += _STATE_FLOPS[kind] * mixer.num_v_heads * mixer.head_k_dim * mixer.head_v_dim
+        elif kind == "state space":
+            flops += _STATE_FLOPS[kind] * mixer.intermediate_size * mixer.ssm_state_size
+    return flops
 
 
-def flops_per_token(shape: tuple[int, int, int, int], seq_len: float) -> float:
-    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L·d_attn·seq_len, for a model's ``flops_shape``.
+def flops_shape(model: nn.Module) -> tuple[int, int, int, int, int]:
+    """What the FLOPs of a token depend on, counted once: frozen and trainable matmul parameters, attention layers and
+    width, and the recurrences of linear-attention and state-space layers."""
+    return (*matmul_parameters(model), *_attention_shape(model), _recurrent_flops(model))
+
+
+def flops_per_token(shape: tuple[int, int, int, int, int], seq_len: float) -> float:
+    """Training model FLOPs per token: 4·N_frozen + 6·N_trainable + 12·L_attn·d_attn·seq_len + recurrences, for a
+    model's ``flops_shape``.
 
     A weight costs 2 FLOPs per token forward and 2 for the activation gradient; only trainable (LoRA) weights pay 2 more
-    for their weight gradient. 12·L·d_attn·T is the attention score/value work (forward 4·L·d_attn·T, backward twice
-    that), T the mean processed length. Gradient-checkpointing recomputation is not model FLOPs (as in PaLM); a MoE
-    model's routed experts count for their active share (``matmul_parameters``): N is N_active."""
-    frozen, trainable, layers, attn_dim = shape
-    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len
+    for their weight gradient. 12·L_attn·d_attn·T is the attention score/value work of the attention layers (forward
+    4·d_attn·T, backward twice that), T the mean processed length; a linear-attention or state-space layer instead
+    updates a fixed-size state per token (``_STATE_FLOPS``). Gradient-checkpointing recomputation is not model FLOPs
+    (as in PaLM); a MoE model's routed experts count for their active share (``matmul_parameters``): N is N_active."""
+    frozen, trainable, layers, attn_dim, recurrent = shape
+    return 4.0 * frozen + 6.0 * trainable + 12.0 * layers * attn_dim * seq_len + recurrent
 
 
 def _synchronize(device: torch.device) -> None:
@@ -208,7 +234,8 @@ def _matmul_dtype(args: TrainingArguments, model: nn.Module) -> torch.dtype:
 class _TokenCounter:
     """Forward pre-hook that counts the tokens of training micro-batches; device counts stay on the device.
 
-    Per micro-batch: supervised tokens (``labels != -100``), real tokens (the attention mask's sum, or without a mask
+    Per micro-batch: supervised tokens (``labels != -100``, or what the trainer says its forward without labels
+    trains: ``LoraSFTTrainer.supervised_in_forward``), real tokens (the attention mask's sum, or without a mask
     every token but each row's trailing padding), padded tokens and sequences. Its one blind spot: a ``compute_loss``
     that pops ``labels`` before the forward (label smoothing) hides the supervised tokens, and those rates are left out.
     """
@@ -216,6 +243,7 @@ class _TokenCounter:
     def __init__(self) -> None:
         self.labels_missing = False
         self.pad_token_id: int | None = None  # the padding of packed rows is told apart by it (padding_segments)
+        self.trainer: Any = None  # read for supervised_in_forward
         self._host: Counter[str] = Counter()
         self._device: dict[str, torch.Tensor] = {}
 
@@ -241,12 +269,11 @@ class _TokenCounter:
         else:
             self._add("real", mask.sum() if mask is not None and mask.dim() == 2 else input_ids.numel())
             self._add("sequences", input_ids.shape[0])
-        kept = kwargs.get("logits_to_keep")
+        told = getattr(self.trainer, "supervised_in_forward", None)
         if labels is not None:
             self._add("supervised", (labels != IGNORE_INDEX).sum())
-        elif isinstance(kept, torch.Tensor) and kept.dtype == torch.bool:
-            # LoraSFTTrainer's supervised-position loss passes the positions instead of the labels (one per label).
-            self._add("supervised", kept.sum())
+        elif told is not None:  # LoraSFTTrainer's supervised-position loss: no labels reach the forward
+            self._add("supervised", told)
         else:
             self.labels_missing = True
 
@@ -297,7 +324,7 @@ class ThroughputCallback(LoggingCallback):
         self._warned_mfu = False
         self._counter = _TokenCounter()
         self._hook: Any = None
-        self._shape = (0, 0, 0, 0)  # (N_frozen, N_trainable, layers, d_attn), read once at train begin
+        self._shape = (0, 0, 0, 0, 0)  # flops_shape: (N_frozen, N_trainable, layers, d_attn, state), at train begin
         self._active_params: tuple[int, int] | None = None  # MoE: (N_active, N) of the matmul parameters
         self._clock = _ActiveClock()
         self._window_start = 0.0
@@ -341,6 +368,7 @@ class ThroughputCallback(LoggingCallback):
         if self._active_params and state.is_world_process_zero:
             logger.info("MFU counts the active parameters of the experts: N_active %d of %d", active, every)
         self._counter.pad_token_id = getattr(kwargs.get("processing_class"), "pad_token_id", None)
+        self._counter.trainer = self._trainer
         self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
         self._clock = _ActiveClock()
         if args.eval_on_start:

@@ -25,12 +25,14 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts import MoeBlock, moe_blocks, unwrapped_name
+from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
 
 __all__ = ["LoraCoverage", "Site", "lora_coverage", "meta_coverage", "COVERAGE_FILE"]
 
 COVERAGE_FILE = "lora_coverage.txt"  # in output_dir, for the run report
-KINDS = ("attention", "mlp", "experts", "shared", "router", "other")
+MIXER_KINDS = ("attention", "linear attention", "state space", "short convolution")
+KINDS = (*MIXER_KINDS, "mlp", "experts", "shared", "router", "other")
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.(.+)$")
 
 
@@ -48,6 +50,7 @@ def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
     """The coverage of a PEFT-wrapped model: its adapter layers and the linear modules left as they were; on a MoE model
     each routed-expert weight too (a fused one once for all its experts), the routers only when adapted."""
     blocks = moe_blocks(model)
+    owners = _owner_kinds(model)
     wrapped = {(unwrapped_name(n), m.parameter_name) for n, m in model.named_modules() if isinstance(m, ParamWrapper)}
     sites = [
         Site(block.layer, "experts", f"{name} (fused)", (block.experts, name) in wrapped)
@@ -63,12 +66,9 @@ def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
         if adapted:
             tuned.append(path + ".")
         match = _LAYER.search(path)
-        kind = _kind(unwrapped_name(path), blocks) if match else None
-        if (
-            isinstance(module, ParamWrapper)
-            and kind != "router"
-            or not (adapted or isinstance(module, torch.nn.Linear))
-        ):
+        kind = _kind(unwrapped_name(path), blocks, owners) if match else None
+        fused = isinstance(module, ParamWrapper) and kind == "experts"
+        if fused or not (adapted or isinstance(module, torch.nn.Linear)):
             continue  # a fused expert weight (counted above), or no linear layer
         if match and (adapted or kind != "router"):
             sites.append(Site(int(match.group(1)), kind, _name(match.group(2)), adapted))
@@ -83,8 +83,22 @@ def meta_coverage(config: PretrainedConfig, lora: LoraConfig, trust_remote_code:
         return lora_coverage(wrap_with_lora(base, shape_config(lora)))
 
 
-def _kind(path: str, blocks: list[MoeBlock]) -> str:
-    """A module's kind: inside a MoE block by the block's layout, elsewhere by its name's parts."""
+def _owner_kinds(model: torch.nn.Module) -> dict[str, str]:
+    """The token mixers and MLPs of ``model`` (unwrapped names) by kind: the linear-attention, state-space and
+    short-convolution layers by what they are made of (hf_lora_ds.model.layer_kinds), attention and MLP modules by
+    their class (Nemotron-H names every one of them ``mixer``)."""
+    owners = {unwrapped_name(name): kind for name, kind in sequence_mixers(model).items()}
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        kind = "attention" if cls.endswith("Attention") else "mlp" if cls.endswith("MLP") else None
+        if kind and unwrapped_name(name) not in owners:
+            owners[unwrapped_name(name)] = kind
+    return owners
+
+
+def _kind(path: str, blocks: list[MoeBlock], owners: dict[str, str]) -> str:
+    """A module's kind: inside a MoE block by the block's layout, inside a token mixer or MLP by that module, elsewhere
+    by its name's parts."""
     for block in blocks:
         if path.startswith(block.experts + "."):
             return "experts"
@@ -92,6 +106,9 @@ def _kind(path: str, blocks: list[MoeBlock]) -> str:
             return "shared"
         if path.startswith(tuple(router + "." for router in block.routers)) or path in block.routers:
             return "router"
+    owner = next((kind for owner, kind in owners.items() if path.startswith(owner + ".")), None)
+    if owner:
+        return owner
     parts = path.split(".")
     if "experts" in parts:
         return "experts"
@@ -136,11 +153,12 @@ class LoraCoverage:
         experts = "; experts: routed-expert weights, a fused one once for all experts" if "experts" in kinds else ""
         lines = [
             f"LoRA coverage (adapted/linear modules per decoder layer{experts}):",
-            "layers   " + "".join(f"{k:<11}" for k in kinds),
+            "layers   " + "".join(f"{k:<{_width(k)}}" for k in kinds),
         ]
         for group, key in rows:
             span = str(group[0]) if len(group) == 1 else f"{group[0]}-{group[-1]}"
-            lines.append(f"{span:<9}" + "".join(f"{f'{a}/{n}' if n else '-':<11}" for a, n in key))
+            cells = (f"{f'{a}/{n}' if n else '-':<{_width(k)}}" for k, (a, n) in zip(kinds, key))
+            lines.append(f"{span:<9}" + "".join(cells))
         left = self.left_out()
         if left:
             lines.append("left out: " + "; ".join(f"{kind} {', '.join(names)}" for kind, names in left.items()))
@@ -189,6 +207,10 @@ class LoraCoverage:
         lines = [f"LoRA targets {targets} leave out: {kinds}"] if left else []
         lines += [f"{problem} (allowed by --lora_allow_partial)"] if problem else []
         return "; ".join(lines) or None
+
+
+def _width(kind: str) -> int:
+    return max(11, len(kind) + 2)
 
 
 def _ranges(numbers: list[int]) -> str:

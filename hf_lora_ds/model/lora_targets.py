@@ -7,7 +7,17 @@ targets of Mixtral- and Qwen2-MoE-style models for transformers-4 adapters (``co
 it adapts the router, doubles the rank of ``gate_up_proj``, and drops every ``gate_proj``/``up_proj``/``down_proj``
 layer from the targets, the first dense layers and the shared experts of DeepSeek-V3 and GLM-4.5 included
 (huggingface/peft#3711), and such an adapter does not load back. So on a MoE model the targets become exact names
-(``resolve_targets``), and PEFT's rewrite is kept off them (``peft_keeps_exact_targets``).
+(``resolve_targets``), and PEFT's rewrite is kept off them (``peft_keeps_exact_targets``). A user's
+plain ``PeftModel.from_pretrained`` runs that rewrite all the same, so the Linear layers it would take for experts
+(Qwen2-MoE's and Qwen3-Next's ``shared_expert.*_proj``, DeepSeek-V3's dense MLPs) are adapted through their weights
+(``target_parameters``: ``shared_expert.up_proj.weight``), which the rewrite leaves alone: the same factors, saved under
+the same keys, but an adapter that PEFT loads back as it was trained.
+
+Hybrid models' sequence mixers (hf_lora_ds.model.layer_kinds) keep the layers whose weights a kernel reads directly
+out of every target: their depthwise convolution, a state-space mixer's ``out_proj`` (the causal-conv1d and Mamba
+kernels take ``self.conv1d.weight``, ``outproj_weight=self.out_proj.weight``: a LoRA there would train on the CPU and
+be skipped on a GPU; PEFT refuses both outright on Nemotron-H and Falcon-H1), and any layer the mixer's code multiplies
+by its weight itself (Jamba's ``dt_proj``). Their input projections are adapted.
 
 The flags travel in the fields ``LoraConfig`` already has, so a config built by hand means the same:
 
@@ -24,7 +34,9 @@ adapted the config PEFT sees (and the saved one) says 0, and the dropout goes on
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -32,6 +44,7 @@ import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
+from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
 from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.config import RunValues
@@ -39,6 +52,7 @@ from hf_lora_ds.config.lora_init import lora_init_from_peft
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts import MoeBlock, expert_weight_names, experts_per_token, moe_blocks, unwrapped_name
 from hf_lora_ds.model.experts_kernel import experts_kernel_text
+from hf_lora_ds.model.layer_kinds import sequence_mixers
 
 __all__ = [
     "EXPERT_PATTERN",
@@ -99,6 +113,7 @@ def resolve_targets(model: torch.nn.Module, config: LoraConfig) -> LoraConfig:
     layer (the planner's one-layer copy of DeepSeek-V3, whose first layers are dense) is resolved too: PEFT would
     rewrite its targets all the same."""
     blocks = moe_blocks(model)
+    kernel_read = _kernel_read_layers(model)
     if not blocks and experts_per_token(getattr(model, "config", None)) is None:
         if config.target_parameters:
             raise UserError(
@@ -106,8 +121,15 @@ def resolve_targets(model: torch.nn.Module, config: LoraConfig) -> LoraConfig:
                 "(it is not a Mixture-of-Experts model); drop the flag"
             )
         check_target_modules(model, config)
-        return config
-    layers = _layers_outside_experts(model, blocks)
+        if not kernel_read:
+            return config
+        _refuse_kernel_read(config.target_modules, kernel_read)
+        layers = _layers_outside_experts(model, [])
+        named = _all_linear(model, layers, []) if isinstance(config.target_modules, str) else layers
+        modules = [name for name in named if name not in kernel_read and _targeted(name, config.target_modules)]
+        return dataclasses.replace(config, target_modules=sorted(modules))
+    _refuse_kernel_read(config.target_modules, kernel_read)
+    layers = {name: layer for name, layer in _layers_outside_experts(model, blocks).items() if name not in kernel_read}
     routers = _router_weights(model, blocks, layers)
     if isinstance(config.target_modules, str):  # all-linear: the routers and gates never
         modules = _all_linear(model, layers, blocks)
@@ -121,6 +143,8 @@ def resolve_targets(model: torch.nn.Module, config: LoraConfig) -> LoraConfig:
             _refuse_unknown(targets, unknown, names, " and expert weights")
         modules = [name for name in layers if any(_named([name], t) for t in targets)]
         parameters = [weight for router, weight in routers.items() if any(_named([router], t) for t in targets)]
+    modules, rewritten = _beside_peft_rewrite(model, modules)
+    parameters += rewritten
     chosen = _chosen_expert_weights(blocks, config)
     parameters += [p for block in blocks for p in block.fused_parameters() if p.rsplit(".", 1)[-1] in chosen]
     modules += [linear for block in blocks for linear in block.expert_linears if linear.rsplit(".", 1)[-1] in chosen]
@@ -201,6 +225,59 @@ def experts_line(model: torch.nn.Module, dropout: float) -> str | None:
     if dropout and kind:
         parts.append(f"lora_dropout {dropout:g} on the other adapters only (PEFT cannot drop a fused weight's input)")
     return "; ".join([*parts, kernel])
+
+
+def _kernel_read_layers(model: torch.nn.Module) -> dict[str, str]:
+    """The sequence mixers' layers whose weights a kernel reads directly (the module docstring) -> what they are: the
+    convolution and a Mamba ``out_proj`` always, and any layer whose weight the mixer's own code reads (Jamba's
+    ``self.dt_proj.weight @ ...``: a LoRA there would change the merged model only)."""
+    layers = {}
+    for mixer, kind in sequence_mixers(model).items():
+        module = model.get_submodule(mixer)
+        read = set(re.findall(r"self\.(\w+)\.weight", _source(type(module))))
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.Conv1d):
+                layers[f"{mixer}.{name}"] = f"the {kind} layers' depthwise convolution"
+            elif kind == "state space" and name == "out_proj":
+                layers[f"{mixer}.{name}"] = "the state-space (Mamba) layers' output projection"
+            elif name in read and isinstance(child, torch.nn.Linear):
+                layers[f"{mixer}.{name}"] = f"the {kind} layers' {name}, whose weight the layer reads itself"
+    return layers
+
+
+def _source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):  # no source shipped: the convolution and out_proj rules still hold
+        return ""
+
+
+def _refuse_kernel_read(targets, kernel_read: dict[str, str]) -> None:
+    """A named target that reaches a layer of ``_kernel_read_layers``, refused in one line (PEFT raises a traceback
+    for some families, and silently trains an adapter the GPU kernel skips for the others)."""
+    if isinstance(targets, str):
+        return
+    for target in targets:
+        hit = next((name for name in kernel_read if _named([name], target)), None)
+        if hit:
+            raise UserError(
+                f"--lora_target_modules {','.join(sorted(targets))}: {target} names {kernel_read[hit]} ({hit}), whose "
+                "weight the mixer's kernels read directly, so LoRA cannot adapt it; leave it out (the mixer's in_proj "
+                "is adapted), or use 'all-linear'"
+            )
+
+
+def _targeted(name: str, targets) -> bool:
+    return isinstance(targets, str) or any(_named([name], target) for target in targets)
+
+
+def _beside_peft_rewrite(model: torch.nn.Module, modules: list[str]) -> tuple[list[str], list[str]]:
+    """``modules`` split into those PEFT's transformers-4 rewrite keeps and, as their weights, those it would take
+    for expert weights on a plain ``from_pretrained`` (the module docstring); PEFT's own rewrite says which."""
+    probe = LoraConfig(target_modules=list(modules))
+    convert_peft_config_for_transformers(probe, model, None)
+    kept = set(probe.target_modules or ())
+    return [m for m in modules if m in kept], [f"{m}.weight" for m in modules if m not in kept]
 
 
 def _check_parameter_adapters(config: LoraConfig) -> None:

@@ -225,13 +225,20 @@ def _decoder_copy(config: PretrainedConfig, layers: int) -> PretrainedConfig:
     small = copy.deepcopy(config)
     text = small.get_text_config()
     text.num_hidden_layers = layers
-    for key in ("layer_types", "mlp_only_layers"):
-        if isinstance(getattr(text, key, None), list):
+    for key in ("layer_types", "layers_block_type", "mlp_only_layers"):
+        if isinstance(getattr(text, key, None), list) and _stored(text, key):
             setattr(text, key, getattr(text, key)[:layers])
     for key in ("first_k_dense_replace", "num_dense_layers"):
         if isinstance(getattr(text, key, None), int):
             setattr(text, key, min(getattr(text, key), 1))
     return small
+
+
+def _stored(config: PretrainedConfig, key: str) -> bool:
+    """Whether ``key`` is a field of its own: Jamba's and Bamba's layer patterns are computed from other fields (a
+    property without a setter, reached through ``attribute_map`` too) and follow the layer count by themselves."""
+    field = config.attribute_map.get(key, key)
+    return not isinstance(getattr(type(config), field, None), property)
 
 
 def _saved_activation_bytes(
@@ -337,12 +344,28 @@ def _oriented(experts: torch.nn.Module, name: str) -> torch.Tensor:
 
 def _lora_stacks_as_shapes(model: torch.nn.Module) -> None:
     """PEFT's ParamWrappers off for the meta forward (their fold, and the check of the parametrization they register,
-    need a real device), each experts module told which of its stacks they adapt."""
+    need a real device), each experts module told which of its stacks they adapt; a Linear adapted through its weight
+    (lora_targets: a shared expert PEFT's rewrite would take) saves what its x (W + BA)^T would."""
     for wrapper in model.modules():
         if isinstance(wrapper, ParamWrapper):
             wrapper._disable_adapters = True
-            experts = wrapper.get_base_layer()
-            setattr(experts, _LORA_STACKS, {*getattr(experts, _LORA_STACKS, ()), wrapper.parameter_name})
+            base = wrapper.get_base_layer()
+            setattr(base, _LORA_STACKS, {*getattr(base, _LORA_STACKS, ()), wrapper.parameter_name})
+            if isinstance(base, torch.nn.Linear):
+                base.register_forward_hook(lambda linear, args, out: _FoldedLinear.apply(out, args[0], linear.weight))
+
+
+class _FoldedLinear(torch.autograd.Function):
+    """Shapes only: x (W + BA)^T keeps its input and the folded weight W + BA, a new tensor of W's size."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inputs, weight.new_empty(weight.shape))
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # never run: the planner's forward is on the meta device
+        raise NotImplementedError
 
 
 @cache

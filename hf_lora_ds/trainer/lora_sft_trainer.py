@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.data.audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.batches import LengthGroupedEpochSampler
 from hf_lora_ds.data.batches.packing import training_samples
-from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.distributed import gather_from_ranks
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval.evaluator import EvalResult
@@ -39,7 +39,7 @@ from hf_lora_ds.model.lora_targets import experts_line
 from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.trainer.answers import before_and_after
 from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
-from hf_lora_ds.training.batches import prepare_batches
+from hf_lora_ds.training.batches import prepare_batches, with_supervised_positions
 from hf_lora_ds.training.checkpoints import (
     lost_ranks,
     resolve_resume_checkpoint,
@@ -48,21 +48,24 @@ from hf_lora_ds.training.checkpoints import (
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
-from hf_lora_ds.training.nonfinite import NonFiniteGuard
+from hf_lora_ds.training.nonfinite import NonFiniteGuard, ends_window
 from hf_lora_ds.training.sequence_parallel import (
     deepspeed_gradient_divisor,
+    index_shards,
     sequence_parallel_group,
     sequence_parallel_loss,
     supervised_tokens_in_shards,
 )
 from hf_lora_ds.training.supervised_logits import (
+    SUPERVISED_POSITIONS,
     accepts_position_mask,
     fused_head,
-    head_computes_loss,
+    fused_loss_outputs,
+    head_selects_rows,
     normalised_loss,
-    shifted_labels,
     supervised_cross_entropy,
     supervised_rows,
+    supervised_targets,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
 
@@ -125,17 +128,19 @@ class LoraSFTTrainer(Trainer):
         logger.info("\n".join([self.lora_coverage.table(), *self.lora_lines]))
         experts_off = config.target_parameters == []  # --lora_target_experts none: left out on purpose
         coverage_note = self.lora_coverage.check(args.lora_allow_partial, targets_text(config), experts_off)
+        trainer_kwargs["data_collator"] = with_supervised_positions(args, train_dataset, data_collator)
         super().__init__(model, args, **trainer_kwargs)
         if coverage_note:
             logger.info(coverage_note)
         # Guards, metrics, accuracy and the report, in their order (hf_lora_ds.callbacks.run_callbacks).
         self.run_callbacks = attach_run_callbacks(self)
         logger.info(trainable_parameters_line(self.model))
-        # Without the mask (transformers releases before boolean logits_to_keep) the fused head selects the rows.
+        # Models that take a boolean logits_to_keep pass the head's rows on flattened: the head can pick them itself.
         self._position_mask = accepts_position_mask(self.model)
         full_logits_reason = self._full_logits_reason()
         self.supervised_logits_only = full_logits_reason is None
-        self._fused_head_loss = True  # off for good once a model is seen to change its head's output
+        self._fused_head_loss: bool | None = None  # None until a forward shows the model returns the head's loss as is
+        self.supervised_in_forward: int | None = None  # the supervised tokens of the forward under way, if known
         if self.args.supervised_logits_only and full_logits_reason:
             logger.info(f"supervised-position logits: off, {full_logits_reason}; the loss uses full logits")
         self._logits_for_metrics = False
@@ -274,14 +279,14 @@ class LoraSFTTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked
-        before its backward pass: a NaN or infinite training loss stops the run with the step, the samples and the
-        last complete checkpoint, before any NaN gradient lands, or with ``--on_nonfinite skip`` has its step
-        dropped (hf_lora_ds.training.nonfinite)."""
+        """The causal-LM loss, from the LM head at the supervised positions only where that applies, and checked: a
+        NaN or infinite training loss stops the run at the end of its logging window, naming the step, the samples
+        and the last complete checkpoint, or with ``--on_nonfinite skip`` has its step dropped (training.nonfinite)."""
         labelled = inputs.get("labels") is not None or inputs.get("shift_labels") is not None  # SP shards: shifted
         if self.supervised_logits_only and not self._logits_for_metrics and labelled:
             result = self._supervised_loss(model, inputs, return_outputs, num_items_in_batch)
         else:
+            inputs = {key: value for key, value in inputs.items() if key != SUPERVISED_POSITIONS}
             result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if model.training:
             loss = result[0] if return_outputs else result
@@ -296,14 +301,17 @@ class LoraSFTTrainer(Trainer):
         step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
         DeepSpeed and a single process alike; no callback event receives the norm before the update."""
         grad_norm = full_grad_norm(super()._get_grad_norm(model, grad_norm=grad_norm))
-        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled)
+        ends = ends_window(self.args, self.state)  # the non-finite check reads the device only at a window's end
+        self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled, ends)
         return grad_norm
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """With ``--on_nonfinite skip``, each training log (and the final train metrics) also carries
-        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far."""
-        if self.args.on_nonfinite == "skip" and ("loss" in logs or "train_loss" in logs):
-            logs = {**logs, "nonfinite_skipped": self.nonfinite.skipped}
+        ``nonfinite_skipped``: how many optimizer steps this run has dropped so far. It ends a non-finite window."""
+        if "loss" in logs or "train_loss" in logs:
+            self.nonfinite.end_window(applied=self.state.global_step)
+            if self.args.on_nonfinite == "skip":
+                logs = {**logs, "nonfinite_skipped": self.nonfinite.skipped}
         super().log(logs, start_time)
 
     def _supervised_loss(
@@ -319,16 +327,16 @@ class LoraSFTTrainer(Trainer):
         the fused head the returned outputs hold the loss only (no logits exist); otherwise ``outputs.logits`` are
         ``(num_supervised, vocab)``: the rows of the supervised positions, in order.
         """
-        targets = shifted_labels(inputs)
-        keep = targets != IGNORE_INDEX
-        forward_inputs = {key: value for key, value in inputs.items() if key not in ("labels", "shift_labels")}
-        if self._position_mask:  # else the model computes every position and the loss reads the supervised ones
-            forward_inputs["logits_to_keep"] = keep
-        outputs = self._fused_loss_forward(model, forward_inputs, keep, targets[keep])
-        if outputs is None:
-            outputs = model(**forward_inputs)
-            outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, keep), targets[keep])
-        loss = normalised_loss(outputs.loss, targets[keep].numel(), num_items_in_batch)
+        rows, targets = supervised_targets(inputs)
+        forward_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "shift_labels", SUPERVISED_POSITIONS)}
+        self.supervised_in_forward = rows.numel()  # the forward gets no labels: ThroughputCallback counts this
+        outputs = self._fused_loss_forward(model, forward_inputs, rows, targets)
+        if outputs is None:  # logits of the rows only where the model passes the head's rows on as they come
+            with head_selects_rows(self.model.get_output_embeddings(), rows) if self._position_mask else nullcontext():
+                outputs = model(**forward_inputs)
+            outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, rows), targets)
+        self.supervised_in_forward = None
+        loss = normalised_loss(outputs.loss, rows.numel(), num_items_in_batch)
         if (
             self.sequence_parallel > 1 and model.training
         ):  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
@@ -347,32 +355,30 @@ class LoraSFTTrainer(Trainer):
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | int | None:
         """Under sequence parallelism the batches are shards without ``labels`` (Trainer would count nothing): the
-        trained tokens of the global batch, from every rank's ``shift_labels``."""
+        trained tokens of the global batch, from every rank's ``shift_labels``; each shard indexed (index_shards)."""
         if self.sequence_parallel > 1 and batch_samples and "shift_labels" in batch_samples[0]:
+            index_shards(batch_samples)
             return supervised_tokens_in_shards(batch_samples, device)
         return super()._get_num_items_in_batch(batch_samples, device)
 
     def _fused_loss_forward(
-        self, model: torch.nn.Module, forward_inputs: dict[str, Any], keep: torch.Tensor, targets: torch.Tensor
+        self, model: torch.nn.Module, forward_inputs: dict[str, Any], rows: torch.Tensor, targets: torch.Tensor
     ) -> CausalLMOutputWithPast | None:
         """The model's forward with its head computing the summed loss chunk by chunk (no logits at all), or None
         where the head cannot (then and for the rest of the run, with one line if the model changed its head's
         output: this batch's forward is thrown away and redone on the logits path)."""
-        head = fused_head(self.model) if self._fused_head_loss else None
+        head = fused_head(self.model) if self._fused_head_loss is not False else None
         if head is None:
             return None
-        with head_computes_loss(head, targets, keep) as produced:
-            outputs = model(**forward_inputs)
-        loss = produced.get("loss")
-        # Value, not identity: DeepSpeed's ZeRO-3 hooks on the enclosing modules re-wrap the tensor on its way out.
-        if loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss):
-            return CausalLMOutputWithPast(loss=outputs.logits)
-        self._fused_head_loss = False
-        logger.info(
-            f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
-            "head's output; the loss uses supervised-position logits"
-        )
-        return None
+        # The model's code is the same every step: its output is compared with the head's once, not read every step.
+        outputs = fused_loss_outputs(model, head, forward_inputs, rows, targets, check=self._fused_head_loss is None)
+        self._fused_head_loss = outputs is not None
+        if outputs is None:
+            logger.info(
+                f"fused LM head loss: off, {type(self.model.get_base_model()).__name__}.forward changes the "
+                "head's output; the loss uses supervised-position logits"
+            )
+        return outputs
 
     def prediction_step(
         self,
@@ -439,5 +445,6 @@ class LoraSFTTrainer(Trainer):
         """A checkpoint that cannot be written (full disk, no permission) ends the run with one line naming it, the
         cause and the last complete checkpoint, which stays intact (hf_lora_ds.training.checkpoints)."""
         checkpoint = Path(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.nonfinite.end_window(applied=self.state.global_step)  # no checkpoint of weights a NaN reached
         with save_failures(checkpoint, self.args.output_dir):
             super()._save_checkpoint(model, trial)

@@ -1,6 +1,7 @@
 """The run's datasets and collator as ``--batching`` asks: packed into rows of ``--max_length`` for ``packed``, and
 the padded, padding-free or packed collator, so a ``LoraSFTTrainer`` built in code batches as run_sft does (as
-TRL's ``SFTTrainer._prepare_dataset`` packs inside the trainer)."""
+TRL's ``SFTTrainer._prepare_dataset`` packs inside the trainer), and the collator's batches given the positions the
+loss trains where nothing slices them on their way (``with_supervised_positions``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention, resolve_batching
-from hf_lora_ds.data.batches import PackedDataset, build_collator, check_model_batching
+from hf_lora_ds.data.batches.collator import SupervisedPositionsCollator, build_collator, check_model_batching
+from hf_lora_ds.data.batches.packing import PackedDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.loading import base_model_config
 from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 
-__all__ = ["boundary_keys", "prepare_batches", "settle_batching"]
+__all__ = ["boundary_keys", "prepare_batches", "settle_batching", "with_supervised_positions"]
 
 logger = logging.get_logger(__name__)
 
@@ -88,6 +90,26 @@ def prepare_batches(
             batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row, boundaries
         )
     return train_dataset, eval_dataset, data_collator
+
+
+def with_supervised_positions(
+    args: SFTTrainingArguments, train_dataset: Any, data_collator: Callable | None
+) -> Callable | None:
+    """``data_collator`` adding the flat indices of the trained positions to its batches
+    (``SupervisedPositionsCollator``), where each batch reaches ``compute_loss`` whole. Not where something slices
+    batches on the way (the indices would then point past or into other rows): accelerate's split or dispatched
+    batches (an iterable dataset is dispatched by default), DataParallel over several GPUs of one process, and
+    sequence parallelism, whose shards the trainer indexes itself (``LoraSFTTrainer._get_num_items_in_batch``). For
+    the trainer only, after the data pass of EVA and CorDA, whose forwards would get the key."""
+    accelerator = args.accelerator_config
+    sliced = (
+        accelerator.split_batches
+        or accelerator.dispatch_batches
+        or isinstance(train_dataset, torch.utils.data.IterableDataset)
+        or args.n_gpu > 1
+        or args.engine.sequence_parallel > 1
+    )
+    return data_collator if data_collator is None or sliced else SupervisedPositionsCollator(data_collator)
 
 
 def _packed(dataset: Any, capacity: int, name: str) -> Any:

@@ -14,11 +14,13 @@ import torch.distributed as dist
 
 from hf_lora_ds.config.engine import data_parallel_size
 from hf_lora_ds.config.zero_settings import ZeroSettings
+from hf_lora_ds.data.batches.collator import SUPERVISED_POSITIONS, supervised_positions
 from hf_lora_ds.data.masking import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 
 __all__ = [
     "deepspeed_gradient_divisor",
+    "index_shards",
     "sequence_parallel_group",
     "sequence_parallel_loss",
     "supervised_tokens_in_shards",
@@ -41,6 +43,14 @@ def supervised_tokens_in_shards(shards: list[dict[str, torch.Tensor]], device: t
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(count)
     return count
+
+
+def index_shards(shards: list[dict[str, torch.Tensor]]) -> None:
+    """Give each shard its trained positions (``SUPERVISED_POSITIONS``), which the collator cannot give a batch that
+    DeepSpeed's adapter shards after it; found while the shards are still on the CPU, where that adapter leaves them."""
+    for shard in shards:
+        if shard["shift_labels"].device.type == "cpu":
+            shard[SUPERVISED_POSITIONS] = supervised_positions(shard["shift_labels"])
 
 
 def deepspeed_gradient_divisor(deepspeed_config: dict, world_size: int, sequence_parallel_size: int) -> int:

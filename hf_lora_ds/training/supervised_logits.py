@@ -1,10 +1,14 @@
 """The SFT loss from the LM head applied only where a label is trained.
 
 In chat SFT most positions are masked with -100, yet a causal LM computes logits for every position and the loss
-upcasts them all to fp32: with a ~152k vocabulary often a LoRA run's largest allocation. The positions reach the head
-through the model's own forward (``logits_to_keep`` as a boolean mask), so DDP and every ZeRO stage see an ordinary
-forward; a plain bias-free head is swapped for the fused head-and-loss (hf_lora_ds.training.fused_head_loss), so no
+upcasts them all to fp32: with a ~152k vocabulary often a LoRA run's largest allocation. The head itself picks the
+supervised rows of its input inside the model's own forward, so DDP and every ZeRO stage see an ordinary forward; a
+plain bias-free head is swapped for the fused head-and-loss (hf_lora_ds.training.fused_head_loss), so no
 ``(n, vocab)`` tensor exists. Shift, -100 handling and normalisation are transformers' ``ForCausalLMLoss``.
+
+The rows are flat indices (``SUPERVISED_POSITIONS``), found by the trainer's collator on the host before the batch
+moves to the device: selecting rows by index needs no device-to-host read, where a boolean mask's ``nonzero`` makes
+the host wait for the GPU every step. A batch without them (a user's own batches) has them found on the device.
 """
 
 from __future__ import annotations
@@ -18,19 +22,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hf_lora_ds.data.dataset import IGNORE_INDEX
+from hf_lora_ds.data.batches.collator import SUPERVISED_POSITIONS, shifted_labels, supervised_positions
 from hf_lora_ds.training.fused_head_loss import fused_head_loss
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "SUPERVISED_POSITIONS",
     "accepts_position_mask",
     "fused_head",
+    "fused_loss_outputs",
     "head_computes_loss",
     "normalised_loss",
     "shifted_labels",
+    "head_selects_rows",
     "supervised_cross_entropy",
+    "supervised_positions",
     "supervised_rows",
+    "supervised_targets",
 ]
 
 # fp32 logits per cross-entropy chunk (128 MiB): above this, each chunk's upcast and log-softmax are recomputed in
@@ -39,7 +49,8 @@ CHUNK_ELEMENTS = 2**25
 
 
 def accepts_position_mask(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s forward applies its LM head only where a boolean ``logits_to_keep`` mask is True.
+    """Whether ``model``'s forward applies its LM head only where a boolean ``logits_to_keep`` mask is True, and so
+    hands on logits of the kept rows flattened to ``(num_kept, vocab)``, as the head's row selection makes them.
 
     Causal LMs built on transformers' ``slice_logits_to_keep`` (Llama, Qwen2/3, Gemma, Mistral and most others)
     flatten the kept positions to ``(num_kept, hidden)``; a model that indexes the sequence dimension itself would
@@ -55,17 +66,14 @@ def accepts_position_mask(model: torch.nn.Module) -> bool:
     return tuple(probe.shape) == (1, 1)
 
 
-def shifted_labels(inputs: dict[str, Any]) -> torch.Tensor:
-    """The label each position predicts: ``labels`` shifted left by one with -100 at the end, as ``ForCausalLMLoss``
-    does, or the collator's own ``shift_labels`` when it provides them.
-
-    >>> import torch
-    >>> shifted_labels({"labels": torch.tensor([[-100, 5, 6], [-100, -100, 7]])}).tolist()
-    [[5, 6, -100], [-100, 7, -100]]
-    """
-    if inputs.get("shift_labels") is not None:
-        return inputs["shift_labels"]
-    return F.pad(inputs["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:]
+def supervised_targets(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, targets)``: the flat indices of the trained positions, the collator's ``SUPERVISED_POSITIONS`` or,
+    for batches of a user's own making, found on the device (which the host then waits for), and their labels."""
+    targets = shifted_labels(inputs).flatten()
+    rows = inputs.get(SUPERVISED_POSITIONS)
+    if rows is None:
+        rows = supervised_positions(targets)
+    return rows, targets.index_select(0, rows)
 
 
 def supervised_cross_entropy(
@@ -112,30 +120,61 @@ def fused_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head if type(head) is torch.nn.Linear and head.bias is None else None
 
 
-def supervised_rows(positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The ``keep`` rows of a ``(batch, seq, ...)`` tensor; one the model already sliced by the mask is returned."""
-    return positions[keep] if positions.dim() == 3 else positions
+def supervised_rows(positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The rows at flat indices ``rows`` of a ``(batch, seq, ...)`` tensor (an index gather: no device-to-host read);
+    one already flattened to its rows is returned as it is."""
+    return positions.flatten(0, 1).index_select(0, rows) if positions.dim() == 3 else positions
+
+
+@contextmanager
+def head_selects_rows(head: torch.nn.Module, rows: torch.Tensor) -> Iterator[None]:
+    """Within the block, ``head`` (wrapped by PEFT or not) gets only the ``rows`` of the ``(batch, seq, hidden)``
+    states the model hands it, so its logits are ``(n, vocab)``: for models that pass such logits on
+    (``accepts_position_mask``)."""
+    handle = head.register_forward_pre_hook(lambda module, args: (supervised_rows(args[0], rows), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
 def head_computes_loss(
-    head: torch.nn.Linear, targets: torch.Tensor, keep: torch.Tensor
+    head: torch.nn.Linear, targets: torch.Tensor, rows: torch.Tensor
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Within the block, ``head`` maps its input rows to the summed fp32 cross-entropy against ``targets`` ``(n,)``
-    (hf_lora_ds.training.fused_head_loss) instead of logits: ``(n, hidden)`` rows where the model sliced them by the
-    ``keep`` mask, or ``(batch, seq, hidden)`` where it hands the head every position (a model that cannot take the
-    mask: transformers releases without boolean ``logits_to_keep``), which the head then selects by ``keep`` itself.
-    The yielded dict gets ``"loss"``: the value the head's call returned, so the caller can check that the model
-    returned it unchanged as its logits."""
+    """Within the block, ``head`` maps the ``rows`` of its ``(batch, seq, hidden)`` input to the summed fp32
+    cross-entropy against ``targets`` ``(n,)`` (hf_lora_ds.training.fused_head_loss) instead of logits. The yielded
+    dict gets ``"loss"``: the value the head's call returned, so the caller can check that the model returned it
+    unchanged as its logits."""
     produced: dict[str, torch.Tensor] = {}
 
     def record(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
         produced["loss"] = output
 
-    head.forward = lambda hidden: fused_head_loss(supervised_rows(hidden, keep), head.weight, targets)
+    head.forward = lambda hidden: fused_head_loss(supervised_rows(hidden, rows), head.weight, targets)
     handle = head.register_forward_hook(record)
     try:
         yield produced
     finally:
         handle.remove()
         del head.forward
+
+
+def fused_loss_outputs(
+    model: torch.nn.Module,
+    head: torch.nn.Linear,
+    forward_inputs: dict[str, Any],
+    rows: torch.Tensor,
+    targets: torch.Tensor,
+    check: bool,
+) -> CausalLMOutputWithPast | None:
+    """``model``'s forward with ``head`` computing the summed loss of ``rows`` (``head_computes_loss``), as outputs
+    holding that loss; with ``check``, None when the model returned something else than the head's value (it changed
+    the head's output: the loss must come from logits). Compared by value, not identity: DeepSpeed's ZeRO-3 hooks on
+    the enclosing modules re-wrap the tensor on its way out. The comparison reads the device."""
+    with head_computes_loss(head, targets, rows) as produced:
+        outputs = model(**forward_inputs)
+    loss = produced.get("loss")
+    if check and not (loss is not None and outputs.logits.shape == loss.shape and torch.equal(outputs.logits, loss)):
+        return None
+    return CausalLMOutputWithPast(loss=outputs.logits)

@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.callbacks import ThroughputCallback, throughput
 from hf_lora_ds.callbacks.throughput import flops_per_token, flops_shape, matmul_parameters, peak_flops_per_device
@@ -197,3 +198,35 @@ def test_a_moe_model_counts_its_active_experts(qwen_style_tokenizer):
     args = SimpleNamespace(device=torch.device("cpu"), eval_on_start=False)
     callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True), None, model=model)
     assert callback._active_params == (sum(matmul_parameters(model)), every_frozen + every_trainable)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_hybrid_model_s_flops_count_each_layer_kind_as_what_it_is(family, qwen_style_tokenizer):
+    """Only the attention layers pay the 12·d_attn·T of attention; a linear-attention layer updates its value heads x
+    key x value head size state (18 a state element per token), a Mamba layer its inner x state size one (12), a short
+    convolution nothing beyond its weights. Read from the config's sizes here, from the modules in the code."""
+    model = build_tiny_hybrid(family, qwen_style_tokenizer)
+    text = model.config.get_text_config()
+    attention_layers = {  # one attention layer in each tiny model, Falcon-H1's in every layer beside its Mamba
+        "falcon_h1": text.num_hidden_layers,
+    }.get(family, 1)
+    states = {
+        "qwen3_5_text": lambda: (
+            18 * text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim
+        ),
+        "qwen3_next": lambda: 18 * text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim,
+        "granitemoehybrid": lambda: 12 * text.mamba_n_heads * text.mamba_d_head * text.mamba_d_state,
+        "bamba": lambda: 12 * text.mamba_n_heads * text.mamba_d_head * text.mamba_d_state,
+        "falcon_h1": lambda: 12 * text.num_hidden_layers * text.mamba_d_ssm * text.mamba_d_state,
+        "nemotron_h": lambda: 12 * text.mamba_num_heads * text.mamba_head_dim * text.ssm_state_size,
+        "jamba": lambda: 12 * text.mamba_expand * text.hidden_size * text.mamba_d_state,
+        "lfm2": lambda: 0,
+    }
+    frozen, trainable, layers, attn_dim, recurrent = flops_shape(model)
+    assert (layers, attn_dim, recurrent) == (
+        attention_layers,
+        text.hidden_size,
+        states[family](),
+    )  # 4 heads of hidden / 4, or of 16
+    longer = flops_per_token(flops_shape(model), 64) - flops_per_token(flops_shape(model), 32)
+    assert longer == 12 * attention_layers * attn_dim * 32  # the length costs only where attention is

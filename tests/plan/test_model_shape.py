@@ -7,13 +7,15 @@ import json
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
 
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe, build_tiny_qwen2
 from hf_lora_ds.config.lora import LoraArguments
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.source import load_model_config
-from hf_lora_ds.plan.model_shape import measure_model_shape
+from hf_lora_ds.plan.model_shape import _decoder_copy, measure_model_shape
 from hf_lora_ds.resources import MODEL_CONFIGS
 
 
@@ -165,3 +167,16 @@ def test_a_moe_model_s_further_layers_are_counted_as_moe_layers_past_its_dense_f
         config.first_k_dense_replace = dense_first
         layers[dense_first] = measure_model_shape(config, lora, torch.float32, seq_len=16).layer_activation_bytes
     assert layers[2] == layers[1]
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_hybrid_model_is_measured_and_its_copies_keep_their_layer_pattern(family, qwen_style_tokenizer):
+    """Jamba and Bamba compute their layer pattern (a property without a setter, Bamba's reached through
+    ``layer_types`` too): the copies set the layer count only, and the pattern follows it."""
+    config = build_tiny_hybrid(family, qwen_style_tokenizer).config
+    one, two = (_decoder_copy(config, layers).get_text_config() for layers in (1, 2))
+    assert (one.num_hidden_layers, two.num_hidden_layers) == (1, 2)
+    with torch.device("meta"):
+        assert len(AutoModelForCausalLM.from_config(two).model.layers) == 2
+    shape = measure_model_shape(config, lora_config_from_args(LoraArguments()), torch.float32, seq_len=16)
+    assert shape.layer_activation_bytes > 0 and shape.num_layers == config.get_text_config().num_hidden_layers

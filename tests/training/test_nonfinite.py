@@ -199,3 +199,35 @@ def test_run_sft_reports_it_as_one_line(tiny_model_dir, tmp_path, capsys):
         r"at step 2, .*indices\) \[8, 9, 10, 11, 12, 13, 14, 15\] \(.*train.json, line 1 \(record 8\)", errors[0]
     ), errors[0]
     assert "no complete checkpoint in" in errors[0]
+
+
+@pytest.mark.parametrize("save_steps", [None, 3], ids=["logging_window", "checkpoint_ends_it"])
+def test_a_longer_logging_window_stops_at_its_end_naming_the_bad_step(
+    save_steps, tiny_model, qwen_style_tokenizer, tmp_path
+):
+    """The device is read once per logging window (here 4 steps): a NaN loss from step 2 on stops the run before the
+    update of the window's last step, or of a checkpoint's step before it, so no checkpoint holds NaN weights; the
+    message names step 2, its samples, and the updates that were applied in between."""
+    saving = dict(save_strategy="steps", save_steps=save_steps) if save_steps else {}
+    trainer = make_trainer(
+        tiny_model,
+        qwen_style_tokenizer,
+        tmp_path,
+        max_steps=8,
+        logging_steps=4,
+        train_sampling_strategy="sequential",
+        **saving,
+    )
+    trainer.add_callback(NaNEmbeddingsAtStep(2))
+    after = StateAfterEachStep()
+    trainer.add_callback(after)
+    with pytest.raises(NonFiniteLossError) as raised:
+        trainer.train()
+    read_at = save_steps or 4
+    message = str(raised.value)
+    assert message.startswith(
+        f"non-finite training loss (nan) at step 2, read at the end of its logging window, after the updates of "
+        f"steps 2-{read_at - 1}; samples of the batch (training dataset indices) {list(range(8, 16))}"
+    )
+    assert max(after.weights) == read_at - 1  # the step that read the window never completed
+    assert not list((tmp_path / "out").glob("checkpoint-*"))

@@ -14,7 +14,14 @@ from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401 (acce
 
 from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.data.batches.collator import build_collator
+from hf_lora_ds.data.batches.collator import (
+    SUPERVISED_POSITIONS,
+    SupervisedPositionsCollator,
+    build_collator,
+    shifted_labels,
+    supervised_positions,
+)
+from hf_lora_ds.data.batches.packing import PackedDataset
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.training import fused_head_loss
@@ -392,3 +399,80 @@ def test_gpu_liger_kernel_trains_with_one_line(tiny64, qwen_style_tokenizer, dat
     assert "supervised-position logits: off, --use_liger_kernel's fused linear cross-entropy" in package_log.read()
     trainer.train()
     assert all(torch.isfinite(torch.tensor(e["loss"])) for e in trainer.state.log_history if "loss" in e)
+
+
+def batches_with_and_without_positions(dataset, tokenizer, batching, micro_batches):
+    """The same micro-batches twice: as the trainer's collator makes them (``SUPERVISED_POSITIONS`` found on the
+    host) and as a user's collator would (none: the loss finds them on the device)."""
+    plain = build_collator(batching, tokenizer)
+    samples = list(dataset if batching != "packed" else PackedDataset(dataset, 256))
+    groups = [samples[i : i + 4] for i in range(0, 4 * micro_batches, 4)]
+    with_positions = [SupervisedPositionsCollator(plain)(group) for group in groups]
+    without = [plain(group) for group in groups]
+    assert all(SUPERVISED_POSITIONS in batch for batch in with_positions)
+    assert not any(SUPERVISED_POSITIONS in batch for batch in without)
+    return with_positions, without
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logits"])
+@pytest.mark.parametrize("batching", ["padded", "padding_free", "packed"])
+def test_host_side_positions_give_the_same_loss_and_gradients(
+    tiny64, qwen_style_tokenizer, dataset, tmp_path, batching, fused
+):
+    """Loss and every LoRA gradient with the collator's positions equal those found on the device, over three
+    accumulated micro-batches (red: an index off by one, or rows taken in another order, change both)."""
+    with_positions, without = batches_with_and_without_positions(dataset, qwen_style_tokenizer, batching, 3)
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, batching)
+    trainer._fused_head_loss = None if fused else False
+    loss, grads = loss_and_lora_grads(trainer, with_positions)
+    expected_loss, expected_grads = loss_and_lora_grads(trainer, without)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_shifted_label_shards_take_their_positions_on_the_host(tiny64, qwen_style_tokenizer, dataset, tmp_path):
+    """Sequence-parallel shards come without ``labels`` and are sharded after the collator: the trainer indexes each
+    shard's ``shift_labels`` while it is on the CPU, and the loss is the one found on the device."""
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, "packed")
+    _, batches = batches_with_and_without_positions(dataset, qwen_style_tokenizer, "packed", 2)
+    shards = [{**batch, "shift_labels": shifted_labels(batch)} for batch in batches]
+    for shard in shards:
+        del shard["labels"]
+    trainer.sequence_parallel = 2  # what _get_num_items_in_batch reads; no process group: the count stays local
+    indexed = [dict(shard) for shard in shards]
+    trainer._get_num_items_in_batch(indexed, trainer.args.device)
+    for shard in indexed:
+        assert torch.equal(shard[SUPERVISED_POSITIONS], supervised_positions(shard["shift_labels"]))
+    trainer.sequence_parallel = 1  # the loss of each shard alone (sequence_parallel_loss needs a process group)
+    loss, grads = loss_and_lora_grads(trainer, indexed)
+    expected_loss, expected_grads = loss_and_lora_grads(trainer, shards)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_positions_never_reach_the_forward(tiny64, qwen_style_tokenizer, dataset, tmp_path):
+    """Training and evaluation (loss only, and with metrics' full logits) with the collator's positions: the model's
+    forward never receives the key."""
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, eval_strategy="steps", eval_steps=1)
+    assert isinstance(trainer.data_collator, SupervisedPositionsCollator)
+    seen = []
+    trainer.model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(set(kwargs)), with_kwargs=True)
+    trainer.train()
+    trainer.compute_metrics = lambda prediction: {"rows": float(len(prediction.predictions))}
+    trainer.evaluate()  # with metrics: Trainer's own loss from full logits
+    assert {"loss_only", "metrics"} <= {"metrics" if "labels" in keys else "loss_only" for keys in seen}
+    assert all(SUPERVISED_POSITIONS not in keys for keys in seen)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(accelerator_config={"split_batches": True}), dict(accelerator_config={"dispatch_batches": True})],
+    ids=["split_batches", "dispatch_batches"],
+)
+def test_batches_sliced_after_the_collator_get_no_positions(tiny64, qwen_style_tokenizer, dataset, tmp_path, overrides):
+    trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True, **overrides)
+    assert not isinstance(trainer.data_collator, SupervisedPositionsCollator)
+    plain = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True)
+    assert isinstance(plain.data_collator, SupervisedPositionsCollator)

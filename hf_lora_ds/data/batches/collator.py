@@ -4,7 +4,8 @@ length-grouped sampler that makes padded batches short.
 The padded and padding-free collators are transformers'; this module adds the choice between them, the refusal to
 flatten or pack a batch for a model whose attention would let packed sequences attend to each other, what sequence
 parallelism needs of a batch (``position_ids``, a length divisible by its size), and a length-grouped order that every
-rank draws alike (``LengthGroupedEpochSampler``).
+rank draws alike (``LengthGroupedEpochSampler``). ``SupervisedPositionsCollator`` adds to any collator's batches where
+their trained labels are, found on the host (hf_lora_ds.training.supervised_logits reads them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
@@ -24,12 +26,63 @@ from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 
 __all__ = [
+    "SUPERVISED_POSITIONS",
     "LengthGroupedEpochSampler",
+    "SupervisedPositionsCollator",
     "build_collator",
     "check_model_batching",
     "padded_collator",
+    "shifted_labels",
+    "supervised_positions",
     "supports_padding_free",
 ]
+
+# The batch key of the flat indices of the positions whose shifted label is trained (SupervisedPositionsCollator).
+SUPERVISED_POSITIONS = "supervised_positions"
+
+
+def shifted_labels(inputs: dict[str, Any]) -> torch.Tensor:
+    """The label each position predicts: ``labels`` shifted left by one with -100 at the end, as ``ForCausalLMLoss``
+    does, or the collator's own ``shift_labels`` when it provides them.
+
+    >>> import torch
+    >>> shifted_labels({"labels": torch.tensor([[-100, 5, 6], [-100, -100, 7]])}).tolist()
+    [[5, 6, -100], [-100, 7, -100]]
+    """
+    if inputs.get("shift_labels") is not None:
+        return inputs["shift_labels"]
+    return F.pad(inputs["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:]
+
+
+def supervised_positions(targets: torch.Tensor) -> torch.Tensor:
+    """Flat indices into ``targets.flatten()`` of the positions whose target is trained (not -100), ascending. On the
+    collator's CPU tensors this costs the device nothing; on a device tensor ``nonzero`` waits for the device.
+
+    >>> import torch
+    >>> supervised_positions(torch.tensor([[5, 6, -100], [-100, 7, -100]])).tolist()
+    [0, 1, 4]
+    """
+    return (targets != IGNORE_INDEX).flatten().nonzero().squeeze(1)
+
+
+class SupervisedPositionsCollator:
+    """``collator``'s batches with ``SUPERVISED_POSITIONS`` added: ``supervised_positions`` of their shifted labels,
+    found here on the CPU tensors the collator made, so the loss picks its rows on the device by index, with no
+    ``nonzero`` that makes the host wait for the GPU every step. A batch whose labels are not a 2-D CPU tensor is
+    returned as it is (the loss then finds the positions on the device).
+
+    Each index is into the whole ``(batch, seq)`` grid: a path that slices the batch (accelerate's dispatched or
+    split batches, DataParallel, sequence-parallel shards) must not get it (``LoraSFTTrainer`` sees to that)."""
+
+    def __init__(self, collator: Any):
+        self.collator = collator
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.collator(features)
+        labels = batch.get("shift_labels", batch.get("labels"))
+        if isinstance(labels, torch.Tensor) and labels.dim() == 2 and labels.device.type == "cpu":
+            batch[SUPERVISED_POSITIONS] = supervised_positions(shifted_labels(batch))
+        return batch
 
 
 def padded_collator(

@@ -1,0 +1,103 @@
+"""Counting the package's device-to-host reads on a CPU run: every ``torch.Tensor`` call that would make the host wait
+for a GPU (``.item()``, ``bool()``, ``.tolist()``, ``.nonzero()``, a boolean-mask index, ``torch.equal``, a copy to
+the CPU...), counted when the code that made it is this package's."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hf_lora_ds
+
+PACKAGE = str(Path(hf_lora_ds.__file__).parent)
+TORCH = str(Path(torch.__file__).parent)
+DATA_LOADING = str(Path(torch.__file__).parent / "utils" / "data")
+
+# Tensor methods whose answer is on the host, so that on a GPU they wait for the device's queue.
+READING_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "nonzero", "numpy", "cpu", "equal")
+# Functions of torch with the same property.
+READING_FUNCTIONS = ("equal", "nonzero", "masked_select", "is_nonzero")
+
+
+# transformers functions that read the device only for what the package hands them: a boolean logits_to_keep.
+ON_THE_PACKAGE_S_BEHALF = ("slice_logits_to_keep",)
+
+
+def _caller_in_package() -> str | None:
+    """``file:line`` of the innermost frame outside torch (and this module) when it is the package's (or reads on
+    its behalf), else None: Trainer's and the model's own reads are theirs."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(TORCH) or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    if frame is None or _collating(frame):
+        return None
+    if frame.f_code.co_name in ON_THE_PACKAGE_S_BEHALF:
+        return f"transformers {frame.f_code.co_name}"
+    if not frame.f_code.co_filename.startswith(PACKAGE):
+        return None
+    return f"{Path(frame.f_code.co_filename).relative_to(PACKAGE)}:{frame.f_lineno}"
+
+
+def _collating(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a DataLoader's fetch: a collator's tensors are on the host by construction."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(DATA_LOADING):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _is_mask(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(item, torch.Tensor) and item.dtype == torch.bool for item in items)
+
+
+class HostReads:
+    """Calls counted per ``where`` (``file:line`` of the package) for the current ``step``; ``reads[step]``."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.reads: dict[int, Counter[str]] = {}
+
+    def count(self, what: str) -> None:
+        where = _caller_in_package()
+        if where is not None:
+            self.reads.setdefault(self.step, Counter())[f"{where} {what}"] += 1
+
+    def wrap(self, name: str, original: Callable, counts_if: Callable[..., bool] | None = None) -> Callable:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if counts_if is None or counts_if(*args, **kwargs):
+                self.count(name)
+            return original(*args, **kwargs)
+
+        return counted
+
+
+@contextmanager
+def counting_host_reads() -> Iterator[HostReads]:
+    """Within the block every reading call the package makes is counted in the yielded ``HostReads``."""
+    reads = HostReads()
+    patched: list[tuple[Any, str, Any]] = []
+
+    def patch(owner: Any, name: str, counts_if: Callable[..., bool] | None = None) -> None:
+        original = getattr(owner, name)
+        patched.append((owner, name, original))
+        setattr(owner, name, reads.wrap(name, original, counts_if))
+
+    for name in READING_METHODS:
+        patch(torch.Tensor, name)
+    for name in READING_FUNCTIONS:
+        patch(torch, name)
+    patch(torch.Tensor, "__getitem__", lambda tensor, index: _is_mask(index))
+    patch(torch.Tensor, "masked_select")
+    try:
+        yield reads
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
