@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from hf_lora_ds import ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments, build_collator  # noqa: E402
 from hf_lora_ds._testing.tiny_models import build_tiny_qwen2, train_chat_tokenizer  # noqa: E402
-from hf_lora_ds.data.packing import PackedDataset  # noqa: E402
+from hf_lora_ds.data.batches.packing import PackedDataset  # noqa: E402
 from hf_lora_ds.model.gguf_import import plain_model  # noqa: E402
 from hf_lora_ds.resources import DEMO_DATA  # noqa: E402
 

@@ -23,8 +23,8 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.utils import logging
 
 from hf_lora_ds.callbacks.base import LoggingCallback
-from hf_lora_ds.data.packing import padding_segments
-from hf_lora_ds.data.template_rule import IGNORE_INDEX
+from hf_lora_ds.data.batches.packing import padding_segments
+from hf_lora_ds.data.masking import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.model.experts import experts_per_token, moe_blocks, unwrapped_name
 from hf_lora_ds.model.layer_kinds import sequence_mixers

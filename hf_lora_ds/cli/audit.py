@@ -17,8 +17,7 @@ import argparse
 import sys
 
 from hf_lora_ds.cli.log import configure_logging
-from hf_lora_ds.data.inference_prompts import round_trip
-from hf_lora_ds.data.mask_audit import MaskAudit, audit_by_source, audit_dataset, show_samples
+from hf_lora_ds.data.audit import MaskAudit, audit_by_source, audit_dataset, round_trip, show_samples
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.resolve import read_checked_values

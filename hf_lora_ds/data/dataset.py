@@ -2,7 +2,7 @@
 
 Stock templates (Qwen's among them) have no ``{% generation %}`` block, so transformers' assistant mask comes back
 all zeros, and response-marker strings tokenize differently in context. So the supervised spans come from the
-template as inference uses it (hf_lora_ds.data.template_rule): what the model must generate after each turn's
+template as inference uses it (hf_lora_ds.data.masking.template_rule): what the model must generate after each turn's
 inference prompt, through its end-of-turn token, mapped to tokens by offsets and checked against the text. A template
 that breaks this raises a ``TemplateError`` naming the record instead of training on a wrong mask.
 """
@@ -28,25 +28,27 @@ from transformers import PreTrainedTokenizerBase
 
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.formats.registry import fingerprint
-from hf_lora_ds.data.labels import FlatLabels, labels_from_spans, tokenized_labels
-from hf_lora_ds.data.plain_text import PlainText
-from hf_lora_ds.data.record_table import cache_root
-from hf_lora_ds.data.records import DataError, decode_record
-from hf_lora_ds.data.skeleton import Locator
-from hf_lora_ds.data.sources import LoadedData, load_data
-from hf_lora_ds.data.template_rule import (
+from hf_lora_ds.data.masking import (
     IGNORE_INDEX,
     AssistantTurns,
+    Locator,
+    PlainText,
     TemplateError,
+    TextMask,
+    ThinkingOptions,
     TrainingText,
     TurnRules,
+    as_template_reads,
+    plan_turns,
     prefix_samples,
     render_samples,
+    text_mask,
+    with_user_turns,
 )
-from hf_lora_ds.data.thinking import ThinkingOptions, as_template_reads
-from hf_lora_ds.data.token_bytes import TokenBytes
-from hf_lora_ds.data.turn_flags import TextMask, plan_turns, text_mask
-from hf_lora_ds.data.user_turns import with_user_turns
+from hf_lora_ds.data.records import DataError, decode_record
+from hf_lora_ds.data.records.record_table import cache_root
+from hf_lora_ds.data.sources import LoadedData, load_data
+from hf_lora_ds.data.tokens import FlatLabels, TokenBytes, labels_from_spans, tokenized_labels
 from hf_lora_ds.distributed import main_process_first
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
@@ -80,8 +82,8 @@ class ChatSFTDataset(torch.utils.data.Dataset):
     """Tokenized chat SFT samples: ``ds[i]`` is a dict of ``input_ids``, ``attention_mask`` and ``labels`` lists.
 
     Records are validated, rendered and tokenized by a batched ``datasets`` map over the memory-mapped record
-    table (``hf_lora_ds.data.record_table``), in ``num_proc`` processes, into a cached Arrow file: the samples are
-    never all Python objects at once, a bad record still fails with its file, line and field before training, and a
+    table (``hf_lora_ds.data.records.record_table``), in ``num_proc`` processes, into a cached Arrow file: the samples
+    are never all Python objects at once, a bad record still fails with its file, line and field before training, and a
     second run with the same data, tokenizer and settings reads the cache instead of tokenizing again.
 
     Args:
@@ -256,12 +258,13 @@ class _Encoder:
             yield conversation
 
     def samples(self, conversation: dict[str, Any], where: str = "record") -> list[TrainingText]:
-        """The training texts and spans of one conversation (``hf_lora_ds.data.template_rule.render_samples``)."""
+        """The training texts and spans of one conversation
+        (``hf_lora_ds.data.masking.template_rule.render_samples``)."""
         return self.sample_lists([conversation], [where])[0]
 
     def sample_lists(self, conversations: list[dict[str, Any]], wheres: list[str]) -> list[list[TrainingText]]:
-        """Each conversation's samples: located (``hf_lora_ds.data.skeleton``) where that is proven exact, else by the
-        prefix rule, which also raises, conversation by conversation, any error of either, naming the record."""
+        """Each conversation's samples: located (``hf_lora_ds.data.masking.skeleton``) where that is proven exact, else
+        by the prefix rule, which also raises, conversation by conversation, any error of either, naming the record."""
         chats = [conversation for conversation in conversations if conversation["messages"] is not None]
         located = iter(self.locator.samples(chats))
         samples = []
@@ -277,7 +280,7 @@ class _Encoder:
         self, conversation: dict[str, Any], where: str, located: list[TrainingText] | None = None
     ) -> list[TrainingText]:
         """The conversation's samples (``located`` by the skeleton, else by the prefix rule), with the user turns its
-        flags train (``hf_lora_ds.data.user_turns``); an error names the record."""
+        flags train (``hf_lora_ds.data.masking.user_turns``); an error names the record."""
         turns, messages, tools = (
             conversation.get("turns", self.assistant_turns),
             conversation["messages"],

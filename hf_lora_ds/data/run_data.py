@@ -12,8 +12,8 @@ from transformers import PreTrainedTokenizerBase
 from hf_lora_ds.config import RunValues
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.formats import FormatOptions
+from hf_lora_ds.data.masking.thinking import ThinkingOptions
 from hf_lora_ds.data.sources import LoadedData, load_data
-from hf_lora_ds.data.thinking import ThinkingOptions
 
 __all__ = ["load_run_data", "sft_dataset"]
 

@@ -25,10 +25,10 @@ from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.config.reporting import chosen_callbacks
-from hf_lora_ds.data.collator import LengthGroupedEpochSampler
+from hf_lora_ds.data.audit import audit_by_source, audit_dataset
+from hf_lora_ds.data.batches import LengthGroupedEpochSampler
+from hf_lora_ds.data.batches.packing import training_samples
 from hf_lora_ds.data.dataset import ChatSFTDataset
-from hf_lora_ds.data.mask_audit import audit_by_source, audit_dataset
-from hf_lora_ds.data.packing import training_samples
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval.evaluator import EvalResult
 from hf_lora_ds.model.adapter_check import verify_adapter

@@ -24,8 +24,8 @@ from transformers.utils import logging
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.reporting import chosen_callbacks
+from hf_lora_ds.data.audit import check_round_trip
 from hf_lora_ds.data.dataset import ChatSFTDataset
-from hf_lora_ds.data.inference_prompts import check_round_trip
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.data.sources import LoadedData, load_data
 from hf_lora_ds.distributed import describe_world

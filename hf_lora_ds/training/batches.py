@@ -14,8 +14,8 @@ from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention, resolve_batching
-from hf_lora_ds.data.collator import SupervisedPositionsCollator, build_collator, check_model_batching
-from hf_lora_ds.data.packing import PackedDataset
+from hf_lora_ds.data.batches.collator import SupervisedPositionsCollator, build_collator, check_model_batching
+from hf_lora_ds.data.batches.packing import PackedDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.loading import base_model_config
@@ -113,7 +113,8 @@ def with_supervised_positions(
 
 
 def _packed(dataset: Any, capacity: int, name: str) -> Any:
-    """``dataset``'s samples in rows of ``capacity`` tokens (hf_lora_ds.data.packing); None and packed rows as given."""
+    """``dataset``'s samples in rows of ``capacity`` tokens (hf_lora_ds.data.batches.packing); None and packed rows as
+    given."""
     if dataset is None or isinstance(dataset, PackedDataset):
         return dataset
     if not hasattr(dataset, "lengths"):

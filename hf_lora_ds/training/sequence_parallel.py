@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from hf_lora_ds.config.engine import data_parallel_size
 from hf_lora_ds.config.zero_settings import ZeroSettings
-from hf_lora_ds.data.collator import SUPERVISED_POSITIONS, supervised_positions
-from hf_lora_ds.data.template_rule import IGNORE_INDEX
+from hf_lora_ds.data.batches.collator import SUPERVISED_POSITIONS, supervised_positions
+from hf_lora_ds.data.masking import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 
 __all__ = [

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hf_lora_ds.data.collator import SUPERVISED_POSITIONS, shifted_labels, supervised_positions
+from hf_lora_ds.data.batches.collator import SUPERVISED_POSITIONS, shifted_labels, supervised_positions
 from hf_lora_ds.training.fused_head_loss import fused_head_loss
 
 __all__ = [

@@ -6,7 +6,7 @@ import pytest
 
 from hf_lora_ds.cli.audit import main
 from hf_lora_ds.errors import UserError
-from tests.data.test_mask_audit import RECORDS, write_records
+from tests.data.audit.test_mask_audit import RECORDS, write_records
 
 
 def test_audit_cli(tiny_model_dir, tmp_path, capsys):

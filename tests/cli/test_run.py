@@ -77,7 +77,7 @@ def test_main_trains_evaluates_and_reports(tiny_model_dir, sum_files, tmp_path, 
 def test_packed_batching_trains_rows_of_several_samples(tiny_model_dir, sum_files, tmp_path, capsys):
     """``run_sft.py --batching packed``: the trainer gets PackedDataset rows (several samples, one row a batch, so
     no padding at all) and the throughput it logs counts the rows' tokens. The demo's rows, filled >= 0.98, are
-    tests/data/test_packing.py's (in process, without a training run)."""
+    tests/data/batches/test_packing.py's (in process, without a training run)."""
     out = tmp_path / "packed"
     flags = demo_flags(tiny_model_dir, sum_files, out)
     flags[flags.index("--per_device_train_batch_size") + 1] = "1"

@@ -74,7 +74,7 @@ def test_kernels_need_cuda_and_every_module(monkeypatch):
 
 def test_the_leak_the_refusal_stops_is_real(hybrid, qwen_style_tokenizer):
     """Two samples in one row with restarting positions: the second's logits are not its logits alone on the torch
-    paths, by over ten times the tolerance within which a plain Qwen2's are (tests/data/test_packing.py): the
+    paths, by over ten times the tolerance within which a plain Qwen2's are (tests/data/batches/test_packing.py): the
     refusal is needed. (From 3e-4 for the tiny LFM2, whose convolution spans 3 tokens, to 0.66 for Granite 4.)"""
     family, model = hybrid
     render = qwen_style_tokenizer.apply_chat_template

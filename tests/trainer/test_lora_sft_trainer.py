@@ -13,9 +13,9 @@ from transformers import DataCollatorWithFlattening, TrainerCallback
 
 from hf_lora_ds.callbacks import MemoryTraceCallback
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.data.collator import SupervisedPositionsCollator, build_collator
+from hf_lora_ds.data.batches.collator import SupervisedPositionsCollator, build_collator
+from hf_lora_ds.data.batches.packing import PackedDataset, training_samples
 from hf_lora_ds.data.dataset import ChatSFTDataset
-from hf_lora_ds.data.packing import PackedDataset, training_samples
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 

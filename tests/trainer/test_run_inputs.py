@@ -11,7 +11,7 @@ import torch
 from hf_lora_ds import IGNORE_INDEX, ChatSFTDataset, LoraSFTTrainer, SFTTrainingArguments
 from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds.callbacks import AnswerAccuracyCallback
-from hf_lora_ds.data.packing import PackedDataset
+from hf_lora_ds.data.batches.packing import PackedDataset
 from hf_lora_ds.errors import UserError
 
 RECORDS = [{"instruction": f"{x}=", "output": f"王大丫丫的回答是--->{x - 3} + 3"} for x in range(10, 42)]

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from hf_lora_ds.config.engine import Engine
-from hf_lora_ds.data.collator import build_collator
+from hf_lora_ds.data.batches.collator import build_collator
+from hf_lora_ds.data.batches.packing import PackedCollator, PackedDataset
 from hf_lora_ds.data.dataset import ChatSFTDataset
-from hf_lora_ds.data.packing import PackedCollator, PackedDataset
 from hf_lora_ds.training.batches import prepare_batches
 
 RECORDS = [{"instruction": f"{x}=", "output": f"{x - 3} + 3"} for x in range(10, 26)]

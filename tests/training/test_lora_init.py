@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 
-from hf_lora_ds.data.collator import build_collator
+from hf_lora_ds.data.batches.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.training.lora_init import gathered_module_by_module, init_batches, wrap_as_initialised

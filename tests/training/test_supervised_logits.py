@@ -14,15 +14,15 @@ from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401 (acce
 
 from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.data.collator import (
+from hf_lora_ds.data.batches.collator import (
     SUPERVISED_POSITIONS,
     SupervisedPositionsCollator,
     build_collator,
     shifted_labels,
     supervised_positions,
 )
+from hf_lora_ds.data.batches.packing import PackedDataset
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
-from hf_lora_ds.data.packing import PackedDataset
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.training import fused_head_loss
 from hf_lora_ds.training.supervised_logits import accepts_position_mask, supervised_cross_entropy

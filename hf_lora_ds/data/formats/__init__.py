@@ -6,7 +6,8 @@ format, one module each: ``sharegpt``, ``messages`` (and tool calling), ``alpaca
 registers the same way (``register_format``, ``registry``). Every format ends as ``{"messages": [...], "tools": [...] |
 None}`` (``to_conversation``, ``conversation``), its turns through one validator (``turns``), so a bad turn gets the
 same message, naming the record's location and the user's field, whatever the other turns hold. A dataset's own
-column and speaker names come mapped by ``columns``; tool schemas and calls are read by ``hf_lora_ds.data.tool_calls``.
+column and speaker names come mapped by ``columns``; tool schemas and calls are read by
+``hf_lora_ds.data.records.tool_calls``.
 """
 
 from hf_lora_ds.data.formats import alpaca, messages, prompt_completion, sharegpt, text

@@ -34,7 +34,7 @@ def to_conversation(
     ``system_prompt`` first when the record brings no system turn of its own (its own wins).
 
     Besides those: ``unused`` (the fields and message keys no reader used), and where the record says so,
-    ``flags`` / ``detail`` (per-turn training flags by message index, ``hf_lora_ds.data.turn_flags``) and
+    ``flags`` / ``detail`` (per-turn training flags by message index, ``hf_lora_ds.data.masking.turn_flags``) and
     ``completion_from`` (the first message of a TRL completion). A plain-text record (TRL's standard kinds) is
     ``{"text", "prompt_chars", "messages": None, "tools": None}``: its text, and how much of it is prompt."""
     options = options or FormatOptions()

@@ -26,7 +26,7 @@ def prompt_completion(record: dict, reading: Reading) -> dict[str, Any]:
 
 
 def _plain_text(record: dict, reading: Reading) -> dict[str, Any]:
-    """The prompt untrained, the completion trained, no chat template (``hf_lora_ds.data.plain_text``)."""
+    """The prompt untrained, the completion trained, no chat template (``hf_lora_ds.data.masking.plain_text``)."""
     prompt = reading.string(record, "prompt")
     if not isinstance(record["completion"], str):
         raise DataError(

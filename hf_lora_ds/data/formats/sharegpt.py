@@ -9,9 +9,9 @@ from typing import Any
 from hf_lora_ds.data.formats.columns import SHAREGPT_ROLES
 from hf_lora_ds.data.formats.registry import RecordFormat
 from hf_lora_ds.data.formats.turns import USED_TURN_KEYS, Reading, unused_keys
+from hf_lora_ds.data.masking.turn_flags import DETAIL_KEY, FLAG_KEYS
 from hf_lora_ds.data.records import DataError
-from hf_lora_ds.data.tool_calls import sharegpt_call
-from hf_lora_ds.data.turn_flags import DETAIL_KEY, FLAG_KEYS
+from hf_lora_ds.data.records.tool_calls import sharegpt_call
 
 __all__ = ["SHAREGPT"]
 

@@ -1,5 +1,5 @@
 """TRL's language-modeling kind: one ``text``, trained whole as TRL trains it, with no chat template
-(``hf_lora_ds.data.plain_text``)."""
+(``hf_lora_ds.data.masking.plain_text``)."""
 
 from __future__ import annotations
 

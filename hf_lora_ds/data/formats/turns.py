@@ -2,8 +2,9 @@
 
 Every format's turns go through ``Reading.messages``, so a bad turn gets the same message, naming the record's
 location and the user's field, whatever the other turns hold: roles as in ``ROLES``, a system turn only first, content
-a non-empty string (or a list of parts: ``hf_lora_ds.data.content_parts``) except beside tool calls, reasoning only on
-assistant turns, training flags (``hf_lora_ds.data.turn_flags``) by message index, and the message keys no reader uses.
+a non-empty string (or a list of parts: ``hf_lora_ds.data.records.content_parts``) except beside tool calls, reasoning
+only on assistant turns, training flags (``hf_lora_ds.data.masking.turn_flags``) by message index, and the message keys
+no reader uses.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
-from hf_lora_ds.data.content_parts import PARTS_KEY, Parts, join_parts
+from hf_lora_ds.data.masking.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
 from hf_lora_ds.data.records import DataError
-from hf_lora_ds.data.tool_calls import tool_call, tool_schemas
-from hf_lora_ds.data.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
+from hf_lora_ds.data.records.content_parts import PARTS_KEY, Parts, join_parts
+from hf_lora_ds.data.records.tool_calls import tool_call, tool_schemas
 
 if TYPE_CHECKING:
     from hf_lora_ds.data.formats.columns import FieldNames, FormatOptions
@@ -52,7 +53,7 @@ class Reading:
         )
 
     def tools(self, record: dict) -> list[dict] | None:
-        """The record's tool schemas (``hf_lora_ds.data.tool_calls``), None without any."""
+        """The record's tool schemas (``hf_lora_ds.data.records.tool_calls``), None without any."""
         return tool_schemas(record["tools"], self.where, self.names["tools"]) if "tools" in record else None
 
     def messages(
@@ -105,7 +106,7 @@ class Reading:
             else string_field(message, "content", where, allow_empty=bool(calls), label=f"{name}.{content_field}")
         )
         out: dict[str, Any] = {"role": role, "content": content, **_reasoning(message, role, where, name)}
-        if isinstance(given, list):  # for a template that iterates the parts itself (hf_lora_ds.data.content_parts)
+        if isinstance(given, list):  # for a template that iterates the parts itself (data.records.content_parts)
             out[PARTS_KEY] = [
                 part if "text" in part else {**part, "text": part["value"]}  # LLaMA-Factory v1's
                 for part in given
@@ -182,7 +183,7 @@ def _plain_turn(message: Any, first: bool) -> bool:
 
 def _parts_read(message: dict, role: str, where: str, name: str) -> dict:
     """A message whose content is a list of parts, as one with their text joined, their reasoning as
-    ``reasoning_content``, their tool calls added to its ``tool_calls`` (``hf_lora_ds.data.content_parts``) and
+    ``reasoning_content``, their tool calls added to its ``tool_calls`` (``hf_lora_ds.data.records.content_parts``) and
     their training flags (axolotl's per-part ``train``) as the ``train_detail`` of the text they cover."""
     content = message.get("content")
     if not isinstance(content, list):

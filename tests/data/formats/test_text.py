@@ -1,4 +1,5 @@
-"""TRL's language-modeling records: one text, read as plain text (its tokenizing is tests/data/test_plain_text.py's)."""
+"""TRL's language-modeling records: one text, read as plain text (its tokenizing is
+tests/data/masking/test_plain_text.py's)."""
 
 from __future__ import annotations
 
