@@ -277,7 +277,7 @@ def test_the_trainer_batches_padding_free_without_a_collator(tiny_model, qwen_st
     )
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(tiny_model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)
-    collator = trainer.data_collator  # the loss's positions added on the host (data/collator.py)
+    collator = trainer.data_collator  # the loss's positions added on the host (data/batches/collator.py)
     assert isinstance(collator, SupervisedPositionsCollator)
     assert isinstance(collator.collator, DataCollatorWithFlattening)
     assert trainer.train_dataset is dataset
