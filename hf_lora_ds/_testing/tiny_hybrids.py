@@ -3,6 +3,8 @@ built from their transformers configs with no download (hidden 64, 2-4 layers, o
 
 ``HYBRID_FAMILIES`` are the families of issue 61, as transformers names their text models; where a family also comes
 as a Mixture-of-Experts model (Qwen3-Next, Granite 4, Nemotron-H, Jamba), the tiny one has experts too.
+``MORE_HYBRID_FAMILIES`` are built the same way for checks that every kind of layer is recognised: MiniMax's
+lightning attention has no convolution, Kimi's delta attention keeps its decay in a gate.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["HYBRID_FAMILIES", "build_tiny_hybrid"]
+__all__ = ["HYBRID_FAMILIES", "MORE_HYBRID_FAMILIES", "build_tiny_hybrid"]
 
 _EXPERTS = {"num_experts_per_tok": 2}
 # Gated DeltaNet heads (Qwen3.5, Qwen3-Next).
@@ -73,13 +75,38 @@ _FIELDS: dict[str, dict] = {
     "bamba": {"attn_layer_indices": [1], **_MAMBA2},
 }
 HYBRID_FAMILIES = tuple(_FIELDS)
+_MORE_FIELDS: dict[str, dict] = {
+    "minimax": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_local_experts": 4,
+        "head_dim": 16,
+        **_EXPERTS,
+    },
+    "kimi_linear": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "mlp_layer_types": ["dense", "sparse"],
+        "num_experts": 4,
+        "num_experts_per_token": 2,
+        "moe_intermediate_size": 32,
+        "linear_head_dim": 16,
+        "linear_num_heads": 4,
+        "head_dim": 16,
+        "kv_lora_rank": 16,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+    },
+}
+MORE_HYBRID_FAMILIES = tuple(_MORE_FIELDS)
 
 
 def build_tiny_hybrid(
     family: str, tokenizer: PreTrainedTokenizerBase, hidden_size: int = 64, seed: int = 0
 ) -> PreTrainedModel:
-    """A randomly initialised hybrid model of ``family`` (a transformers ``model_type`` of ``HYBRID_FAMILIES``) sized
-    for ``tokenizer``: hidden 64, 4 attention heads; deterministic for a given ``seed``."""
+    """A randomly initialised hybrid model of ``family`` (a transformers ``model_type`` of ``HYBRID_FAMILIES`` or
+    ``MORE_HYBRID_FAMILIES``) sized for ``tokenizer``: hidden 64, 4 attention heads; deterministic for a given
+    ``seed``."""
     common = {
         "vocab_size": len(tokenizer),
         "hidden_size": hidden_size,
@@ -92,7 +119,7 @@ def build_tiny_hybrid(
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    config = AutoConfig.for_model(family, **{**common, **_FIELDS[family]})
+    config = AutoConfig.for_model(family, **{**common, **{**_FIELDS, **_MORE_FIELDS}[family]})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

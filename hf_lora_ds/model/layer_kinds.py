@@ -1,9 +1,10 @@
-"""What mixes tokens in a model besides attention: linear-attention (Gated DeltaNet), state-space (Mamba) and
-short-convolution layers, found by what they are made of rather than by family name.
+"""What mixes tokens in a model besides attention: linear-attention (Gated DeltaNet, Kimi's delta attention,
+MiniMax's lightning attention), state-space (Mamba) and short-convolution layers, found by what they are made of
+rather than by family name.
 
-Every such layer transformers ships carries its state along the sequence through a causal depthwise convolution
-(``conv1d``/``conv``) and, for linear attention and Mamba, a recurrence; on their torch paths neither sees where one
-packed sample ends. Attention layers, which do, are not listed here.
+Such a layer carries its state along the sequence through a causal depthwise convolution (``conv1d``/``conv``), a
+decaying recurrence (Mamba's and the delta rule's ``A_log``, lightning attention's ``*_decay``), or both; on their
+torch paths neither sees where one packed sample ends. Attention layers, which do, are not listed here.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ SequenceMixerKind = Literal["linear attention", "state space", "short convolutio
 
 def sequence_mixers(model: torch.nn.Module) -> dict[str, SequenceMixerKind]:
     """Each non-attention token-mixing module of ``model`` (raw or wrapped by PEFT) by its name, with its kind."""
-    mixers: dict[str, SequenceMixerKind] = {}
-    for name, module in model.named_modules():
-        if _is_depthwise_conv(module) and not _inside_lora_layer(name):
-            owner = name.rpartition(".")[0]
-            mixers[owner] = _kind(model.get_submodule(owner))
-    return mixers
+    owners = [
+        name
+        for name, module in model.named_modules()
+        if not _inside_lora_layer(name) and (any(map(_is_depthwise_conv, module.children())) or _decays(module))
+    ]
+    # The outermost owner is the layer (Kimi's delta attention keeps its decay in a gate inside it).
+    outermost = [name for name in owners if not any(name.startswith(f"{other}.") for other in owners)]
+    return {name: _kind(model.get_submodule(name)) for name in outermost}
 
 
 def sequence_mixer_counts(model: torch.nn.Module) -> Counter[SequenceMixerKind]:
@@ -44,8 +47,17 @@ def _inside_lora_layer(name: str) -> bool:
     return any(part == "base_layer" or part.startswith("lora_") for part in name.split("."))
 
 
+def _decays(module: torch.nn.Module) -> bool:
+    """Whether ``module`` itself holds a recurrence's decay (a parameter or buffer, not one of its children's)."""
+    own = [name for name, _ in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))]
+    return any(name == "A_log" or "decay" in name for name in own)
+
+
 def _kind(module: torch.nn.Module) -> SequenceMixerKind:
-    """Gated DeltaNet and Mamba both keep a decay ``A_log``; only the first is named for its delta rule."""
-    if not hasattr(module, "A_log"):
-        return "short convolution"
-    return "linear attention" if "DeltaNet" in type(module).__name__ else "state space"
+    """Mamba keeps its skip ``D`` beside the decay ``A_log``; linear attention has the decay alone; a short
+    convolution neither."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    if {"A_log", "D"} <= own:
+        return "state space"
+    inside = [name for name, _ in (*module.named_parameters(), *module.named_buffers())]
+    return "linear attention" if any("A_log" in name or "decay" in name for name in inside) else "short convolution"

@@ -1,7 +1,7 @@
 import pytest
 from peft import LoraConfig, get_peft_model
 
-from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, MORE_HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.model.layer_kinds import sequence_mixer_counts, sequence_mixers
 
@@ -15,10 +15,14 @@ _EXPECTED = {
     "falcon_h1": {"model.layers.0.mamba": "state space", "model.layers.1.mamba": "state space"},
     "lfm2": {"model.layers.0.conv": "short convolution"},
     "bamba": {"model.layers.0.mamba": "state space"},
+    # no convolution: found by its decay buffers
+    "minimax": {"model.layers.0.self_attn": "linear attention"},
+    # a convolution beside a gate that holds the decay: one layer, the outer one
+    "kimi_linear": {"model.layers.0.self_attn": "linear attention"},
 }
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAMILIES + MORE_HYBRID_FAMILIES)
 def test_each_hybrid_family_names_its_non_attention_layers(family, qwen_style_tokenizer):
     assert sequence_mixers(build_tiny_hybrid(family, qwen_style_tokenizer)) == _EXPECTED[family]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, MORE_HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds.model import packed_boundaries
 from hf_lora_ds.model.packed_boundaries import kernels_present, packed_batch_keys, packing_refusal
 
@@ -20,6 +20,8 @@ KIND_WORDS = {
     "falcon_h1": "state-space",
     "lfm2": "short-convolution",
     "bamba": "state-space",
+    "minimax": "linear-attention",
+    "kimi_linear": "linear-attention",
 }
 # What transformers 5.24 forwards to each family's kernels (None: Jamba's decoder layer forwards nothing).
 ALLOWED_KEYS = {
@@ -48,6 +50,13 @@ def test_every_hybrid_family_is_refused_in_one_line_naming_its_layers(hybrid, ba
     assert line.startswith(f"--batching {batching}: this model's {KIND_WORDS[family]} layers (model.layers.")
     assert line.endswith("use --batching padded")
     assert packing_refusal("padded", model) is None
+
+
+@pytest.mark.parametrize("family", MORE_HYBRID_FAMILIES)
+def test_linear_attention_without_a_convolution_is_refused_too(family, qwen_style_tokenizer):
+    """MiniMax's lightning attention leaks across packed samples as the others do, with no convolution to find."""
+    line = packing_refusal("packed", build_tiny_hybrid(family, qwen_style_tokenizer))
+    assert line is not None and line.startswith(f"--batching packed: this model's {KIND_WORDS[family]} layers (")
 
 
 def test_attention_only_models_still_pack(tiny_model):
