@@ -19,6 +19,7 @@ switched off for that forward and the stand-in makes the W + BA they would.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -57,9 +58,11 @@ class ModelShape:
     num_layers: int
     seq_len: int
     first_layer_activation_bytes: int  # the decoder with one layer: that layer, embeddings and the final norm
-    layer_activation_bytes: int  # saved by each further layer (the first saves less: its input needs no grad)
+    layer_activation_bytes: int  # saved by each further layer (the first saves less: its input needs no grad); a
+    # hybrid's on average over its layer pattern (attention, linear attention, Mamba, MLP-only layers save unlike)
     layer_input_bytes: int  # a layer's input: what gradient checkpointing keeps per layer
     backward_working_bytes: int  # what a layer's backward allocates on top of what was saved
+    recomputed_layer_bytes: int = 0  # the largest further layer, recomputed under checkpointing (0: the average's)
     init_pass_bytes: int = 0  # held by the LoRA init's data pass before step 1 (CorDA's input covariances)
     attention_heads: int = 0  # query heads, key/value heads and head size: what sequence parallelism exchanges
     kv_heads: int = 0
@@ -72,7 +75,8 @@ class ModelShape:
 
         The working memory is ``backward_working_bytes`` (see ``_backward_working_bytes``)."""
         if gradient_checkpointing:
-            recomputed = max(self.layer_activation_bytes, self.first_layer_activation_bytes)
+            further = max(self.layer_activation_bytes, self.recomputed_layer_bytes)
+            recomputed = max(further, self.first_layer_activation_bytes)
             per_sample = self.num_layers * self.layer_input_bytes + recomputed
         else:
             per_sample = self.first_layer_activation_bytes + (self.num_layers - 1) * self.layer_activation_bytes
@@ -136,10 +140,14 @@ def _measure(
     frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
     weight_bytes = sum(_stored_bytes(name, p, dtype, quantization) for name, p in frozen)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    (one, largest_saved), (two, _) = (
-        _saved_activation_bytes(config, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype)
-        for layers in (1, 2)
-    )
+
+    def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
+        return _saved_activation_bytes(
+            measured, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype
+        )
+
+    one, largest_saved = saved(config, 1)
+    further, largest_further = _further_layer_bytes(config, lambda second: saved(second, 2)[0] - one)
     text = config.get_text_config()
     hidden = text.hidden_size
     heads = text.num_attention_heads
@@ -153,7 +161,8 @@ def _measure(
         num_layers=config.get_text_config().num_hidden_layers,
         seq_len=seq_len,
         first_layer_activation_bytes=one,
-        layer_activation_bytes=two - one,
+        layer_activation_bytes=further,
+        recomputed_layer_bytes=largest_further,
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
         backward_working_bytes=_backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
         init_pass_bytes=_covariance_bytes(model) if init.data_pass is DataPass.CORDA else 0,
@@ -232,6 +241,34 @@ def _decoder_copy(config: PretrainedConfig, layers: int) -> PretrainedConfig:
         if isinstance(getattr(text, key, None), int):
             setattr(text, key, min(getattr(text, key), 1))
     return small
+
+
+def _layer_pattern(config: PretrainedConfig) -> tuple[str, list] | None:
+    """The text config's own list of layer kinds and its key (``layer_types``, Nemotron-H's ``layers_block_type``);
+    None where there is none or it is computed from other fields (Jamba, Bamba)."""
+    text = config.get_text_config()
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(getattr(text, key, None), list) and _stored(text, key):
+            return key, getattr(text, key)
+    return None
+
+
+def _further_layer_bytes(config: PretrainedConfig, measure: Callable[[PretrainedConfig], int]) -> tuple[int, int]:
+    """What each layer after the first saves on average, and the most one saves: ``measure`` (the second layer of a
+    copy) once per kind in the model's own layer pattern, a hybrid's attention, linear-attention, Mamba and MLP-only
+    layers each as what it is. One kind, or a computed pattern (Jamba, Bamba): the copy's second layer for all."""
+    found = _layer_pattern(config)
+    if found is None or len(set(found[1][1:])) < 2:
+        saved = measure(config)
+        return saved, saved
+    key, pattern = found
+    by_kind = {}
+    for kind in set(pattern[1:]):
+        second = copy.deepcopy(config)
+        setattr(second.get_text_config(), key, [pattern[0], kind, *pattern[2:]])
+        by_kind[kind] = measure(second)
+    further = [by_kind[kind] for kind in pattern[1:]]
+    return round(sum(further) / len(further)), max(further)
 
 
 def _stored(config: PretrainedConfig, key: str) -> bool:
