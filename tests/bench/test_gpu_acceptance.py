@@ -82,7 +82,7 @@ def _acceptance(tmp_path, stages: list[str], deadline_s: float = 450.0) -> run_a
 
 
 def test_a_failing_stage_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch):
-    acceptance = _acceptance(tmp_path, ["demo", "build", "hf_lora_ds", "plan"])
+    acceptance = _acceptance(tmp_path, ["demo", "build", "speed", "plan"])
     seen_on_disk = []
 
     def demo(budget):
@@ -99,11 +99,11 @@ def test_a_failing_stage_is_recorded_and_the_next_still_runs(tmp_path, monkeypat
     stages = json.loads((tmp_path / "out" / "gpu_acceptance.json").read_text())["stages"]
     assert seen_on_disk[0]["ok"] is False and "illegal memory access" in seen_on_disk[0]["error"]
     assert stages["build"]["error"].startswith("StageError: build exited 1")
-    assert stages["hf_lora_ds"] == {"ok": False, "skipped": "needs the build stage, which did not succeed"}
+    assert stages["speed"] == {"ok": False, "skipped": "needs the build stage, which did not succeed"}
     assert stages["plan"]["skipped"].startswith("needs the build stage")
     table = (tmp_path / "out" / "gpu_acceptance.md").read_text()
     assert "| demo | FAILED | RuntimeError: CUDA error: an illegal memory access was encountered |" in table
-    assert "| hf_lora_ds | skipped | needs the build stage" in table
+    assert "| speed | skipped | needs the build stage" in table
 
 
 def test_no_stage_starts_past_the_deadline(tmp_path, monkeypatch):

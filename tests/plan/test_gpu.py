@@ -1,5 +1,6 @@
 """On a GPU: the planner's per-device figure, less the CUDA context and the allocator's reserve (which
-``max_memory_allocated`` does not see), against the peak ``torch.cuda.max_memory_allocated`` that MemoryTraceCallback measures while training, within ±30%.
+``max_memory_allocated`` does not see), against the peak ``torch.cuda.max_memory_allocated`` that
+MemoryTraceCallback measures while training, within ±30%.
 Skipped where no CUDA device is present (tests/conftest.py)."""
 
 from __future__ import annotations
