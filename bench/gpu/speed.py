@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib import import_module
 from pathlib import Path
 from traceback import format_exc
 from typing import Any
@@ -308,8 +309,21 @@ def run_shape(shape: SpeedShape, work: Path, out: Path, windows: Windows, on_cpu
     return found
 
 
+def _import_as_a_command() -> None:
+    """Both trainers' modules imported as run_sft's process imports its own (hf_lora_ds.command_process): PEFT
+    without bitsandbytes, then everything imported kept out of the collector's walks. Both trainers then run in the
+    same process, on the same footing."""
+    from hf_lora_ds.command_process import command_imports
+
+    with command_imports():
+        import_module("trl")
+        import_module("datasets")
+        import_module("hf_lora_ds.cli.run")
+
+
 def speed_worker(work: Path, out: Path, shape_names: list[str], tiny: bool, on_cpu: bool) -> dict:
     """The named shapes' runs in this process."""
+    _import_as_a_command()
     shapes = {shape.name: shape for shape in (TINY_SHAPES if tiny else GPU_SHAPES)}
     windows = TINY_WINDOWS if tiny else GPU_WINDOWS
     found = {name: run_shape(shapes[name], work, out, windows, on_cpu) for name in shape_names}
