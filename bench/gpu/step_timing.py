@@ -283,7 +283,8 @@ def profile_summary(events: Sequence[ProfiledEvent], steps: int, wall_s: float, 
 
 
 def profiled_events(profiler: Any) -> list[ProfiledEvent]:
-    """The profiler's events in the summary's terms."""
+    """The profiler's events in the summary's terms. A ``record_function`` range projected onto the device's timeline
+    (a user annotation) is no kernel: it would cover the whole range in the busy time."""
     from torch.autograd import DeviceType
 
     return [
@@ -295,4 +296,5 @@ def profiled_events(profiler: Any) -> list[ProfiledEvent]:
             self_cpu_us=event.self_cpu_time_total if event.device_type == DeviceType.CPU else 0.0,
         )
         for event in profiler.events()
+        if not (event.device_type != DeviceType.CPU and getattr(event, "is_user_annotation", False))
     ]

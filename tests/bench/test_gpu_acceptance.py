@@ -145,3 +145,16 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_plan_is_compared_with_the_allocated_peak_less_what_the_allocator_never_sees():
+    from hf_lora_ds.plan.estimate import ALLOCATOR_RESERVE_ITEM, CUDA_CONTEXT_ITEM
+
+    mib = 2**20
+    items = {"activations": 800 * mib, ALLOCATOR_RESERVE_ITEM: 160 * mib, CUDA_CONTEXT_ITEM: 768 * mib}
+    row = {"device_bytes": sum(items.values()), "device_items": items}
+    entry = run_acceptance.plan_against("none", row, {"peak_memory_mib": 1000.0, "peak_reserved_mib": 1200.0}, False)
+    assert entry["predicted_mib"] == 800 and entry["predicted_over_measured"] == pytest.approx(0.8)
+    assert entry["within_20_percent"] and entry["predicted_reserved_mib"] == 960
+    assert entry["reserved_predicted_over_measured"] == pytest.approx(0.8)
+    assert run_acceptance.plan_against("none", None, {}, False) == {"config": "none", "measured_mib": None}
