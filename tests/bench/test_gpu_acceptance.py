@@ -31,18 +31,42 @@ def test_the_cpu_dry_run_passes_every_stage(tmp_path):
     assert done.returncode == 0, json.dumps({k: v.get("error") for k, v in stages.items()}, indent=1)[-6000:]
     assert list(stages) == list(run_acceptance.STAGES) and results["failed_stages"] == []
     assert 0 <= stages["demo"]["accuracy_before"] <= 1 and 0 <= stages["demo"]["accuracy_after"] <= 1
-    assert stages["build"]["vocab_size"] == 151936 and stages["build"]["chats"] == 6
-    for trainer in ("hf_lora_ds", "trl"):
-        figures = stages[trainer]
-        assert figures["steps"] == 3 and figures["supervised_tokens_per_second"] > 0 and 0 < figures["mfu"] < 1
-        assert figures["peak_memory_mib"] > 0
-    assert stages["trl"]["hf_lora_ds_over_trl_supervised_tokens_per_second"] > 0
+    assert (
+        stages["build"]["vocab_size"] == 151936
+        and stages["build"]["chats"] == run_acceptance.TINY.batch * run_acceptance.TINY.steps
+    )
+    shapes = stages["speed"]["shapes"]
+    assert list(shapes) == [shape.name for shape in run_acceptance.TINY_SHAPES]
+    profiles = json.loads((out / "profiles.json").read_text())
+    for name, shape in shapes.items():
+        assert shape["row"]["over_trl_default"] > 0 and shape["row"]["over_trl_fastest"] > 0, shape["row"]
+        for trainer in ("hf_lora_ds", "trl_default", "trl_fastest"):
+            _check_speed(shape[trainer], profiles[f"{name}-{trainer}"])
+    (first,) = shapes  # the dry run's one shape: the packed one
+    assert shapes[first]["hf_lora_ds"]["peak_memory_mib"] > 0
     assert stages["zero3"]["adapter"]["tensors"] > 0 and stages["zero3"]["adapter"]["empty_tensors"] == 0
     for trainer in ("hf_lora_ds", "zero3"):
         assert stages["plan"][trainer]["predicted_mib"] > 0 and stages["plan"][trainer]["measured_mib"] > 0
     table = (out / "gpu_acceptance.md").read_text()
     assert all(f"| {stage} | ok |" in table for stage in run_acceptance.STAGES), table
+    assert f"| {first} | trl_fastest |" in table and f"| {first} | hf_lora_ds |" in table
     assert "doctor: this machine trains LoRA runs" in (out / "doctor.txt").read_text()
+    assert f"===== {first}-hf_lora_ds" in (out / "profiles.txt").read_text()
+
+
+def _check_speed(figures: dict, profile: dict) -> None:
+    """One trainer's run on one shape: steady-state rates over the timed steps only, a breakdown that adds up to the
+    step, the profiled steps' summary with its counts (on the CPU: no kernels, but the ops it ran)."""
+    windows = run_acceptance.TINY_WINDOWS
+    assert figures["steps"] == windows.total and figures["timed_steps"] == windows.timed, figures
+    assert figures["supervised_tokens_per_second"] > 0 and figures["tokens_per_second"] > 0 and 0 < figures["mfu"] < 1
+    assert figures["tokens"]["timed"]["supervised"] > 0 and figures["tokens"]["warmup"]["supervised"] > 0
+    assert sum(figures["breakdown_ms"].values()) == pytest.approx(figures["step_ms"], rel=1e-6)
+    assert figures["breakdown_ms"]["forward"] > 0 and figures["breakdown_ms"]["backward"] > 0
+    assert profile == figures["profile"] and profile["steps"] == windows.profiled
+    for key in ("kernel_launches_per_step", "syncs_per_step", "dtoh_copies_per_step", "scalar_reads_per_step"):
+        assert profile[key] >= 0
+    assert profile["cpu_op_ms_per_step"] > 0 and profile["top"] and profile["device_busy_fraction"] is None
 
 
 def _acceptance(tmp_path, stages: list[str], deadline_s: float = 450.0) -> run_acceptance.Acceptance:
@@ -58,7 +82,7 @@ def _acceptance(tmp_path, stages: list[str], deadline_s: float = 450.0) -> run_a
 
 
 def test_a_failing_stage_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch):
-    acceptance = _acceptance(tmp_path, ["demo", "build", "hf_lora_ds", "plan"])
+    acceptance = _acceptance(tmp_path, ["demo", "build", "speed", "plan"])
     seen_on_disk = []
 
     def demo(budget):
@@ -75,11 +99,11 @@ def test_a_failing_stage_is_recorded_and_the_next_still_runs(tmp_path, monkeypat
     stages = json.loads((tmp_path / "out" / "gpu_acceptance.json").read_text())["stages"]
     assert seen_on_disk[0]["ok"] is False and "illegal memory access" in seen_on_disk[0]["error"]
     assert stages["build"]["error"].startswith("StageError: build exited 1")
-    assert stages["hf_lora_ds"] == {"ok": False, "skipped": "needs the build stage, which did not succeed"}
+    assert stages["speed"] == {"ok": False, "skipped": "needs the build stage, which did not succeed"}
     assert stages["plan"]["skipped"].startswith("needs the build stage")
     table = (tmp_path / "out" / "gpu_acceptance.md").read_text()
     assert "| demo | FAILED | RuntimeError: CUDA error: an illegal memory access was encountered |" in table
-    assert "| hf_lora_ds | skipped | needs the build stage" in table
+    assert "| speed | skipped | needs the build stage" in table
 
 
 def test_no_stage_starts_past_the_deadline(tmp_path, monkeypatch):
@@ -121,3 +145,16 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_plan_is_compared_with_the_allocated_peak_less_what_the_allocator_never_sees():
+    from hf_lora_ds.plan.estimate import ALLOCATOR_RESERVE_ITEM, CUDA_CONTEXT_ITEM
+
+    mib = 2**20
+    items = {"activations": 800 * mib, ALLOCATOR_RESERVE_ITEM: 160 * mib, CUDA_CONTEXT_ITEM: 768 * mib}
+    row = {"device_bytes": sum(items.values()), "device_items": items}
+    entry = run_acceptance.plan_against("none", row, {"peak_memory_mib": 1000.0, "peak_reserved_mib": 1200.0}, False)
+    assert entry["predicted_mib"] == 800 and entry["predicted_over_measured"] == pytest.approx(0.8)
+    assert entry["within_20_percent"] and entry["predicted_reserved_mib"] == 960
+    assert entry["reserved_predicted_over_measured"] == pytest.approx(0.8)
+    assert run_acceptance.plan_against("none", None, {}, False) == {"config": "none", "measured_mib": None}

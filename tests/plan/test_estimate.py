@@ -6,7 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from hf_lora_ds.plan.estimate import BatchShape, DeepSpeedLayout, estimate_memory
+from hf_lora_ds.plan.estimate import (
+    ALLOCATOR_RESERVE_FRACTION,
+    ALLOCATOR_RESERVE_ITEM,
+    CUDA_CONTEXT_ITEM,
+    BatchShape,
+    DeepSpeedLayout,
+    estimate_memory,
+)
 from hf_lora_ds.plan.model_shape import ModelShape
 from hf_lora_ds.training.fused_head_loss import CHUNK_BYTES, chunk_rows
 
@@ -62,10 +69,43 @@ def test_only_zero3_partitions_the_frozen_weights():
 
 
 def test_zero3_keeps_gathered_weights_up_to_the_reuse_distance():
-    buffers = estimate(STAGE[3]).device_items["DeepSpeed buffers"]
-    assert buffers >= 2 * (SHAPE.frozen_params + SHAPE.trainable_params)  # below 1e9 elements: all of them
-    short = estimate(DeepSpeedLayout(stage=3, reuse_distance=0)).device_items["DeepSpeed buffers"]
-    assert short < buffers and short >= SHAPE.largest_module_bytes
+    buffers = estimate(STAGE[3]).device_items["ZeRO-3 gathered weights"]
+    # 1.01e9 elements, which a reuse distance of 1e9 would keep: stage3_max_live_parameters (1e9) caps them
+    assert buffers == 2 * 10**9
+    short = estimate(DeepSpeedLayout(stage=3, reuse_distance=0)).device_items["ZeRO-3 gathered weights"]
+    assert short == SHAPE.largest_module_bytes  # the module that runs is gathered whole
+
+
+def test_zero3_gather_buffers_follow_the_deepspeed_config():
+    config = {
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": 5e6,
+            "stage3_prefetch_bucket_size": 3e6,
+            "stage3_max_live_parameters": 4e8,
+        }
+    }
+    items = estimate(DeepSpeedLayout.from_config(config)).device_items
+    assert items["ZeRO reduce bucket"] == 5_000_000 * 2  # allocated whole, in the gradients' bf16
+    assert items["ZeRO-3 gathered weights"] == 400_000_000 * 2  # the reuse distance would keep all 1.01e9
+    assert items["ZeRO-3 prefetch bucket"] == 0  # the live limit is reached by the kept weights
+    roomy = estimate(DeepSpeedLayout(stage=3, reuse_distance=0, prefetch_bucket_size=3_000_000)).device_items
+    assert roomy["ZeRO-3 prefetch bucket"] == 3_000_000 * 2
+    auto = estimate(DeepSpeedLayout(stage=3, reuse_distance=0)).device_items  # "auto": hidden_size², 0.9 of it
+    assert auto["ZeRO reduce bucket"] == 2048**2 * 2
+    assert auto["ZeRO-3 prefetch bucket"] == int(0.9 * 2048**2) * 2
+
+
+def test_cuda_counts_the_allocator_reserve_and_the_context_and_a_cpu_neither():
+    items = estimate().device_items
+    step_shaped = items["activations"] + items["logits and loss"]
+    assert items[ALLOCATOR_RESERVE_ITEM] == int(ALLOCATOR_RESERVE_FRACTION * step_shaped)
+    assert items[CUDA_CONTEXT_ITEM] == 500_000_000  # the runtime the planner passes: CUDA_CONTEXT_BYTES on a GPU
+    longer = estimate(batch=replace(BATCH, row_tokens=2048)).device_items
+    assert longer[ALLOCATOR_RESERVE_ITEM] > items[ALLOCATOR_RESERVE_ITEM]  # grows with the batch, not the weights
+    on_cpu = estimate(accelerator=False).device_items
+    assert ALLOCATOR_RESERVE_ITEM not in on_cpu and CUDA_CONTEXT_ITEM not in on_cpu
+    assert on_cpu["runtime"] == 500_000_000
 
 
 def test_optimizer_state_is_partitioned_from_stage_1_and_gradients_from_stage_2():

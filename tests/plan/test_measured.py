@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 CASES = [  # (shape, configuration, gradient checkpointing, the term that dominates the estimate)
     ("states", "none", False, "frozen weights"),
-    ("states", "stage3", False, "DeepSpeed buffers"),  # ZeRO-3 keeps every weight of a <1B model gathered
+    ("states", "stage3", False, "ZeRO-3 gathered weights"),  # ZeRO-3 keeps every weight of a <1B model gathered
     ("optimizer", "stage2", False, "optimizer states"),
     ("activations", "none", False, "activations"),
     ("activations", "none", True, "activations"),
