@@ -187,6 +187,7 @@ class StepTimer:
         pad = getattr(getattr(trainer, "processing_class", None), "pad_token_id", None)
         for counter in self._counters.values():
             counter.pad_token_id = pad
+            counter.trainer = trainer  # the package's loss passes no labels to the forward: it says what it trains
         trainer.model.register_forward_pre_hook(self._forward, with_kwargs=True)
         return self
 
