@@ -101,9 +101,10 @@ def _routed_shares(model: nn.Module) -> dict[str, float]:
 
 
 # Training FLOPs per element of a layer's recurrent state, per token (forward, then backward twice that): the delta
-# rule reads the state, writes it and reads it out (3 matrix-vector products, 6 forward); a Mamba scan updates it and
-# reads it out (4 forward). A depthwise convolution's weight is counted with the matmul parameters.
-_STATE_FLOPS = {"linear attention": 18, "state space": 12}
+# rule reads the state, writes it and reads it out (3 matrix-vector products, 6 forward); a Mamba scan, and plain
+# linear attention (MiniMax's lightning attention), update it and read it out (4 forward). A depthwise convolution's
+# weight is counted with the matmul parameters.
+_DELTA_RULE_FLOPS, _SCAN_FLOPS = 18, 12
 
 
 def _attention_shape(model: nn.Module) -> tuple[int, int]:
@@ -116,24 +117,36 @@ def _attention_shape(model: nn.Module) -> tuple[int, int]:
     heads = getattr(config, "num_attention_heads", None)
     if not layers or not heads:
         return 0, 0
-    if sequence_mixers(model):
-        layers = sum(type(module).__name__.endswith("Attention") for module in model.modules())
+    mixers = sequence_mixers(model)
+    if mixers:  # MiniMax's and Kimi's linear-attention classes are named ...Attention too
+        layers = sum(
+            type(module).__name__.endswith("Attention") and name not in mixers for name, module in model.named_modules()
+        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return int(layers), int(heads * head_dim)
 
 
 def _recurrent_flops(model: nn.Module) -> int:
     """Training FLOPs per token of the linear-attention and state-space layers' recurrences: per element of their
-    state (Gated DeltaNet: value heads x key x value head size; Mamba: inner size x state size), independent of the
+    state (linear attention: value heads x key x value head size; Mamba: inner size x state size), independent of the
     sequence's length."""
     flops = 0
     for name, kind in sequence_mixers(model).items():
         mixer = model.get_submodule(name)
         if kind == "linear attention":
-            flops += _STATE_FLOPS[kind] * mixer.num_v_heads * mixer.head_k_dim * mixer.head_v_dim
+            per_element = _DELTA_RULE_FLOPS if "Delta" in type(mixer).__name__ else _SCAN_FLOPS
+            flops += per_element * _linear_attention_state(mixer)
         elif kind == "state space":
-            flops += _STATE_FLOPS[kind] * mixer.intermediate_size * mixer.ssm_state_size
+            flops += _SCAN_FLOPS * mixer.intermediate_size * mixer.ssm_state_size
     return flops
+
+
+def _linear_attention_state(mixer: nn.Module) -> int:
+    """Elements of a linear-attention layer's state, a key x value matrix per value head: Gated DeltaNet sizes them
+    apart; Kimi's delta attention and MiniMax's lightning attention have one head size."""
+    heads = getattr(mixer, "num_v_heads", None) or getattr(mixer, "num_heads", None) or mixer.num_attention_heads
+    key = getattr(mixer, "head_k_dim", None) or mixer.head_dim
+    return heads * key * (getattr(mixer, "head_v_dim", None) or mixer.head_dim)
 
 
 def flops_shape(model: nn.Module) -> tuple[int, int, int, int, int]:

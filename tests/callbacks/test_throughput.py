@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
+from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, MORE_HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.callbacks import ThroughputCallback, throughput
 from hf_lora_ds.callbacks.throughput import flops_per_token, flops_shape, matmul_parameters, peak_flops_per_device
@@ -200,7 +200,7 @@ def test_a_moe_model_counts_its_active_experts(qwen_style_tokenizer):
     assert callback._active_params == (sum(matmul_parameters(model)), every_frozen + every_trainable)
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", HYBRID_FAMILIES + MORE_HYBRID_FAMILIES)
 def test_a_hybrid_model_s_flops_count_each_layer_kind_as_what_it_is(family, qwen_style_tokenizer):
     """Only the attention layers pay the 12·d_attn·T of attention; a linear-attention layer updates its value heads x
     key x value head size state (18 a state element per token), a Mamba layer its inner x state size one (12), a short
@@ -221,6 +221,9 @@ def test_a_hybrid_model_s_flops_count_each_layer_kind_as_what_it_is(family, qwen
         "nemotron_h": lambda: 12 * text.mamba_num_heads * text.mamba_head_dim * text.ssm_state_size,
         "jamba": lambda: 12 * text.mamba_expand * text.hidden_size * text.mamba_d_state,
         "lfm2": lambda: 0,
+        # one head size; MiniMax's plain linear attention updates and reads its state (12), Kimi's delta rule (18)
+        "minimax": lambda: 12 * text.num_attention_heads * text.head_dim**2,
+        "kimi_linear": lambda: 18 * text.linear_num_heads * text.linear_head_dim**2,
     }
     frozen, trainable, layers, attn_dim, recurrent = flops_shape(model)
     assert (layers, attn_dim, recurrent) == (
