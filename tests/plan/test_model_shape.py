@@ -210,8 +210,10 @@ def test_a_dense_first_layer_s_mlp_adapters_are_counted_under_explicit_targets(
     assert shape.first_layer_activation_bytes > without_mlp.first_layer_activation_bytes
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "lfm2", "nemotron_h"])
-def test_a_hybrid_s_further_layers_are_each_counted_as_their_kind(family, qwen_style_tokenizer):
+# A real forward through Gated DeltaNet's torch path saved 16,384 bytes (a 64 x 64 fp32 block) more or less by what had
+# run before it in the process: that family's count is held within 1%, the others' exactly.
+@pytest.mark.parametrize(("family", "within"), [("qwen3_next", 0.01), ("lfm2", 0.001), ("nemotron_h", 0.001)])
+def test_a_hybrid_s_further_layers_are_each_counted_as_their_kind(family, within, qwen_style_tokenizer):
     """Four layers in the model's own pattern, the second unlike others (attention first, then linear attention or a
     short convolution, alternating; Nemotron-H: Mamba, attention, MLP, experts): the plan equals a real forward,
     where three copies of the second layer were 22% over (Qwen3-Next) or 5% under (LFM2), and checkpointing
@@ -225,5 +227,5 @@ def test_a_hybrid_s_further_layers_are_each_counted_as_their_kind(family, qwen_s
     real = wrap_with_lora(AutoModelForCausalLM.from_config(config, attn_implementation="eager"), targets)
     shape = measure_model_shape(config, targets, torch.float32, seq_len=24, attn_implementation="eager")
     planned = shape.activation_bytes(1, gradient_checkpointing=False) - shape.backward_working_bytes
-    assert planned == pytest.approx(real_saved_bytes(real, 24), rel=0.001)
+    assert planned == pytest.approx(real_saved_bytes(real, 24), rel=within)
     assert shape.recomputed_layer_bytes > shape.layer_activation_bytes
