@@ -4,10 +4,13 @@ kernels declared present (their exactness needs a GPU with the kernels, which th
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, MORE_HYBRID_FAMILIES, build_tiny_hybrid
+from hf_lora_ds.data.batches.collator import build_collator
 from hf_lora_ds.model import packed_boundaries
 from hf_lora_ds.model.packed_boundaries import kernels_present, packed_batch_keys, packing_refusal
 
@@ -97,3 +100,27 @@ def test_the_leak_the_refusal_stops_is_real(hybrid, qwen_style_tokenizer):
         packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, len(first) :]
         alone = model(input_ids=torch.tensor([second]), use_cache=False).logits[0]
     assert (packed - alone).abs().max() > 1e-4
+
+
+@pytest.mark.gpu
+def test_on_cuda_with_the_kernels_packed_samples_give_their_logits_alone(hybrid, qwen_style_tokenizer):
+    """The allow branch measured where it can be: two samples in one padding-free row, with the boundary keys the
+    collator adds for the family, give the second sample's logits alone. Skipped where the family's kernels are not
+    installed (never run yet: no GPU with mamba-ssm, causal-conv1d or flash-linear-attention has been lent)."""
+    family, model = hybrid
+    model = copy.deepcopy(model).cuda()
+    keys = packed_batch_keys(model)
+    if keys is None:
+        pytest.skip(f"{family}: its boundary-aware kernels are not installed here")
+    render = qwen_style_tokenizer.apply_chat_template
+    first, second = (
+        render([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False)
+        for text in ("hello there, how are you", "Tell me a joke about cats.")
+    )
+    collator = build_collator("padding_free", qwen_style_tokenizer, boundary_keys=keys)
+    batch = collator([{"input_ids": first, "labels": first}, {"input_ids": second, "labels": second}])
+    inputs = {key: value.cuda() if torch.is_tensor(value) else value for key, value in batch.items() if key != "labels"}
+    with torch.no_grad():
+        packed = model(**inputs, use_cache=False).logits[0, len(first) :]
+        alone = model(input_ids=torch.tensor([second], device="cuda"), use_cache=False).logits[0]
+    torch.testing.assert_close(packed, alone, rtol=1e-3, atol=1e-3)
