@@ -34,7 +34,7 @@ def settle_batching(args: SFTTrainingArguments, model: torch.nn.Module | None = 
     if args.batching == "padded":
         return
     model = model if model is not None else _meta_model(args)
-    if getattr(args, "batching_asked", None) == "auto":
+    if args.batching_asked == "auto":
         args.batching = resolve_batching("auto", args.attn_implementation, bool(sequence_mixers(model)))
     boundary_keys(args.batching, model)
 
@@ -42,10 +42,12 @@ def settle_batching(args: SFTTrainingArguments, model: torch.nn.Module | None = 
 def boundary_keys(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[str, ...]:
     """What packed or padding-free batches must carry for ``model``'s non-attention layers to keep their samples
     apart (hf_lora_ds.model.packed_boundaries); the one-line refusal where they cannot."""
-    refusal = packing_refusal(batching, model)
-    if refusal:
-        raise UserError(refusal)
-    return () if batching == "padded" else packed_batch_keys(model) or ()
+    if batching == "padded":
+        return ()
+    keys = packed_batch_keys(model)
+    if keys is None:
+        raise UserError(packing_refusal(batching, model))
+    return keys
 
 
 def _meta_model(args: SFTTrainingArguments) -> torch.nn.Module:
