@@ -57,6 +57,6 @@ ALPACA = RecordFormat(
     "alpaca",
     fields=("instruction", "output"),
     convert=alpaca,
-    reads=frozenset({"instruction", "input", "output", "system", "reasoning", "history", "tools"}),
+    reads=frozenset({"instruction", "input", "output", "system", "reasoning", "history", "tools", "images"}),
     describe="'instruction' and 'output' (alpaca, with 'history')",
 )

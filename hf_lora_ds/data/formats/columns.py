@@ -38,11 +38,13 @@ COLUMN_ALIASES = {"prompt": "instruction", "query": "instruction", "response": "
 class FormatOptions:
     """How records are read: ``columns`` maps a known field to the dataset's column, ``sharegpt_roles`` adds or
     overrides ShareGPT ``from`` names (values: user, assistant, system, tool or function_call), ``turn_keys`` are a
-    ShareGPT turn's speaker and text keys (LLaMA-Factory's ``role_tag`` and ``content_tag``)."""
+    ShareGPT turn's speaker and text keys (LLaMA-Factory's ``role_tag`` and ``content_tag``), ``image_dir`` is where
+    relative image paths are found (LLaMA-Factory's ``media_dir``; None: beside the record's data file)."""
 
     columns: dict[str, str] = field(default_factory=dict)
     sharegpt_roles: dict[str, str] = field(default_factory=dict)
     turn_keys: tuple[str, str] = ("from", "value")
+    image_dir: str | None = None
 
     def __post_init__(self) -> None:
         for key, column in self.columns.items():

@@ -20,6 +20,6 @@ MESSAGES = RecordFormat(
     "messages",
     fields=("messages",),
     convert=messages,
-    reads=frozenset({"messages", "tools"}),
+    reads=frozenset({"messages", "tools", "images"}),
     describe="'messages' (chat; TRL conversational)",
 )

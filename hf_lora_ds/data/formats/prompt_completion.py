@@ -55,7 +55,7 @@ PROMPT_COMPLETION = RecordFormat(
     "prompt_completion",
     fields=("prompt", "completion"),
     convert=prompt_completion,
-    reads=frozenset({"prompt", "completion", "tools"}),
+    reads=frozenset({"prompt", "completion", "tools", "images"}),
     identified_by=("prompt",),  # a completion alone is no TRL record
     describe="'prompt' and 'completion' (TRL, standard or conversational)",
 )

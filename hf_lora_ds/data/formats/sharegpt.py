@@ -69,6 +69,6 @@ SHAREGPT = RecordFormat(
     "sharegpt",
     fields=("conversations",),
     convert=sharegpt,
-    reads=frozenset({"conversations", "system", "tools"}),
+    reads=frozenset({"conversations", "system", "tools", "images"}),
     describe="'conversations' (ShareGPT)",
 )

@@ -3,8 +3,8 @@
 Every format's turns go through ``Reading.messages``, so a bad turn gets the same message, naming the record's
 location and the user's field, whatever the other turns hold: roles as in ``ROLES``, a system turn only first, content
 a non-empty string (or a list of parts: ``hf_lora_ds.data.records.content_parts``) except beside tool calls, reasoning
-only on assistant turns, training flags (``hf_lora_ds.data.masking.turn_flags``) by message index, and the message keys
-no reader uses.
+only on assistant turns, training flags (``hf_lora_ds.data.masking.turn_flags``) and image parts by message index, and
+the message keys no reader uses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hf_lora_ds.data.masking.turn_flags import DETAIL_KEY, FLAG_KEYS, message_flag, train_detail
 from hf_lora_ds.data.records import DataError
-from hf_lora_ds.data.records.content_parts import PARTS_KEY, Parts, join_parts
+from hf_lora_ds.data.records.content_parts import IMAGE_KINDS, PARTS_KEY, Parts, join_parts
 from hf_lora_ds.data.records.tool_calls import tool_call, tool_schemas
 
 if TYPE_CHECKING:
@@ -31,18 +31,33 @@ USED_TURN_KEYS = {"reasoning_content", DETAIL_KEY, *FLAG_KEYS}  # and the speake
 
 class Reading:
     """One record being read: where it is (``where``), the names the user gave its fields (``names``), the options
-    it is read with, and what its turns say besides role and content, gathered while they are validated: training
-    flags and spans by message index, the first message of a TRL completion, and the message keys nothing reads."""
+    it is read with, whether the run's model takes images (``images``), and what its turns say besides role and
+    content, gathered while they are validated: training flags and spans by message index, the images their parts
+    hold (``image_parts``, one ``(image, field)`` per mark of the message's text, for
+    ``hf_lora_ds.data.formats.images``), the first message of a TRL completion, and the message keys nothing reads."""
 
-    __slots__ = ("where", "names", "options", "offset", "flags", "detail", "completion_from", "unused")
+    __slots__ = (
+        "where",
+        "names",
+        "options",
+        "images",
+        "offset",
+        "flags",
+        "detail",
+        "image_parts",
+        "completion_from",
+        "unused",
+    )
 
-    def __init__(self, where: str, names: FieldNames, options: FormatOptions):
+    def __init__(self, where: str, names: FieldNames, options: FormatOptions, images: bool = False):
         self.where = where
         self.names = names
         self.options = options
+        self.images = images
         self.offset = 0  # index of the list being read within the conversation (a TRL completion follows its prompt)
         self.flags: dict[int, bool] = {}
         self.detail: dict[int, list[tuple[int, int, bool]]] = {}
+        self.image_parts: dict[int, list[tuple[Any, str]]] = {}
         self.completion_from = 0
         self.unused: list[str] = []
 
@@ -96,7 +111,9 @@ class Reading:
     ) -> dict[str, Any]:
         """A turn that is more than a role and a text: its parts, tool calls, reasoning, flags and unused keys."""
         where, given = self.where, message.get("content")
-        message = _parts_read(message, role, where, f"{name}.{content_field}")
+        message, images = _parts_read(message, role, where, f"{name}.{content_field}", self.images)
+        if images:
+            self.image_parts[self.offset + i] = images
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
             raise DataError(f"{where}: field '{name}.tool_calls': only assistant turns make tool calls")
@@ -107,11 +124,7 @@ class Reading:
         )
         out: dict[str, Any] = {"role": role, "content": content, **_reasoning(message, role, where, name)}
         if isinstance(given, list):  # for a template that iterates the parts itself (data.records.content_parts)
-            out[PARTS_KEY] = [
-                part if "text" in part else {**part, "text": part["value"]}  # LLaMA-Factory v1's
-                for part in given
-                if part["type"] == "text"
-            ]
+            out[PARTS_KEY] = _template_parts(given)
         if role == "tool" and message.get("tool_call_id") is not None:  # Mistral's templates write it
             out["tool_call_id"] = string_field(message, "tool_call_id", where, label=f"{name}.tool_call_id")
         if calls:
@@ -134,7 +147,13 @@ class Reading:
         """Message indices after a system turn was put first."""
         self.flags = {i + by: v for i, v in self.flags.items()}
         self.detail = {i + by: v for i, v in self.detail.items()}
+        self.image_parts = {i + by: v for i, v in self.image_parts.items()}
         self.completion_from += by if self.completion_from else 0
+
+    def move_spans(self, index: int, by: int) -> None:
+        """Message ``index``'s ``train_detail`` spans after ``by`` characters were put before its text."""
+        if index in self.detail:
+            self.detail[index] = [(begin + by, end + by, train) for begin, end, train in self.detail[index]]
 
     def fields(self) -> dict[str, Any]:
         """``flags``, ``detail`` and ``completion_from``, those the record has."""
@@ -181,14 +200,29 @@ def _plain_turn(message: Any, first: bool) -> bool:
     return role in ROLES and (first or role != "system") and type(content) is str and content.strip() != ""
 
 
-def _parts_read(message: dict, role: str, where: str, name: str) -> dict:
-    """A message whose content is a list of parts, as one with their text joined, their reasoning as
-    ``reasoning_content``, their tool calls added to its ``tool_calls`` (``hf_lora_ds.data.records.content_parts``) and
-    their training flags (axolotl's per-part ``train``) as the ``train_detail`` of the text they cover."""
+def _template_parts(given: list[dict]) -> list[dict]:
+    """The parts a template that iterates them is given: the text parts as ``{"type": "text", "text"}`` and each image
+    as a data-less ``{"type": "image"}`` where it stands (its image is the conversation's, in mark order)."""
+    parts = []
+    for part in given:
+        if part["type"] == "text":
+            parts.append(part if "text" in part else {**part, "text": part["value"]})  # LLaMA-Factory v1's
+        elif part["type"] in IMAGE_KINDS:  # only where the run takes images: join_parts refused them otherwise
+            parts.append({"type": "image"})
+    return parts
+
+
+def _parts_read(
+    message: dict, role: str, where: str, name: str, images: bool
+) -> tuple[dict, list[tuple[Any, str]]]:
+    """A message whose content is a list of parts, as one with their text joined (images as ``IMAGE_MARK``), their
+    reasoning as ``reasoning_content``, their tool calls added to its ``tool_calls``
+    (``hf_lora_ds.data.records.content_parts``) and their training flags (axolotl's per-part ``train``) as the
+    ``train_detail`` of the text they cover; and the images its marks stand for."""
     content = message.get("content")
     if not isinstance(content, list):
-        return message
-    parts = join_parts(content, where, name)
+        return message, []
+    parts = join_parts(content, where, name, images)
     joined = {**message, "content": parts.text}
     if detail := _part_flags(parts, role, where):
         if message.get(DETAIL_KEY) is not None:
@@ -198,7 +232,7 @@ def _parts_read(message: dict, role: str, where: str, name: str) -> dict:
         joined["reasoning_content"] = parts.reasoning
     if parts.calls:
         joined["tool_calls"] = [*(message.get("tool_calls") or []), *parts.calls]
-    return joined
+    return joined, parts.images
 
 
 def _part_flags(parts: Parts, role: str, where: str) -> list[dict[str, Any]]:

@@ -3,6 +3,13 @@ and what their contents may hold in every spelling: content given as typed parts
 calls (``tool_calls``). Every stage above names a bad record by its ``DataError``; the dataset decodes each row of a
 table with ``decode_record``."""
 
-from hf_lora_ds.data.records.records import DataError, Record, decode_record, iter_record_texts, load_records
+from hf_lora_ds.data.records.records import (
+    DataError,
+    Record,
+    data_file,
+    decode_record,
+    iter_record_texts,
+    load_records,
+)
 
-__all__ = ["DataError", "Record", "decode_record", "iter_record_texts", "load_records"]
+__all__ = ["DataError", "Record", "data_file", "decode_record", "iter_record_texts", "load_records"]

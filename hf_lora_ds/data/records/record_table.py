@@ -6,6 +6,10 @@ Each record is one row of three string columns: ``record`` (its JSON text, decod
 have different fields (alpaca next to ShareGPT) and tool schemas differ from record to record: Arrow's schema
 inference would unify or reject them, and its JSON reader names no line for a malformed one.
 
+Binary values of rows given in code or read from a dataset (an image's bytes, a ``datasets.Image`` column, a PIL image)
+are written as ``data:`` URIs (``json_value``), which ``hf_lora_ds.data.formats`` reads as the image they were, rather
+than as the text of their ``repr``.
+
 A file is read once, line by line (``hf_lora_ds.data.records.iter_record_texts``), and written to the cache
 (``cache_root``) under a fingerprint of its path, size and modification time: a second run with the same file
 reads the table from the cache, and a changed file is read again.
@@ -13,6 +17,8 @@ reads the table from the cache, and a changed file is read again.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -26,12 +32,12 @@ from datasets.fingerprint import Hasher
 
 from hf_lora_ds.data.records import Record, decode_record, iter_record_texts
 
-__all__ = ["COLUMNS", "RecordTable", "cache_root", "read_file", "from_rows", "from_list"]
+__all__ = ["COLUMNS", "RecordTable", "cache_root", "read_file", "from_rows", "from_list", "json_value"]
 
 COLUMNS = datasets.Features(
     {"record": datasets.Value("string"), "where": datasets.Value("string"), "source": datasets.Value("string")}
 )
-_FORMAT = 1  # bump when the rows written for the same file change, so old cached tables are not reused
+_FORMAT = 2  # bump when the rows written for the same file change, so old cached tables are not reused
 _BATCH = 10_000  # rows written at a time: a few MB of text
 
 
@@ -102,7 +108,7 @@ def _write_rows(path: Path, source: str, table: Path) -> None:
 def from_rows(dataset: datasets.Dataset, location: str, cache_dir: str | Path | None = None) -> datasets.Dataset:
     """A ``save_to_disk`` or Hub dataset's rows as a record table, located by row; a null column is left out of
     the row's JSON only later, by ``hf_lora_ds.data.formats``, as a field that is absent."""
-    dataset = dataset.with_format(None)
+    dataset = _undecoded(dataset.with_format(None))
     fingerprint = Hasher.hash([dataset._fingerprint, location, _FORMAT])
     return dataset.map(
         _RowsToRecords(location),
@@ -126,7 +132,7 @@ class _RowsToRecords:
         names = list(batch)
         rows = (dict(zip(names, values)) for values in zip(*batch.values()))
         return {
-            "record": [json.dumps(row, ensure_ascii=False, default=str) for row in rows],
+            "record": [json.dumps(row, ensure_ascii=False, default=json_value) for row in rows],
             "where": [f"{self.location}, row {i}" for i in indices],
             "source": [self.location] * len(indices),
         }
@@ -136,9 +142,41 @@ def from_list(records: list[Any], source: str = "records") -> datasets.Dataset:
     """Records given as Python objects (a notebook, a test, a benchmark), located as ``record i``."""
     return datasets.Dataset.from_dict(
         {
-            "record": [json.dumps(record, ensure_ascii=False, default=str) for record in records],
+            "record": [json.dumps(record, ensure_ascii=False, default=json_value) for record in records],
             "where": [f"record {i}" for i in range(len(records))],
             "source": [source] * len(records),
         },
         features=COLUMNS,
     )
+
+
+def json_value(value: Any) -> Any:
+    """What JSON cannot hold, as JSON: bytes and PIL images as ``data:`` URIs (a PIL image as PNG, lossless), anything
+    else (a timestamp) as its text."""
+    if isinstance(value, bytes | bytearray):
+        return "data:application/octet-stream;base64," + base64.b64encode(value).decode("ascii")
+    if hasattr(value, "save") and hasattr(value, "getexif"):  # a PIL image, named so without importing PIL
+        buffer = io.BytesIO()
+        value.save(buffer, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return str(value)
+
+
+def _undecoded(dataset: datasets.Dataset) -> datasets.Dataset:
+    """``dataset`` with its image columns read as ``{"bytes", "path"}`` rather than decoded to PIL images: the bytes
+    travel as they are stored, and are decoded once, by the collator."""
+    features = _image_features_undecoded(dataset.features)
+    return dataset if features == dataset.features else dataset.cast(features)
+
+
+def _image_features_undecoded(feature: Any) -> Any:
+    if isinstance(feature, datasets.Image):
+        return datasets.Image(decode=False)
+    if isinstance(feature, dict):  # Features, and a struct's fields
+        return type(feature)({name: _image_features_undecoded(inner) for name, inner in feature.items()})
+    if isinstance(feature, list):  # datasets' list of one feature
+        return [_image_features_undecoded(inner) for inner in feature]
+    if isinstance(feature, datasets.Sequence | getattr(datasets, "List", datasets.Sequence)):
+        inner = _image_features_undecoded(feature.feature)
+        return feature if inner is feature.feature else type(feature)(inner, length=feature.length)
+    return feature

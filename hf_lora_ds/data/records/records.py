@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,13 @@ __all__ = [
     "load_records",
     "iter_record_texts",
     "decode_record",
+    "data_file",
 ]
 
 _BOM = b"\xef\xbb\xbf"
 _CHUNK = 1 << 20  # bytes a JSON array file is read by
 _MAX_RECORD = 1 << 28  # characters of one JSON array record before it is called malformed
+_PLACES = (", line ", ", row ")  # how a location names the record's place after its file (see iter_record_texts)
 
 
 class DataError(UserError):
@@ -93,6 +96,23 @@ def decode_record(text: str, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+
+
+def data_file(where: str) -> Path | None:
+    """The data file a record's location names (``data/chat.jsonl, line 3``, ``shard.parquet, row 7``), read back
+    from the location this module wrote, so what refers to files beside the data (images) is found there; None for
+    records given in code, a saved dataset's or a Hub dataset's rows."""
+    for place in _PLACES:
+        head, sep, _ = where.rpartition(place)
+        if sep:
+            return _existing_file(head)
+    return None
+
+
+@lru_cache(maxsize=64)
+def _existing_file(path: str) -> Path | None:
+    """``path`` if it is a file (a saved dataset's folder is not), asked once per file, not once per record."""
+    return Path(path) if Path(path).is_file() else None
 
 
 def _parquet_texts(path: Path) -> Iterator[tuple[str, str]]:

@@ -4,9 +4,11 @@ Every LLaMA-Factory user has one: a JSON object of named entries, each a data fi
 file's folder) read as ``formatting`` ``alpaca`` (the default) or ``sharegpt``, with its own column names
 (``columns``) and, for ShareGPT, its own turn keys and speaker names (``tags``). Each named entry becomes a source of
 its own, read with its own ``FormatOptions``; several entries are concatenated, as LLaMA-Factory concatenates them,
-and shuffled. An entry this package cannot serve is refused in one line naming it: preference data (``ranking``,
-``chosen``/``rejected``, ``kto_tag``), multimodal columns (``images``, ``videos``, ``audios``), an entry with no local
-file (``hf_hub_url``, ``ms_hub_url``, ``script_url``: no hub is reached from here), or ``num_samples``.
+and shuffled. An entry's ``images`` column is read with relative paths under the file's folder, LLaMA-Factory's
+default ``media_dir`` (whether the model takes images is the run's to say, record by record). An entry this package
+cannot serve is refused in one line naming it: preference data (``ranking``, ``chosen``/``rejected``, ``kto_tag``),
+video or audio columns, an entry with no local file (``hf_hub_url``, ``ms_hub_url``, ``script_url``: no hub is
+reached from here), or ``num_samples``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ _ALPACA_COLUMNS = {
     "history": "history",
     "system": "system",
     "tools": "tools",
+    "images": "images",
 }
-_SHAREGPT_COLUMNS = {"messages": "conversations", "system": "system", "tools": "tools"}
+_SHAREGPT_COLUMNS = {"messages": "conversations", "system": "system", "tools": "tools", "images": "images"}
 # ShareGPT tags: LLaMA-Factory's names and defaults -> the role each speaker name stands for.
 _TAG_ROLES = {
     "user_tag": ("human", "user"),
@@ -41,7 +44,6 @@ _TAG_ROLES = {
     "system_tag": ("system", "system"),
 }
 _UNSERVABLE_COLUMNS = {
-    "images": "multimodal (images)",
     "videos": "multimodal (videos)",
     "audios": "multimodal (audios)",
     "chosen": "preference (chosen/rejected)",
@@ -126,18 +128,19 @@ def _entry(info: Path, name: str, entry: dict[str, Any]) -> InfoEntry:
         if column not in known:
             raise DataError(f"{where}: columns.{column} is not a {formatting} column (those are {sorted(known)})")
     mapping = {known[column]: str(value) for column, value in columns.items() if value}
-    return InfoEntry(name, info.parent / entry["file_name"], _options(where, formatting, mapping, entry.get("tags")))
+    options = _options(where, formatting, mapping, entry.get("tags"), str(info.parent))
+    return InfoEntry(name, info.parent / entry["file_name"], options)
 
 
-def _options(where: str, formatting: str, columns: dict[str, str], tags: Any) -> FormatOptions:
+def _options(where: str, formatting: str, columns: dict[str, str], tags: Any, media_dir: str) -> FormatOptions:
     if formatting == "alpaca":
         if tags:
             raise DataError(f"{where}: tags are for sharegpt entries only")
-        return FormatOptions(columns=columns)
+        return FormatOptions(columns=columns, image_dir=media_dir)
     tags = tags or {}
     unknown = set(tags) - {*_TAG_ROLES, "role_tag", "content_tag"}
     if unknown:
         raise DataError(f"{where}: unknown tags {sorted(unknown)}")
     roles = {str(tags.get(tag, default)): role for tag, (default, role) in _TAG_ROLES.items()}
     keys = (str(tags.get("role_tag", "from")), str(tags.get("content_tag", "value")))
-    return FormatOptions(columns=columns, sharegpt_roles=roles, turn_keys=keys)
+    return FormatOptions(columns=columns, sharegpt_roles=roles, turn_keys=keys, image_dir=media_dir)

@@ -1,0 +1,1 @@
+"""Vision-language models: images in records, processors, families, encoding and batching (issue 63)."""
