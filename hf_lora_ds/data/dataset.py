@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from datasets.fingerprint import Hasher
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from hf_lora_ds.data.formats import FormatOptions, to_conversation
 from hf_lora_ds.data.formats.registry import fingerprint
@@ -50,6 +50,8 @@ from hf_lora_ds.data.records.record_table import cache_root
 from hf_lora_ds.data.sources import LoadedData, load_data
 from hf_lora_ds.data.tokens import FlatLabels, TokenBytes, labels_from_spans, tokenized_labels
 from hf_lora_ds.distributed import main_process_first
+from hf_lora_ds.vision.encoding import ImageEncoding, image_reference, with_image_text
+from hf_lora_ds.vision.resolution import PixelBounds
 
 __all__ = ["ChatSFTDataset", "TemplateError", "IGNORE_INDEX", "render_samples", "labels_from_spans"]
 
@@ -72,8 +74,13 @@ _SAMPLE_FEATURES = datasets.Features(
         "turns_on": datasets.Value("int32"),
         "tokens_masked": datasets.Value("int32"),  # by training flags, inside located turns
         "tokens_on": datasets.Value("int32"),  # trained in turns that only the flags train
+        # A sample's images as references, its pixels made per batch (hf_lora_ds.vision.collator); whether its
+        # truncation would cut an image (such a sample is dropped and counted).
+        "images": datasets.List({"bytes": datasets.Value("binary"), "path": datasets.Value("string")}),
+        "image_cut": datasets.Value("bool"),
     }
 )
+_IMAGES_TYPE = _SAMPLE_FEATURES.arrow_schema.field("images").type
 EmptyLabelsPolicy = Literal["drop", "error"]
 FLAG_COUNTS = ("turns_off", "turns_on", "tokens_masked", "tokens_on")
 
@@ -99,6 +106,9 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         formats: column mapping and ShareGPT role names (``FormatOptions``); None: the defaults.
         num_proc: processes that validate and tokenize (``--preprocessing_num_workers``); None: this one.
         thinking: which ``<think>`` blocks of a thinking template are trained (``ThinkingOptions``); None: defaults.
+        processor: a vision-language model's processor: records may hold images (hf_lora_ds.vision.encoding);
+            None: a text-only model, whose records with images are refused.
+        image_bounds: the pixels an image keeps (hf_lora_ds.vision.resolution); None: the defaults.
     """
 
     def __init__(
@@ -113,6 +123,8 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         formats: FormatOptions | None = None,
         num_proc: int | None = None,
         thinking: ThinkingOptions | None = None,
+        processor: ProcessorMixin | None = None,
+        image_bounds: PixelBounds | None = None,
     ):
         if not tokenizer.is_fast:
             raise TemplateError("a fast tokenizer is required (its offsets locate the assistant spans exactly)")
@@ -130,6 +142,7 @@ class ChatSFTDataset(torch.utils.data.Dataset):
             assistant_turns,
             formats or FormatOptions(),
             thinking or ThinkingOptions(),
+            ImageEncoding.of(processor, image_bounds or PixelBounds()) if processor is not None else None,
         )
         encoder.source_formats = dict(loaded.formats)  # a dataset_info.json entry reads its records its own way
         self.encoder, self.records = encoder, loaded.table
@@ -154,7 +167,16 @@ class ChatSFTDataset(torch.utils.data.Dataset):
                 desc="Tokenizing with the chat template",
             )
         table = tokenized.data.table  # memory-mapped: the checks below read columns, not Python rows
-        empty = pc.equal(table["num_supervised"], 0).combine_chunks()
+        cut = table["image_cut"].combine_chunks()
+        self.num_image_cut = pc.sum(cut).as_py() or 0
+        if self.num_image_cut and on_empty_labels == "error":
+            first = pc.index(cut, True).as_py()
+            raise DataError(
+                f"{table['where'][first].as_py()}: sample {first}: truncation to max_length={max_length} cuts an "
+                f"image ({self.num_image_cut} such samples); raise max_length, lower --image_max_pixels or set "
+                "on_empty_labels='drop'"
+            )
+        empty = pc.or_(pc.equal(table["num_supervised"], 0), cut).combine_chunks()
         num_empty = pc.sum(empty).as_py() or 0
         if num_empty and on_empty_labels == "error":
             first = pc.index(empty, True).as_py()
@@ -170,7 +192,8 @@ class ChatSFTDataset(torch.utils.data.Dataset):
         self.num_truncated = sum(self.truncated_by_source.values())
         kept = np.flatnonzero(~empty.to_numpy(zero_copy_only=False))
         self.samples = tokenized.select(kept) if num_empty else tokenized
-        self.samples = self.samples.with_format(columns=["input_ids", "attention_mask", "labels"])
+        columns = ["input_ids", "attention_mask", "labels"] + (["images"] if processor is not None else [])
+        self.samples = self.samples.with_format(columns=columns)
         if len(self.samples) == 0:
             raise DataError(f"no trainable samples: all {len(tokenized)} lost their supervised tokens to truncation")
 
@@ -210,8 +233,10 @@ class _Encoder:
         assistant_turns: AssistantTurns,
         formats: FormatOptions,
         thinking: ThinkingOptions,
+        vision: ImageEncoding | None = None,
     ):
         self.tokenizer = tokenizer
+        self.vision = vision
         self.max_length = max_length
         self.system_prompt = system_prompt
         self.assistant_turns = assistant_turns
@@ -239,6 +264,7 @@ class _Encoder:
             sorted(self.source_formats.items()),
             vars(self.thinking),
             fingerprint(),  # a user's own record format too (hf_lora_ds.data.formats.registry)
+            self.vision.settings() if self.vision else None,
         ]
 
     def conversations(self, batch: dict[str, list]) -> Iterator[dict[str, Any]]:
@@ -247,10 +273,13 @@ class _Encoder:
         sources = batch["source"] if "source" in batch else repeat(None)  # a table of records and places alone
         for text, where, source in zip(batch["record"], batch["where"], sources):
             formats = self.source_formats.get(source, self.formats)
-            conversation = to_conversation(decode_record(text, where), where, self.system_prompt, formats)
+            record = decode_record(text, where)
+            conversation = to_conversation(record, where, self.system_prompt, formats, images=self.vision is not None)
             if conversation["messages"] is None:  # plain text (TRL's standard kinds)
                 yield conversation
                 continue
+            if self.vision is not None:
+                conversation["messages"] = with_image_text(conversation["messages"], self.vision.image_text)
             conversation["messages"] = as_template_reads(conversation, self.rules.traits, where)
             plan = plan_turns(conversation, self.assistant_turns, where)
             if plan is not None:
@@ -314,7 +343,7 @@ class _Encoder:
 
     def encode(self, batch: dict[str, list]) -> pa.Table:
         """A batch of records' samples: rendered, tokenized with offsets, labelled, as the samples' columns."""
-        texts, spans, masks, places, notes = [], [], [], [], []
+        texts, spans, masks, places, notes, images = [], [], [], [], [], []
         conversations = list(self.conversations(batch))
         samples_of = self.sample_lists(conversations, batch["where"])
         for conversation, samples, where, source in zip(conversations, samples_of, batch["where"], batch["source"]):
@@ -323,6 +352,8 @@ class _Encoder:
             for k, sample in enumerate(samples):
                 texts.append(sample.text)
                 spans.append(sample.spans)
+                shown = self.vision.count(sample.text) if self.vision else 0
+                images.append(conversation.get("images", [])[:shown])
                 places.append((where, source))
                 first = k == 0 and plan is not None
                 notes.append(
@@ -333,15 +364,34 @@ class _Encoder:
                     )
                 )
         flat = tokenized_labels(self.tokenizer, texts, spans, masks if any(masks) else None, self.token_bytes)
-        return self.table(flat, places, notes)
+        if any(images):
+            flat = self.with_images(flat, texts, images, [where for where, _ in places])
+        return self.table(flat, places, notes, images)
 
-    def table(self, flat: FlatLabels, places: list[tuple[str, str]], notes: list[tuple[str, int, int]]) -> pa.Table:
+    def with_images(self, flat: FlatLabels, texts: list[str], images: list[list], wheres: list[str]) -> FlatLabels:
+        """The batch's samples with their images expanded by the processor (hf_lora_ds.vision.encoding)."""
+        ids, labels = (
+            np.split(flat.ids, np.cumsum(flat.lengths)[:-1]),
+            np.split(flat.labels, np.cumsum(flat.lengths)[:-1]),
+        )
+        for k, (text, shown, where) in enumerate(zip(texts, images, wheres)):
+            if shown:
+                ids[k], labels[k] = self.vision.expand(text, ids[k], labels[k], shown, where)
+        lengths = np.array([len(sample) for sample in ids], dtype=flat.lengths.dtype)
+        return FlatLabels(
+            np.concatenate(ids), np.concatenate(labels).astype(flat.labels.dtype), lengths, flat.flag_counts
+        )
+
+    def table(
+        self, flat: FlatLabels, places: list[tuple[str, str]], notes: list[tuple[str, int, int]], images: list[list]
+    ) -> pa.Table:
         """The samples' columns (``_SAMPLE_FEATURES``), built as Arrow arrays from flat numpy ones rather than from
         a Python list per sample: truncated to ``max_length``, with their lengths and supervised-token counts."""
         sample = np.repeat(np.arange(len(flat.lengths)), flat.lengths)  # the sample of each token
         lengths = flat.lengths if self.max_length is None else np.minimum(flat.lengths, self.max_length)
         starts = np.cumsum(flat.lengths) - flat.lengths
         kept = np.arange(len(flat.ids)) - starts[sample] < lengths[sample]
+        image_cut = self.images_cut(flat.ids[~kept], sample[~kept], len(lengths))
         labels, sample = flat.labels[kept], sample[kept]
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
         supervised = np.bincount(sample[labels != IGNORE_INDEX], minlength=len(lengths))
@@ -359,8 +409,16 @@ class _Encoder:
             "turns_on": pa.array([on for _, _, on in notes], type=pa.int32()),
             "tokens_masked": pa.array(flat.flag_counts[:, 0], type=pa.int32()),
             "tokens_on": pa.array(flat.flag_counts[:, 1], type=pa.int32()),
+            "images": pa.array([[image_reference(image) for image in shown] for shown in images], type=_IMAGES_TYPE),
+            "image_cut": pa.array(image_cut),
         }
         return pa.Table.from_pydict(columns, schema=_SAMPLE_FEATURES.arrow_schema)
+
+    def images_cut(self, cut_ids: np.ndarray, cut_samples: np.ndarray, count: int) -> np.ndarray:
+        """Per sample, whether truncation cut off an image's tokens (its pixels would then not match its tokens)."""
+        if self.vision is None:
+            return np.zeros(count, dtype=bool)
+        return np.bincount(cut_samples[np.isin(cut_ids, self.vision.image_ids)], minlength=count) > 0
 
 
 @contextmanager
@@ -403,4 +461,6 @@ def _count_values(column: pa.ChunkedArray) -> Counter:
 def _code_version() -> str:
     """A hash of the data package's modules, its subpackages' too (among them those that decide the tokenized
     output: the record formats), so a changed hf_lora_ds does not reuse old caches."""
-    return Hasher.hash([path.read_bytes() for path in sorted(Path(__file__).parent.rglob("*.py"))])
+    package = Path(__file__).parents[1]
+    modules = [*(package / "data").rglob("*.py"), *(package / "vision").rglob("*.py")]
+    return Hasher.hash([path.read_bytes() for path in sorted(modules)])
