@@ -380,7 +380,8 @@ class ThroughputCallback(LoggingCallback):
         self._active_params = (active, every) if active < every else None
         if self._active_params and state.is_world_process_zero:
             logger.info("MFU counts the active parameters of the experts: N_active %d of %d", active, every)
-        self._counter.pad_token_id = getattr(kwargs.get("processing_class"), "pad_token_id", None)
+        processing = kwargs.get("processing_class")
+        self._counter.pad_token_id = getattr(getattr(processing, "tokenizer", processing), "pad_token_id", None)
         self._counter.trainer = self._trainer
         self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
         self._clock = _ActiveClock()

@@ -7,15 +7,16 @@ same samples.
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from hf_lora_ds.config import RunValues
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.masking.thinking import ThinkingOptions
 from hf_lora_ds.data.sources import LoadedData, load_data
+from hf_lora_ds.vision.resolution import PixelBounds
 
-__all__ = ["load_run_data", "sft_dataset"]
+__all__ = ["image_bounds", "load_run_data", "sft_dataset"]
 
 
 def load_run_data(spec: str, args: RunValues, dataset: str | None = None) -> LoadedData:
@@ -30,8 +31,11 @@ def load_run_data(spec: str, args: RunValues, dataset: str | None = None) -> Loa
     )
 
 
-def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: RunValues) -> ChatSFTDataset:
-    """The records tokenized with exact label masks, as the run's data flags ask."""
+def sft_dataset(
+    data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: RunValues, processor: ProcessorMixin | None = None
+) -> ChatSFTDataset:
+    """The records tokenized with exact label masks, as the run's data flags ask; with a vision-language model's
+    ``processor``, their images too, within the run's pixel bounds."""
     return ChatSFTDataset(
         data,
         tokenizer,
@@ -43,4 +47,11 @@ def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: RunV
         formats=FormatOptions.from_flags(args.columns, args.sharegpt_roles),
         num_proc=args.preprocessing_num_workers,
         thinking=ThinkingOptions(args.train_reasoning, args.empty_think),
+        processor=processor,
+        image_bounds=image_bounds(args),
     )
+
+
+def image_bounds(args: RunValues) -> PixelBounds:
+    """The pixels an image keeps (``--image_max_pixels``, ``--image_min_pixels``)."""
+    return PixelBounds(args.image_max_pixels, args.image_min_pixels)

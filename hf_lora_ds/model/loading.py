@@ -11,6 +11,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    ProcessorMixin,
 )
 
 from hf_lora_ds.config import RunValues, SFTTrainingArguments
@@ -18,8 +19,9 @@ from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_e
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.model.source import hub_load_errors, load_model_config
+from hf_lora_ds.vision.processor import load_processor
 
-__all__ = ["base_model_config", "load_base_model", "load_tokenizer"]
+__all__ = ["base_model_config", "load_base_model", "load_run_processor", "load_tokenizer"]
 
 
 def load_tokenizer(args: RunValues, need_weights: bool = True) -> PreTrainedTokenizerBase:
@@ -29,6 +31,14 @@ def load_tokenizer(args: RunValues, need_weights: bool = True) -> PreTrainedToke
     source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file, need_weights=need_weights)
     with hub_load_errors(args.model_name_or_path):
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
+
+
+def load_run_processor(args: RunValues) -> ProcessorMixin | None:
+    """A vision-language base's processor (its tokenizer inside), None for a text-only base or a GGUF file."""
+    if args.gguf_file or str(args.model_name_or_path).endswith(".gguf"):
+        return None
+    with hub_load_errors(args.model_name_or_path):
+        return load_processor(args.model_name_or_path)
 
 
 def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | None]:

@@ -104,7 +104,7 @@ class LoraSFTTrainer(Trainer):
         trainer_kwargs.update(
             train_dataset=inputs.train_dataset,
             eval_dataset=inputs.eval_dataset,
-            processing_class=inputs.tokenizer,
+            processing_class=inputs.processor or inputs.tokenizer,
             callbacks=inputs.callbacks,
         )
         config = lora_config or lora_config_from_args(args)

@@ -18,7 +18,7 @@ from typing import Any
 import datasets
 import torch
 import transformers
-from transformers import PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 from transformers.utils import logging
 
 from hf_lora_ds.callbacks import AnswerAccuracyCallback, MemoryTraceCallback
@@ -33,7 +33,7 @@ from hf_lora_ds.errors import UserError
 from hf_lora_ds.eval import get_task, load_samples, run_eval_options
 from hf_lora_ds.eval.tasks import Task
 from hf_lora_ds.launch.resolve import resolve_arguments
-from hf_lora_ds.model.loading import load_base_model, load_tokenizer
+from hf_lora_ds.model.loading import load_base_model, load_run_processor, load_tokenizer
 from hf_lora_ds.plan import check_run_fits, profile_from_dataset
 from hf_lora_ds.training.batches import settle_batching
 from hf_lora_ds.training.checkpoints import ResumePoint, resolve_resume_checkpoint
@@ -51,6 +51,7 @@ class RunInputs:
 
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase | None
+    processor: ProcessorMixin | None  # a vision-language model's: its images' processor, around ``tokenizer``
     train_dataset: Any
     eval_dataset: Any  # tokenized, for Trainer's eval loss during training
     eval_records: list | None  # raw, generated from for answer accuracy
@@ -85,9 +86,8 @@ def prepare_run_inputs(
     # --batching for the model's layers (auto padded for a hybrid, packing refused where it would leak) before the
     # data is read and planned for.
     settle_batching(args, None if by_name else model)
-    if tokenizer is None and by_name:
-        tokenizer = load_tokenizer(args)
-    train = _training_data(train_dataset if train_dataset is not None else args.train_file, tokenizer, args)
+    processor, tokenizer = _processing(tokenizer, args, by_name)
+    train = _training_data(train_dataset if train_dataset is not None else args.train_file, tokenizer, args, processor)
     if by_name and isinstance(train, ChatSFTDataset):
         check_run_fits(args, profile_from_dataset(train))  # the model it plans is the one about to load
     task = get_task(args.eval_task)
@@ -113,8 +113,8 @@ def prepare_run_inputs(
         )
     eval_tokenized = eval_dataset if eval_data is None else None  # a tokenized set as it is
     if evaluating and eval_data is not None:
-        eval_tokenized = sft_dataset(eval_data, _need(tokenizer), args)
-    return RunInputs(model, tokenizer, train, eval_tokenized, eval_records, task, resume, callbacks, made)
+        eval_tokenized = sft_dataset(eval_data, _need(tokenizer), args, processor)
+    return RunInputs(model, tokenizer, processor, train, eval_tokenized, eval_records, task, resume, callbacks, made)
 
 
 def _take_model_name(name: str, args: SFTTrainingArguments) -> None:
@@ -127,13 +127,28 @@ def _take_model_name(name: str, args: SFTTrainingArguments) -> None:
     args.model_name_or_path = name
 
 
-def _training_data(data: Data, tokenizer: PreTrainedTokenizerBase | None, args: SFTTrainingArguments) -> Any:
+def _processing(
+    given: PreTrainedTokenizerBase | ProcessorMixin | None, args: SFTTrainingArguments, by_name: bool
+) -> tuple[ProcessorMixin | None, PreTrainedTokenizerBase | None]:
+    """``(processor, tokenizer)``: what the caller passed, else the named base's (a vision-language model's
+    processor holds its tokenizer; a text model has none)."""
+    if isinstance(given, ProcessorMixin):
+        return given, given.tokenizer
+    if given is not None or not by_name:
+        return None, given
+    processor = load_run_processor(args)
+    return processor, processor.tokenizer if processor is not None else load_tokenizer(args)
+
+
+def _training_data(
+    data: Data, tokenizer: PreTrainedTokenizerBase | None, args: SFTTrainingArguments, processor: ProcessorMixin | None
+) -> Any:
     """The training samples: tokenized with exact masks from records, with the data line and the inference round
     trip printed (rank 0); a tokenized dataset as it is."""
     if data is None or isinstance(data, torch.utils.data.Dataset):
         return data
     records = _records(data, args, args.dataset)
-    dataset = sft_dataset(records, _need(tokenizer), args)
+    dataset = sft_dataset(records, _need(tokenizer), args, processor)
     logger.info(records.summary() + dataset.unused_note())
     logger.info(check_round_trip(dataset).line())  # inference prompts start the training texts, on a sample
     return dataset

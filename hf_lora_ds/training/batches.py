@@ -9,17 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention, resolve_batching
 from hf_lora_ds.data.batches.collator import SupervisedPositionsCollator, build_collator, check_model_batching
-from hf_lora_ds.data.batches.packing import PackedDataset
+from hf_lora_ds.data.batches.packing import PackedDataset, training_samples
+from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.loading import base_model_config
 from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
+from hf_lora_ds.vision.collator import VisionCollator
+from hf_lora_ds.vision.encoding import ImageEncoding
 
 __all__ = ["boundary_keys", "prepare_batches", "settle_batching", "with_supervised_positions"]
 
@@ -66,10 +69,12 @@ def prepare_batches(
     train_dataset: Any,
     eval_dataset: Any,
     data_collator: Callable | None,
-    tokenizer: PreTrainedTokenizerBase | None,
+    processing_class: PreTrainedTokenizerBase | ProcessorMixin | None,
 ) -> tuple[Any, Any, Callable | None]:
     """``(train_dataset, eval_dataset, data_collator)`` for ``args.batching``: datasets packed unless they already are
-    (or absent), and the collator built unless one is given."""
+    (or absent), and the collator built unless one is given: for image samples, one that adds their pixels
+    (hf_lora_ds.vision.collator)."""
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)  # a processor's own tokenizer pads
     batching: ResolvedBatching = args.batching  # resolved when the arguments were built (hf_lora_ds.config.batching)
     check_model_batching(batching, model)
     boundaries = boundary_keys(batching, model)
@@ -91,6 +96,8 @@ def prepare_batches(
         data_collator = build_collator(
             batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row, boundaries
         )
+        if (images := image_encoding(train_dataset)) is not None:
+            data_collator = VisionCollator(data_collator, images)
     return train_dataset, eval_dataset, data_collator
 
 
@@ -112,6 +119,12 @@ def with_supervised_positions(
         or args.engine.sequence_parallel > 1
     )
     return data_collator if data_collator is None or sliced else SupervisedPositionsCollator(data_collator)
+
+
+def image_encoding(dataset: Any) -> ImageEncoding | None:
+    """How the dataset's image samples were tokenized, where it has any (a vision-language model's records)."""
+    samples = training_samples(dataset)
+    return samples.encoder.vision if isinstance(samples, ChatSFTDataset) else None
 
 
 def _packed(dataset: Any, capacity: int, name: str) -> Any:
