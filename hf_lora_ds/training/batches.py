@@ -23,6 +23,7 @@ from hf_lora_ds.model.loading import base_model_config
 from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.encoding import ImageEncoding
+from hf_lora_ds.vision.packing import packed_rope_index
 
 __all__ = ["boundary_keys", "prepare_batches", "settle_batching", "with_supervised_positions"]
 
@@ -97,7 +98,7 @@ def prepare_batches(
             batching, tokenizer, args.pad_to_multiple_of, args.engine.sequence_parallel, one_row, boundaries
         )
         if (images := image_encoding(train_dataset)) is not None:
-            data_collator = VisionCollator(data_collator, images)
+            data_collator = VisionCollator(data_collator, images, packed_rope_index(batching, model))
     return train_dataset, eval_dataset, data_collator
 
 

@@ -18,6 +18,7 @@ from PIL import Image
 from transformers import ProcessorMixin
 
 from hf_lora_ds.vision.encoding import ImageEncoding
+from hf_lora_ds.vision.packing import RopeIndex, packed_rope_positions
 
 __all__ = ["IMAGES", "TokenTypes", "VisionCollator"]
 
@@ -58,8 +59,8 @@ class TokenTypes:
 class VisionCollator:
     """``collator``'s batch of the samples' text, with the pixels of their images and the per-token keys."""
 
-    def __init__(self, collator: Callable, encoding: ImageEncoding):
-        self.collator, self.encoding = collator, encoding
+    def __init__(self, collator: Callable, encoding: ImageEncoding, rope_index: RopeIndex | None = None):
+        self.collator, self.encoding, self.rope_index = collator, encoding, rope_index
         self.processor = encoding.processor
         self.token_types = TokenTypes.of(encoding.processor, encoding.image_text)
 
@@ -72,6 +73,13 @@ class VisionCollator:
         batch.update(self.token_types.of_ids(batch["input_ids"]))
         if any(images):
             nested = [sample for sample in images if sample]
-            pixels = self.processor.image_processor(images=nested, return_tensors="pt")
-            batch.update(pixels)
+            batch.update(self.processor.image_processor(images=nested, return_tensors="pt"))
+        if self.rope_index is not None and "attention_mask" not in batch:  # packed or padding-free rows
+            batch["position_ids"] = packed_rope_positions(
+                self.rope_index,
+                batch["input_ids"],
+                batch["position_ids"],
+                batch["mm_token_type_ids"],
+                batch.get("image_grid_thw"),
+            )
         return batch

@@ -88,6 +88,8 @@ class PackedDataset(torch.utils.data.Dataset):
             row["input_ids"] += sample["input_ids"]
             row["labels"] += [IGNORE_INDEX, *sample["labels"][1:]]  # never predicted from the previous sample
             row["position_ids"] += range(len(sample["input_ids"]))
+            if sample.get("images"):  # a vision-language model's: the row's images in its samples' order
+                row.setdefault("images", []).extend(sample["images"])
         return row
 
     @property
