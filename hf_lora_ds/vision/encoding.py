@@ -31,7 +31,6 @@ __all__ = [
     "ImageEncoding",
     "expanded_labels",
     "image_reference",
-    "image_runs",
     "template_image_text",
     "with_image_text",
 ]
@@ -69,46 +68,37 @@ def with_image_text(messages: list[dict], image_text: str) -> list[dict]:
     ]
 
 
-def image_runs(ids: np.ndarray, image_ids: np.ndarray) -> list[tuple[int, int]]:
-    """The ``(start, end)`` of each run of consecutive image tokens in ``ids``."""
-    is_image = np.isin(ids, image_ids).astype(np.int8)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], is_image, [0]])))
-    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
-
-
 def expanded_labels(
     text_ids: Sequence[int], text_labels: Sequence[int], expanded_ids: Sequence[int], image_ids: np.ndarray
 ) -> np.ndarray:
     """The labels of ``expanded_ids`` (the processor's tokens, images expanded) carried from the text's.
 
-    The texts between image runs are aligned pair by pair: equal tokens keep their label, tokens the expansion
-    changed (a newline a family writes around an image merging with the text's) must all be -100 in the text, else
-    the image sits inside a trained answer: an error. Every image token is -100."""
+    Both sides are aligned with each run of image tokens standing as one token: equal tokens keep their label,
+    tokens the expansion changed or added (a newline a family writes around an image, merged with the text's, or
+    between two images) must be -100 in the text, else the image sits inside a trained answer: an error. Every image
+    token is -100."""
     text_ids, expanded_ids = np.asarray(text_ids), np.asarray(expanded_ids)
     text_labels = np.asarray(text_labels)
     if (text_labels[np.isin(text_ids, image_ids)] != IGNORE_INDEX).any():
         raise TemplateError("an image inside a trained answer: images go in user turns")
+    (text_seq, text_at), (expanded_seq, expanded_at) = _collapsed(text_ids, image_ids), _collapsed(expanded_ids, image_ids)
     labels = np.full(len(expanded_ids), IGNORE_INDEX, dtype=np.int64)
-    text_gaps, expanded_gaps = _gaps(text_ids, image_ids), _gaps(expanded_ids, image_ids)
-    if len(text_gaps) != len(expanded_gaps):
-        raise TemplateError(
-            f"the processor wrote {len(expanded_gaps) - 1} image(s) where the text has {len(text_gaps) - 1}: a text "
-            "holds an image token of its own"
-        )
-    for (a, b), (c, d) in zip(text_gaps, expanded_gaps):
-        matcher = SequenceMatcher(None, text_ids[a:b].tolist(), expanded_ids[c:d].tolist(), autojunk=False)
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-            if tag == "equal":
-                labels[c + j1 : c + j2] = text_labels[a + i1 : a + i2]
-            elif (text_labels[a + i1 : a + i2] != IGNORE_INDEX).any():
-                raise TemplateError("the text beside an image tokenizes into a trained answer's tokens")
+    matcher = SequenceMatcher(None, text_seq.tolist(), expanded_seq.tolist(), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            labels[expanded_at[j1:j2]] = text_labels[text_at[i1:i2]]
+        elif (text_labels[text_at[i1:i2]] != IGNORE_INDEX).any():
+            raise TemplateError("the text beside an image tokenizes into a trained answer's tokens")
+    labels[np.isin(expanded_ids, image_ids)] = IGNORE_INDEX
     return labels
 
 
-def _gaps(ids: np.ndarray, image_ids: np.ndarray) -> list[tuple[int, int]]:
-    """The spans between image runs, the one before the first and the one after the last included."""
-    bounds = [0, *(edge for run in image_runs(ids, image_ids) for edge in run), len(ids)]
-    return list(zip(bounds[::2], bounds[1::2]))
+def _collapsed(ids: np.ndarray, image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` with each run of image tokens as one -1, and the position in ``ids`` of each kept token."""
+    is_image = np.isin(ids, image_ids)
+    run_start = is_image & ~np.concatenate([[False], is_image[:-1]])
+    kept = np.flatnonzero(~is_image | run_start)
+    return np.where(is_image[kept], -1, ids[kept]), kept
 
 
 @dataclass
