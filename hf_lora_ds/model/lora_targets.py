@@ -385,9 +385,11 @@ def _refuse_bare_lora_parts(model: torch.nn.Module, modules: list[str], targets,
             for name, module in model.named_modules()
             if isinstance(module, LORA_LAYER_TYPES) and parts.part_of(name) == part
         }
-        targets_text = targets if isinstance(targets, str) else ",".join(sorted(targets))
+        if not layers:
+            raise UserError(f"{flag} lora: the {part} of this model has no layer LoRA can adapt; use {flag} full")
+        named = targets if isinstance(targets, str) else ",".join(sorted(targets))
         raise UserError(
-            f"{flag} lora: --lora_target_modules {targets_text} names no layer of the {part} (its layers: "
+            f"{flag} lora: --lora_target_modules {named} names no layer of the {part} (its layers: "
             f"{', '.join(sorted(layers))}); add some of them, or use all-linear"
         )
 

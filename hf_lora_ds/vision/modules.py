@@ -163,7 +163,7 @@ def vision_model_class(config: PretrainedConfig) -> type[PreTrainedModel] | None
     for a text-only config, which loads as a causal LM."""
     if getattr(config, "vision_config", None) is None:
         return None
-    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING.get(type(config))
+    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING.get(type(config), None)
 
 
 def _within(name: str, root: str) -> bool:
