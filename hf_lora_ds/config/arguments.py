@@ -1,4 +1,4 @@
-"""``SFTTrainingArguments``: TrainingArguments plus the model, quantization, data, LoRA, engine, memory plan,
+"""``SFTTrainingArguments``: TrainingArguments plus the model, quantization, data, LoRA, vision, engine, memory plan,
 reliability and reporting fields of a LoRA SFT run, one flat dataclass composed from the parts beside it.
 
 ``__post_init__`` checks the values alone (no file, environment variable or process group is read: the checks of
@@ -29,6 +29,7 @@ from hf_lora_ds.config.quantization import QuantizationArguments, check_quantiza
 from hf_lora_ds.config.ranges import check_ranges
 from hf_lora_ds.config.reliability import ReliabilityArguments
 from hf_lora_ds.config.reporting import ReportingArguments, check_reporting_fields
+from hf_lora_ds.config.vision import VisionArguments, check_vision_fields
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.errors import MissingPathError, UserError
 
@@ -49,6 +50,7 @@ class SFTTrainingArguments(
     QuantizationArguments,
     DataArguments,
     LoraArguments,
+    VisionArguments,
     EngineArguments,
     MemoryPlanArguments,
     ReliabilityArguments,
@@ -129,6 +131,7 @@ def check_field_values(args: RunValues) -> None:
     check_quantization_fields(args)
     check_data_fields(args)
     check_lora_fields(args)
+    check_vision_fields(args)
     check_engine_fields(args)
     check_reporting_fields(args)
     check_dict_fields(args)

@@ -22,6 +22,7 @@ from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.model.experts import unwrapped_name
 from hf_lora_ds.model.lora import shape_config
 from hf_lora_ds.model.lora_targets import peft_keeps_exact_targets
+from hf_lora_ds.vision.modules import vision_model_class
 
 __all__ = [
     "AdapterIntegrityError",
@@ -187,7 +188,7 @@ def _check_against_base(
     base_config: PretrainedConfig,
     base_model: str | os.PathLike,
 ) -> None:
-    if type(base_config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+    if _base_class(base_config) is None:
         raise AdapterIntegrityError(
             f"Cannot rebuild base {base_model} ({type(base_config).__name__}) without running its remote code; "
             "verify this adapter with base_model=None (file checks only) or load it by hand."
@@ -231,4 +232,10 @@ def _meta_base(base_config) -> torch.nn.Module:
     """Weightless base. The class is called directly: ``from_config`` would enter ``deepspeed.zero.Init`` during a
     ZeRO-3 run, a collective that hangs when only rank 0 verifies."""
     with torch.device("meta"):
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(base_config)](base_config)
+        return _base_class(base_config)(base_config)
+
+
+def _base_class(base_config) -> type | None:
+    """The class the base loads as: a vision-language model's with its tower, else its causal LM's (None: neither
+    is known to transformers, so only its remote code could build it)."""
+    return vision_model_class(base_config) or MODEL_FOR_CAUSAL_LM_MAPPING.get(type(base_config), None)

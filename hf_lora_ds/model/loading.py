@@ -1,12 +1,15 @@
 """What a run loads of its model, from its arguments: the tokenizer, the base model and, for what reads no weights
 (the audit's LoRA coverage, the memory planner), the base's config; ``--model_name_or_path`` names a hub id, a
 directory or a GGUF file, quantized or not. Each function carries the flags that shape it, so run_sft, the audit and
-the planner read the same model the same way."""
+the planner read the same model the same way. A vision-language checkpoint loads with its vision tower and projector
+(transformers' image-text-to-text class), a text one as a causal LM."""
 
 from __future__ import annotations
 
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
@@ -19,6 +22,7 @@ from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_e
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.model.source import hub_load_errors, load_model_config
+from hf_lora_ds.vision.modules import vision_model_class
 from hf_lora_ds.vision.processor import load_processor
 
 __all__ = ["base_model_config", "load_base_model", "load_run_processor", "load_tokenizer"]
@@ -48,7 +52,9 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     experts_kernel = choose_experts_implementation(args.experts_implementation, args.device, args.torch_dtype)
     source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)
     with hub_load_errors(args.model_name_or_path):
-        model = AutoModelForCausalLM.from_pretrained(
+        config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
+        auto_class = AutoModelForImageTextToText if vision_model_class(config) else AutoModelForCausalLM
+        model = auto_class.from_pretrained(
             source,
             dtype=args.torch_dtype,
             attn_implementation=args.attn_implementation,

@@ -12,6 +12,7 @@ from peft.tuners.lora.config import CordaConfig
 
 from hf_lora_ds.config import RunValues
 from hf_lora_ds.config.lora_init import DataPass, parse_lora_init
+from hf_lora_ds.config.vision import FROZEN_VISION, VisionTraining
 from hf_lora_ds.model.lora_targets import (
     add_dropout,
     check_target_modules,
@@ -20,6 +21,7 @@ from hf_lora_ds.model.lora_targets import (
     peft_keeps_exact_targets,
     resolve_targets,
 )
+from hf_lora_ds.vision.modules import run_frozen_tower_without_graph
 
 __all__ = [
     "lora_config_from_args",
@@ -61,19 +63,22 @@ def shape_config(config: LoraConfig) -> LoraConfig:
     return dataclasses.replace(config, init_lora_weights=True, eva_config=None, corda_config=None)
 
 
-def wrap_with_lora(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
-    """Wrap ``model`` unless it already is a PeftModel (a resumed or user-built adapter is kept as it is). On a MoE
-    model the targets are resolved to exact names first, and the dropout put where PEFT takes it
-    (hf_lora_ds.model.lora_targets); ``config`` keeps the flags' words."""
+def wrap_with_lora(model: torch.nn.Module, config: LoraConfig, vision: VisionTraining = FROZEN_VISION) -> PeftModel:
+    """Wrap ``model`` unless it already is a PeftModel (a resumed or user-built adapter is kept as it is). On a MoE or
+    vision-language model the targets are resolved to exact names first (the vision parts as ``vision`` says), and
+    the dropout put where PEFT takes it (hf_lora_ds.model.lora_targets); ``config`` keeps the flags' words. A vision
+    tower none of whose weights train runs without an autograd graph (hf_lora_ds.vision.modules)."""
     if isinstance(model, PeftModel):
+        run_frozen_tower_without_graph(model)
         return model
-    resolved = resolve_targets(model, config)
+    resolved = resolve_targets(model, config, vision)
     with peft_keeps_exact_targets(), warnings.catch_warnings():
         if resolved.target_parameters:  # PEFT matches the patterns against target_modules only, and would warn
             warnings.filterwarnings("ignore", "The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
         wrapped = get_peft_model(model, resolved)
     if resolved.lora_dropout != config.lora_dropout:
         add_dropout(wrapped, config.lora_dropout)
+    run_frozen_tower_without_graph(wrapped)
     return wrapped
 
 

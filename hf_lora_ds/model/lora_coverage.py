@@ -5,7 +5,9 @@ linear-attention layers name their projections differently) or no expert weights
 fused 3-D parameters, which PEFT's ``all-linear`` does not reach) train silently on a fraction of the model. After
 wrapping, every linear module inside a decoder layer is listed as adapted or not, and on a MoE model every routed
 expert weight (a fused 3-D one once for all its experts), the shared experts apart and the router only when adapted;
-printed as one compact table at start, saved for the run report and shown by the audit with ``--model``.
+printed as one compact table at start, saved for the run report and shown by the audit with ``--model``. On a
+vision-language model the table is the language model's, and one line for the vision tower and one for the projector
+say whether each is frozen, adapted (how many of its linear modules) or trained in full (hf_lora_ds.vision.modules).
 A run whose targets leave whole layers without any adapter, or skip the experts most layers have, stops with one
 line unless ``--lora_allow_partial`` (or, for the experts, ``--lora_target_experts none``); a deliberate partial
 choice (``q_proj,v_proj``) trains with one line saying which module kinds and names it leaves out.
@@ -15,20 +17,23 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from peft import LoraConfig
 from peft.tuners.lora.layer import ParamWrapper
 from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils import ModulesToSaveWrapper
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from hf_lora_ds.config.vision import FROZEN_VISION, VisionTraining
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts import MoeBlock, moe_blocks, unwrapped_name
 from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
+from hf_lora_ds.vision.modules import LANGUAGE_MODEL, PROJECTOR, TOWER, vision_model_class, vision_parts
 
-__all__ = ["LoraCoverage", "Site", "lora_coverage", "meta_coverage", "COVERAGE_FILE"]
+__all__ = ["LoraCoverage", "PartCoverage", "Site", "lora_coverage", "meta_coverage", "COVERAGE_FILE"]
 
 COVERAGE_FILE = "lora_coverage.txt"  # in output_dir, for the run report
 MIXER_KINDS = ("attention", "linear attention", "state space", "short convolution")
@@ -46,9 +51,32 @@ class Site:
     adapted: bool
 
 
+@dataclass(frozen=True)
+class PartCoverage:
+    """The vision tower or the projector of a vision-language model: its linear modules with an adapter, and whether
+    PEFT trains it in full (``modules_to_save``)."""
+
+    part: str
+    modules: tuple[str, ...]
+    adapted: int
+    linear: int
+    full: bool
+
+    def line(self) -> str:
+        if self.full:
+            state = "trained in full"
+        elif self.adapted:
+            state = f"LoRA on {self.adapted}/{self.linear} linear modules"
+        else:
+            state = f"frozen, no LoRA (0/{self.linear} linear modules)"
+        return f"{self.part} ({', '.join(self.modules)}): {state}"
+
+
 def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
     """The coverage of a PEFT-wrapped model: its adapter layers and the linear modules left as they were; on a MoE model
-    each routed-expert weight too (a fused one once for all its experts), the routers only when adapted."""
+    each routed-expert weight too (a fused one once for all its experts), the routers only when adapted; on a
+    vision-language model the decoder layers of its language model, and its vision parts apart."""
+    parts = vision_parts(model)
     blocks = moe_blocks(model)
     owners = _owner_kinds(model)
     wrapped = {(unwrapped_name(n), m.parameter_name) for n, m in model.named_modules() if isinstance(m, ParamWrapper)}
@@ -59,12 +87,19 @@ def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
         for name in block.fused
     ]
     tuned: list[str] = []
+    vision: dict[str, list[int]] = {TOWER: [0, 0, 0], PROJECTOR: [0, 0, 0]}  # adapted, linear, wrapped in full
     for path, module in model.named_modules():
         if any(path.startswith(prefix) for prefix in tuned):
-            continue  # the adapter's own lora_A/lora_B and the wrapped base layer
+            continue  # the adapter's own lora_A/lora_B and the wrapped base layer, a full module's copies
         adapted = isinstance(module, BaseTunerLayer)
-        if adapted:
+        if adapted or isinstance(module, ModulesToSaveWrapper):
             tuned.append(path + ".")
+        part = parts.part_of(path) if parts else LANGUAGE_MODEL
+        if part in vision:
+            vision[part][0] += adapted
+            vision[part][1] += adapted or isinstance(module, torch.nn.Linear)
+            vision[part][2] += isinstance(module, ModulesToSaveWrapper)
+            continue
         match = _LAYER.search(path)
         kind = _kind(unwrapped_name(path), blocks, owners) if match else None
         fused = isinstance(module, ParamWrapper) and kind == "experts"
@@ -72,15 +107,30 @@ def lora_coverage(model: torch.nn.Module) -> LoraCoverage:
             continue  # a fused expert weight (counted above), or no linear layer
         if match and (adapted or kind != "router"):
             sites.append(Site(int(match.group(1)), kind, _name(match.group(2)), adapted))
-    return LoraCoverage(sorted(sites, key=lambda site: site.layer))
+    roots = {TOWER: (parts.tower,), PROJECTOR: parts.projectors} if parts else {}
+    vision_parts_coverage = [
+        PartCoverage(part, tuple(unwrapped_name(root) for root in roots[part]), adapted, linear, bool(full))
+        for part, (adapted, linear, full) in vision.items()
+        if part in roots
+    ]
+    return LoraCoverage(sorted(sites, key=lambda site: site.layer), vision_parts_coverage)
 
 
-def meta_coverage(config: PretrainedConfig, lora: LoraConfig, trust_remote_code: bool = False) -> LoraCoverage:
-    """The coverage ``lora`` would give a model of ``config``, built on the meta device: no weights are read, so
-    the audit can show it for any model size."""
+def meta_coverage(
+    config: PretrainedConfig,
+    lora: LoraConfig,
+    trust_remote_code: bool = False,
+    vision: VisionTraining = FROZEN_VISION,
+) -> LoraCoverage:
+    """The coverage ``lora`` (and ``vision``, for a vision-language model) would give a model of ``config``, built on
+    the meta device: no weights are read, so the audit can show it for any model size."""
     with torch.random.fork_rng(), torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        return lora_coverage(wrap_with_lora(base, shape_config(lora)))
+        vision_class = vision_model_class(config)
+        if vision_class is None:
+            base = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        else:
+            base = vision_class(config)
+        return lora_coverage(wrap_with_lora(base, shape_config(lora), vision))
 
 
 def _owner_kinds(model: torch.nn.Module) -> dict[str, str]:
@@ -127,6 +177,7 @@ def _name(rest: str) -> str:
 @dataclass
 class LoraCoverage:
     sites: list[Site]
+    vision: list[PartCoverage] = field(default_factory=list)  # the vision parts of a vision-language model
 
     @property
     def layers(self) -> list[int]:
@@ -151,8 +202,9 @@ class LoraCoverage:
             else:
                 rows.append(([layer], key))
         experts = "; experts: routed-expert weights, a fused one once for all experts" if "experts" in kinds else ""
+        of = " of the language model" if self.vision else ""
         lines = [
-            f"LoRA coverage (adapted/linear modules per decoder layer{experts}):",
+            f"LoRA coverage (adapted/linear modules per decoder layer{of}{experts}):",
             "layers   " + "".join(f"{k:<{_width(k)}}" for k in kinds),
         ]
         for group, key in rows:
@@ -162,6 +214,7 @@ class LoraCoverage:
         left = self.left_out()
         if left:
             lines.append("left out: " + "; ".join(f"{kind} {', '.join(names)}" for kind, names in left.items()))
+        lines += [part.line() for part in self.vision]
         return "\n".join(line.rstrip() for line in lines)
 
     def left_out(self) -> dict[str, list[str]]:

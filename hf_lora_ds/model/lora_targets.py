@@ -49,10 +49,12 @@ from transformers.pytorch_utils import Conv1D
 
 from hf_lora_ds.config import RunValues
 from hf_lora_ds.config.lora_init import lora_init_from_peft
+from hf_lora_ds.config.vision import FROZEN_VISION, VisionTraining
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts import MoeBlock, expert_weight_names, experts_per_token, moe_blocks, unwrapped_name
 from hf_lora_ds.model.experts_kernel import experts_kernel_text
 from hf_lora_ds.model.layer_kinds import sequence_mixers
+from hf_lora_ds.vision.modules import PROJECTOR, TOWER, full_training_modules, lora_scope, vision_parts
 
 __all__ = [
     "EXPERT_PATTERN",
@@ -95,41 +97,47 @@ def expert_fields(args: RunValues) -> dict:
     return fields
 
 
-def check_target_modules(model: torch.nn.Module, config: LoraConfig) -> None:
+def check_target_modules(model: torch.nn.Module, config: LoraConfig, vision: VisionTraining = FROZEN_VISION) -> None:
     """Every name in ``--lora_target_modules`` must name a layer LoRA can adapt (PEFT's rule: the module's full name
-    or its last dotted parts). PEFT itself raises a traceback only when no name matches at all, and trains the
-    others silently when one of several is a typo."""
+    or its last dotted parts), on a vision-language model in a part ``vision`` lets LoRA adapt. PEFT itself raises a
+    traceback only when no name matches at all, and trains the others silently when one of several is a typo."""
     if isinstance(config.target_modules, str):  # "all-linear"
         return
-    layers = [name for name, module in model.named_modules() if isinstance(module, LORA_LAYER_TYPES)]
+    layers = list(_layers_outside_experts(model, [], vision))
     unknown = [target for target in config.target_modules if not _named(layers, target)]
     if unknown:
+        _refuse_outside_scope(model, config.target_modules, unknown)
         _refuse_unknown(config.target_modules, unknown, {name.rsplit(".", 1)[-1] for name in layers}, "")
 
 
-def resolve_targets(model: torch.nn.Module, config: LoraConfig) -> LoraConfig:
-    """``config`` with exact targets for the MoE ``model`` (a copy: the caller's config keeps the flags' words);
-    ``config`` itself for a dense model, where PEFT's own matching is right. A MoE family's model without an MoE
-    layer (the planner's one-layer copy of DeepSeek-V3, whose first layers are dense) is resolved too: PEFT would
-    rewrite its targets all the same."""
+def resolve_targets(model: torch.nn.Module, config: LoraConfig, vision: VisionTraining = FROZEN_VISION) -> LoraConfig:
+    """``config`` with exact targets for the MoE or vision-language ``model`` (a copy: the caller's config keeps the
+    flags' words); ``config`` itself for a dense text model, where PEFT's own matching is right. A MoE family's model
+    without an MoE layer (the planner's one-layer copy of DeepSeek-V3, whose first layers are dense) is resolved too:
+    PEFT would rewrite its targets all the same. On a vision-language model the targets reach the parts ``vision``
+    sets to lora only (hf_lora_ds.vision.modules), and the parts set to full go to ``modules_to_save``."""
     blocks = moe_blocks(model)
     kernel_read = _kernel_read_layers(model)
+    saved_in_full = full_training_modules(model, vision)
+    modules_to_save = [*(config.modules_to_save or []), *saved_in_full] or None
     if not blocks and experts_per_token(getattr(model, "config", None)) is None:
         if config.target_parameters:
             raise UserError(
                 f"--lora_target_experts {','.join(config.target_parameters)}: the model has no experts "
                 "(it is not a Mixture-of-Experts model); drop the flag"
             )
-        check_target_modules(model, config)
-        if not kernel_read:
+        check_target_modules(model, config, vision)
+        if not kernel_read and vision_parts(model) is None:
             return config
         _refuse_kernel_read(config.target_modules, kernel_read)
-        layers = _layers_outside_experts(model, [])
+        layers = _layers_outside_experts(model, [], vision)
         named = _all_linear(model, layers, []) if isinstance(config.target_modules, str) else layers
         modules = [name for name in named if name not in kernel_read and _targeted(name, config.target_modules)]
-        return dataclasses.replace(config, target_modules=sorted(modules))
+        _refuse_bare_lora_parts(model, modules, config.target_modules, vision)
+        return dataclasses.replace(config, target_modules=sorted(modules), modules_to_save=modules_to_save)
     _refuse_kernel_read(config.target_modules, kernel_read)
-    layers = {name: layer for name, layer in _layers_outside_experts(model, blocks).items() if name not in kernel_read}
+    layers = _layers_outside_experts(model, blocks, vision)
+    layers = {name: layer for name, layer in layers.items() if name not in kernel_read}
     routers = _router_weights(model, blocks, layers)
     if isinstance(config.target_modules, str):  # all-linear: the routers and gates never
         modules = _all_linear(model, layers, blocks)
@@ -150,8 +158,10 @@ def resolve_targets(model: torch.nn.Module, config: LoraConfig) -> LoraConfig:
     modules += [linear for block in blocks for linear in block.expert_linears if linear.rsplit(".", 1)[-1] in chosen]
     if parameters:
         _check_parameter_adapters(config)
+    _refuse_bare_lora_parts(model, modules, config.target_modules, vision)
     return dataclasses.replace(
         config,
+        modules_to_save=modules_to_save,
         target_modules=sorted(modules),
         target_parameters=sorted(parameters) or None,
         lora_dropout=0.0 if parameters else config.lora_dropout,
@@ -332,13 +342,56 @@ def _named(names, target: str) -> bool:
     return any(name == target or name.endswith(f".{target}") for name in names)
 
 
-def _layers_outside_experts(model: torch.nn.Module, blocks: list[MoeBlock]) -> dict[str, torch.nn.Module]:
+def _layers_outside_experts(
+    model: torch.nn.Module, blocks: list[MoeBlock], vision: VisionTraining
+) -> dict[str, torch.nn.Module]:
+    """The layers LoRA can adapt outside the routed experts, in the parts of a vision-language model ``vision`` lets
+    LoRA adapt."""
     experts = tuple(block.experts + "." for block in blocks)
+    in_scope = lora_scope(model, vision)
     return {
         name: module
         for name, module in model.named_modules()
-        if isinstance(module, LORA_LAYER_TYPES) and not name.startswith(experts)
+        if isinstance(module, LORA_LAYER_TYPES) and not name.startswith(experts) and in_scope(name)
     }
+
+
+def _refuse_outside_scope(model: torch.nn.Module, targets, unknown: list[str]) -> None:
+    """A named target that matches layers of a vision part left without LoRA only, refused naming that part's flag
+    (PEFT would have put the adapter there by the name's suffix)."""
+    parts = vision_parts(model)
+    if parts is None:
+        return
+    layers = [name for name, module in model.named_modules() if isinstance(module, LORA_LAYER_TYPES)]
+    for target in unknown:
+        held = sorted({parts.part_of(name) for name in layers if _named([name], target)} - {None})
+        if held:
+            flags = " and ".join(f"--train_{'vision_tower' if part == TOWER else 'projector'} lora" for part in held)
+            raise UserError(
+                f"--lora_target_modules {','.join(sorted(targets))}: {target} names layers of the {' and '.join(held)} "
+                f"only, which train without LoRA unless asked; drop it, or pass {flags} to adapt them"
+            )
+
+
+def _refuse_bare_lora_parts(model: torch.nn.Module, modules: list[str], targets, vision: VisionTraining) -> None:
+    """A vision part set to lora that the targets give no adapter, refused (it would train nothing there)."""
+    parts = vision_parts(model)
+    chosen = {TOWER: ("--train_vision_tower", vision.tower), PROJECTOR: ("--train_projector", vision.projector)}
+    for part, (flag, mode) in chosen.items():
+        if parts is None or mode != "lora" or any(parts.part_of(name) == part for name in modules):
+            continue
+        layers = {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, LORA_LAYER_TYPES) and parts.part_of(name) == part
+        }
+        if not layers:
+            raise UserError(f"{flag} lora: the {part} of this model has no layer LoRA can adapt; use {flag} full")
+        named = targets if isinstance(targets, str) else ",".join(sorted(targets))
+        raise UserError(
+            f"{flag} lora: --lora_target_modules {named} names no layer of the {part} (its layers: "
+            f"{', '.join(sorted(layers))}); add some of them, or use all-linear"
+        )
 
 
 def _all_linear(model: torch.nn.Module, layers: dict[str, torch.nn.Module], blocks: list[MoeBlock]) -> list[str]:
