@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
 
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.vision.resolution import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 if TYPE_CHECKING:
     from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
@@ -43,6 +44,19 @@ class VisionArguments:
         },
     )
 
+    image_max_pixels: int = field(
+        default=DEFAULT_MAX_PIXELS,
+        metadata={
+            "help": "Images with more pixels are scaled down, keeping their aspect ratio, before the processor sees "
+            "them: bounds each image's tokens (a 12 MP photo is ~15,500 Qwen-VL tokens at the processor's own "
+            f"limit). Default {DEFAULT_MAX_PIXELS} (768 x 768)."
+        },
+    )
+    image_min_pixels: int = field(
+        default=DEFAULT_MIN_PIXELS,
+        metadata={"help": f"Images with fewer pixels are scaled up. Default {DEFAULT_MIN_PIXELS} (32 x 32)."},
+    )
+
 
 @dataclass(frozen=True)
 class VisionTraining:
@@ -66,3 +80,8 @@ def check_vision_fields(args: RunValues) -> None:
         value = getattr(args, flag)
         if value not in _MODES:
             raise UserError(f"--{flag} {value}: use one of {', '.join(_MODES)}")
+    if not 0 < args.image_min_pixels <= args.image_max_pixels:
+        raise UserError(
+            f"--image_min_pixels {args.image_min_pixels} and --image_max_pixels {args.image_max_pixels}: need "
+            "0 < image_min_pixels <= image_max_pixels"
+        )

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
@@ -22,7 +20,7 @@ from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_e
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.model.source import hub_load_errors, load_model_config
-from hf_lora_ds.vision.modules import vision_model_class
+from hf_lora_ds.vision.modules import auto_model_class
 from hf_lora_ds.vision.processor import load_processor
 
 __all__ = ["base_model_config", "load_base_model", "load_run_processor", "load_tokenizer"]
@@ -53,8 +51,7 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)
     with hub_load_errors(args.model_name_or_path):
         config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
-        auto_class = AutoModelForImageTextToText if vision_model_class(config) else AutoModelForCausalLM
-        model = auto_class.from_pretrained(
+        model = auto_model_class(config).from_pretrained(
             source,
             dtype=args.torch_dtype,
             attn_implementation=args.attn_implementation,

@@ -27,12 +27,13 @@ import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
-from transformers import AttentionInterface, AutoModelForCausalLM, PretrainedConfig
+from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
+from hf_lora_ds.vision.modules import auto_model_class
 
 __all__ = [
     "ModelShape",
@@ -197,7 +198,7 @@ def _meta_peft_model(
     # configured (run_sft plans after its arguments exist), and zero.Init cannot partition meta tensors.
     _register_planned_experts()
     with set_zero3_state(), torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
+        model = auto_model_class(config).from_config(
             config, dtype=dtype, attn_implementation=_meta_attention(attn), experts_implementation=_GROUPED
         )
     model = wrap_with_lora(model, copy.deepcopy(lora))

@@ -23,6 +23,7 @@ from hf_lora_ds.model.loading import base_model_config
 from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.encoding import ImageEncoding
+from hf_lora_ds.vision.modules import auto_model_class
 from hf_lora_ds.vision.packing import packed_rope_index
 
 __all__ = ["boundary_keys", "prepare_batches", "settle_batching", "with_supervised_positions"]
@@ -56,12 +57,12 @@ def boundary_keys(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[s
 
 def _meta_model(args: SFTTrainingArguments) -> torch.nn.Module:
     """The run's model with its layers and no weights; the default attention (flash needs no kernel here)."""
-    from transformers import AutoModelForCausalLM
     from transformers.modeling_utils import set_zero3_state
 
     # set_zero3_state: under ZeRO-3 from_config would build inside deepspeed.zero.Init, which cannot partition meta.
     with set_zero3_state(), torch.device("meta"):
-        return AutoModelForCausalLM.from_config(base_model_config(args), trust_remote_code=args.trust_remote_code)
+        config = base_model_config(args)
+        return auto_model_class(config).from_config(config, trust_remote_code=args.trust_remote_code)
 
 
 def prepare_batches(

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import torch
 from peft import PeftModel
-from transformers import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, PretrainedConfig, PreTrainedModel
+from transformers import (
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from hf_lora_ds.config.vision import VisionMode, VisionTraining
 from hf_lora_ds.errors import UserError
@@ -156,6 +162,12 @@ def run_frozen_tower_without_graph(model: torch.nn.Module) -> None:
         if _within(projector, parts.tower):
             _run_with_grad(model.get_submodule(projector), enabled=True)
     setattr(tower, _GRAPHLESS, True)
+
+
+def auto_model_class(config: PretrainedConfig) -> type:
+    """The auto class a checkpoint of ``config`` loads with: image-text-to-text for a vision-language model (its
+    tower included), causal LM for a text model."""
+    return AutoModelForImageTextToText if vision_model_class(config) else AutoModelForCausalLM
 
 
 def vision_model_class(config: PretrainedConfig) -> type[PreTrainedModel] | None:
