@@ -7,7 +7,8 @@
 The export is only useful if it computes what base + adapter computed, so the command checks that itself: it
 records base + adapter logits on a few prompts, merges, saves, reloads the saved model from disk and compares. The
 adapter goes through ``verify_adapter`` first, so an empty ZeRO-3 adapter fails with the cause, not with a
-``shape torch.Size([0])`` deep inside peft.
+``shape torch.Size([0])`` deep inside peft. A vision-language model is merged with its tower, exported with its
+processor (image processor, chat template, tokenizer), and compared on prompts that each carry an image.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from PIL import Image
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase, ProcessorMixin
 
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.adapter_check import verify_adapter
 from hf_lora_ds.model.gguf_import import model_source, plain_model
 from hf_lora_ds.model.lora import load_adapter
+from hf_lora_ds.vision.modules import auto_model_class
+from hf_lora_ds.vision.processor import load_processor, save_processor
 
 __all__ = ["DEFAULT_PROMPTS", "MERGE_DTYPES", "MergeMismatchError", "merge_adapter"]
 
@@ -61,23 +65,29 @@ def merge_adapter(
     Only one model is held in memory at a time.
     """
     source, kwargs = model_source(str(base), gguf_file, "--model_name_or_path", need_tokenizer=False)
-    verify_adapter(adapter, base_model=AutoConfig.from_pretrained(source, **kwargs))
-    tokenizer = _tokenizer(Path(adapter), source, kwargs)
+    config = AutoConfig.from_pretrained(source, **kwargs)
+    verify_adapter(adapter, base_model=config)
+    model_class = auto_model_class(config)
+    processor = _processor(Path(adapter), source) if not gguf_file else None
+    tokenizer = processor.tokenizer if processor is not None else _tokenizer(Path(adapter), source, kwargs)
     torch_dtype = "auto" if dtype == "auto" else MERGE_DTYPES[dtype]
-    model = plain_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)).to(device)
+    model = plain_model(model_class.from_pretrained(source, dtype=torch_dtype, **kwargs)).to(device)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))  # the adapter was trained on a tokenizer with added tokens
     model = load_adapter(model, adapter).eval()
-    reference = _logits(model, tokenizer, prompts, device)
+    reference = _logits(model, processor or tokenizer, prompts, device)
     merged = model.merge_and_unload()
     saved_dtype = next(merged.parameters()).dtype
     merged.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if processor is not None:
+        save_processor(processor, out)
+    else:
+        tokenizer.save_pretrained(out)
     del model, merged
     gc.collect()
 
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=saved_dtype).to(device).eval()
-    exported = _logits(reloaded, tokenizer, prompts, device)
+    reloaded = model_class.from_pretrained(out, dtype=saved_dtype).to(device).eval()
+    exported = _logits(reloaded, load_processor(out) if processor is not None else tokenizer, prompts, device)
     if not list(Path(out).glob("*.safetensors")):
         raise MergeMismatchError(f"No safetensors weights were written to {out}.")
     if atol is None:
@@ -96,6 +106,12 @@ def merge_adapter(
     return max(diffs)
 
 
+def _processor(adapter: Path, base: str) -> ProcessorMixin | None:
+    """A vision-language model's processor: the adapter's own when the run saved it, else the base's; None for a
+    text model."""
+    return load_processor(adapter) or (load_processor(base) if Path(base).is_dir() else None)
+
+
 def _tokenizer(adapter: Path, base: str, base_kwargs: dict) -> PreTrainedTokenizerBase:
     """The adapter's own tokenizer when it saved one (it may hold added tokens), else the base's."""
     if (adapter / "tokenizer_config.json").is_file():
@@ -104,14 +120,27 @@ def _tokenizer(adapter: Path, base: str, base_kwargs: dict) -> PreTrainedTokeniz
 
 
 @torch.no_grad()
-def _logits(model, tokenizer: PreTrainedTokenizerBase, prompts, device: str) -> list[torch.Tensor]:
-    """Per-prompt logits in float32 (no padding, so nothing depends on the pad side or attention masks)."""
+def _logits(model, processing: PreTrainedTokenizerBase | ProcessorMixin, prompts, device: str) -> list[torch.Tensor]:
+    """Per-prompt logits in float32 (no padding, so nothing depends on the pad side or attention masks); with a
+    processor, each prompt follows an image, so the tower and projector are compared too."""
     outputs = []
     for prompt in prompts:
-        text = _render(tokenizer, prompt)
-        input_ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
-        outputs.append(model(input_ids=input_ids).logits.float().cpu())
+        if isinstance(processing, ProcessorMixin):
+            inputs = _image_prompt(processing, prompt)
+        else:
+            text = _render(processing, prompt)
+            inputs = processing(text, return_tensors="pt", add_special_tokens=False)
+            inputs = {"input_ids": inputs.input_ids}
+        outputs.append(model(**{key: value.to(device) for key, value in inputs.items()}).logits.float().cpu())
     return outputs
+
+
+def _image_prompt(processor: ProcessorMixin, prompt: str) -> dict[str, torch.Tensor]:
+    """``prompt`` after a 64 x 64 gradient image, rendered and processed as the processor does for generation."""
+    image = Image.linear_gradient("L").resize((64, 64)).convert("RGB")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return dict(processor(text=[text], images=[[image]], return_tensors="pt"))
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
