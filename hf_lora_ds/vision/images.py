@@ -71,7 +71,7 @@ def _rgb(image: Image.Image) -> Image.Image:
 
 
 def _opened(ref: ImageRef, where: str) -> Image.Image:
-    """The image of a path or a bytes dict, opened lazily (header read, pixels not); every way that fails is one line."""
+    """The image of a path or a bytes dict, opened lazily (header read, pixels not); each way it fails is one line."""
     try:
         return Image.open(_stream(ref, where))
     except FileNotFoundError:

@@ -323,7 +323,8 @@ def test_image_records_that_cannot_be_placed_are_refused_in_one_line_naming_reco
     [
         (
             {"messages": [user({"type": "image", "image": "cat.png"}), ANSWER]},
-            r"field 'messages\[0\].content\[0\]': a 'image' part; this model is text-only \(it has no image processor\)",
+            r"field 'messages\[0\].content\[0\]': a 'image' part; this model is text-only \(it has no image "
+            r"processor\)",
         ),
         (
             {"messages": [user({"type": "image_url", "image_url": {"url": "https://x/y.png"}}), ANSWER]},
