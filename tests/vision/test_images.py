@@ -36,8 +36,8 @@ def test_a_path_loads_as_rgb(tmp_path, mode, color):
 
 def test_a_palette_image_with_transparency_loads_without_a_warning(tmp_path, recwarn):
     image = Image.new("P", (2, 2), 0)
-    image.info["transparency"] = b"\x00"  # a transparent colour given as bytes: what makes PIL warn on convert("RGB")
-    image.save(tmp_path / "t.png", transparency=0)
+    image.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0])
+    image.save(tmp_path / "t.png", transparency=b"\x00\x80\xff")  # per-colour alpha: PIL warns on convert("RGB")
     assert load_image(str(tmp_path / "t.png"), WHERE).mode == "RGB"
     assert not [w for w in recwarn if "Palette images with Transparency" in str(w.message)]
 

@@ -156,12 +156,15 @@ def test_records_are_a_memory_mapped_table(tmp_path):
 
 
 def test_image_bytes_and_pil_images_survive_the_record_table_as_data_uris(tmp_path):
-    """A Hub or save_to_disk dataset's ``datasets.Image`` column, and a PIL image given in code, reach the conversation
-    as the same pixels, not as the text of their repr."""
+    """A Hub or save_to_disk dataset's ``datasets.Image`` column reaches the conversation as the bytes it stores (a
+    JPEG stays that JPEG, never decoded and written again), and a PIL image given in code as the same pixels, not as
+    the text of their repr."""
     import datasets
     from PIL import Image
 
     red = Image.new("RGB", (3, 2), "red")
+    jpeg = io.BytesIO()
+    red.save(jpeg, format="JPEG")
     chat = [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "red"}]
     features = datasets.Features(
         {
@@ -169,12 +172,12 @@ def test_image_bytes_and_pil_images_survive_the_record_table_as_data_uris(tmp_pa
             "images": datasets.List(datasets.Image()),
         }
     )
-    saved = datasets.Dataset.from_dict({"messages": [chat], "images": [[red]]}, features=features)
-    saved.save_to_disk(str(tmp_path / "saved"))
-    for loaded in (
-        load_data(str(tmp_path / "saved"), cache_dir=tmp_path),
-        load_data([{"messages": chat, "images": [red]}]),
-    ):
-        (row,) = loaded.records
-        (image,) = to_conversation(row.data, row.where, images=True)["images"]
-        assert Image.open(io.BytesIO(image["bytes"])).convert("RGB").tobytes() == red.tobytes()
+    rows = {"messages": [chat], "images": [[{"bytes": jpeg.getvalue(), "path": "red.jpg"}]]}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "saved"))
+    (row,) = load_data(str(tmp_path / "saved"), cache_dir=tmp_path).records
+    assert to_conversation(row.data, row.where, images=True)["images"] == [
+        {"bytes": jpeg.getvalue(), "path": "red.jpg"}
+    ]
+    (row,) = load_data([{"messages": chat, "images": [red]}]).records
+    (image,) = to_conversation(row.data, row.where, images=True)["images"]
+    assert Image.open(io.BytesIO(image["bytes"])).convert("RGB").tobytes() == red.tobytes()
