@@ -50,8 +50,17 @@ def image_size(ref: ImageRef, where: str) -> tuple[int, int]:
 
 def _upright_size(image: Image.Image) -> tuple[int, int]:
     width, height = image.size
-    orientation = image.getexif().get(_ORIENTATION)
-    return (height, width) if orientation in _QUARTER_TURNS else (width, height)
+    return (height, width) if _orientation(image) in _QUARTER_TURNS else (width, height)
+
+
+def _orientation(image: Image.Image) -> int | None:
+    """The EXIF orientation the header holds. ``getexif`` would decode a PNG to look for EXIF after its pixels; the
+    raw EXIF that JPEG, WebP and PNG (before the pixels) headers give is read instead, TIFF's tags as they are."""
+    if (raw := image.info.get("exif")) is not None:
+        exif = Image.Exif()
+        exif.load(raw)
+        return exif.get(_ORIENTATION)
+    return image.getexif().get(_ORIENTATION) if image.format == "TIFF" else None
 
 
 def _rgb(image: Image.Image) -> Image.Image:
@@ -62,7 +71,7 @@ def _rgb(image: Image.Image) -> Image.Image:
 
 
 def _opened(ref: ImageRef, where: str) -> Image.Image:
-    """The image of a path or a bytes dict, opened lazily (header read, pixels not); every way that fails is one line."""
+    """The image of a path or a bytes dict, opened lazily (header read, pixels not); each way it fails is one line."""
     try:
         return Image.open(_stream(ref, where))
     except FileNotFoundError:

@@ -112,7 +112,7 @@ class Reading:
         """A turn that is more than a role and a text: its parts, tool calls, reasoning, flags and unused keys."""
         where, given = self.where, message.get("content")
         message, images = _parts_read(message, role, where, f"{name}.{content_field}", self.images)
-        if images:
+        if self.images and isinstance(given, list):  # its marks are its parts', a placeholder split by them too
             self.image_parts[self.offset + i] = images
         calls = message.get("tool_calls") or []
         if calls and role != "assistant":
@@ -212,9 +212,7 @@ def _template_parts(given: list[dict]) -> list[dict]:
     return parts
 
 
-def _parts_read(
-    message: dict, role: str, where: str, name: str, images: bool
-) -> tuple[dict, list[tuple[Any, str]]]:
+def _parts_read(message: dict, role: str, where: str, name: str, images: bool) -> tuple[dict, list[tuple[Any, str]]]:
     """A message whose content is a list of parts, as one with their text joined (images as ``IMAGE_MARK``), their
     reasoning as ``reasoning_content``, their tool calls added to its ``tool_calls``
     (``hf_lora_ds.data.records.content_parts``) and their training flags (axolotl's per-part ``train``) as the

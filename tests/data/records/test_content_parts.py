@@ -136,10 +136,14 @@ def test_part_flags_that_cannot_be_placed_are_refused(message, error):
     [
         (
             {"type": "image_url", "image_url": {"url": "x.png"}},
-            r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image_url' part; only text, reasoning and tool-call "
-            "parts",
+            r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image_url' part; this model is text-only \(it has no "
+            r"image processor\)",
         ),
-        ({"type": "input_audio", "input_audio": {}}, r"field 'messages\[0\].content\[1\]': a 'input_audio' part"),
+        ({"type": "image"}, r"^f, line 2: field 'messages\[0\].content\[1\]': a 'image' part; this model is text-only"),
+        (
+            {"type": "input_audio", "input_audio": {}},
+            r"field 'messages\[0\].content\[1\]': a 'input_audio' part; only text, reasoning and tool-call parts",
+        ),
         ({"type": "text"}, r"field 'messages\[0\].content\[1\]': a 'text' part needs 'text' \(or 'value'\)"),
         ({"type": "text", "text": 5}, r"field 'messages\[0\].content\[1\].text' must be a string, got int"),
         ("plain", r"field 'messages\[0\].content\[1\]' must be a part object"),

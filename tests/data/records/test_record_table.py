@@ -3,6 +3,7 @@ locations, and a second run served from the cache."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -152,3 +153,31 @@ def test_records_are_a_memory_mapped_table(tmp_path):
     assert loaded.table.cache_files and str(tmp_path / "cache") in loaded.table.cache_files[0]["filename"]
     assert loaded.records[4].data == {"instruction": "4=", "output": "4 + 0"}
     assert [r.where for r in loaded.records[3:]] == [f"{path}, line 4", f"{path}, line 5"]
+
+
+def test_image_bytes_and_pil_images_survive_the_record_table_as_data_uris(tmp_path):
+    """A Hub or save_to_disk dataset's ``datasets.Image`` column reaches the conversation as the bytes it stores (a
+    JPEG stays that JPEG, never decoded and written again), and a PIL image given in code as the same pixels, not as
+    the text of their repr."""
+    import datasets
+    from PIL import Image
+
+    red = Image.new("RGB", (3, 2), "red")
+    jpeg = io.BytesIO()
+    red.save(jpeg, format="JPEG")
+    chat = [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "red"}]
+    features = datasets.Features(
+        {
+            "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+            "images": datasets.List(datasets.Image()),
+        }
+    )
+    rows = {"messages": [chat], "images": [[{"bytes": jpeg.getvalue(), "path": "red.jpg"}]]}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "saved"))
+    (row,) = load_data(str(tmp_path / "saved"), cache_dir=tmp_path).records
+    assert to_conversation(row.data, row.where, images=True)["images"] == [
+        {"bytes": jpeg.getvalue(), "path": "red.jpg"}
+    ]
+    (row,) = load_data([{"messages": chat, "images": [red]}]).records
+    (image,) = to_conversation(row.data, row.where, images=True)["images"]
+    assert Image.open(io.BytesIO(image["bytes"])).convert("RGB").tobytes() == red.tobytes()

@@ -35,6 +35,11 @@ INFO = {
         "formatting": "sharegpt",
         "columns": {"messages": "messages", "images": "images"},
     },
+    "video": {
+        "file_name": "mllm_video.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "videos": "videos"},
+    },
 }
 
 
@@ -73,12 +78,12 @@ def test_entries_are_read_with_their_columns_and_tags(data_dir, chatml_tokenizer
         (
             None,
             r"dataset_info.json: LLaMA-Factory's dataset_info.json, not a data file; name the entries to train on "
-            r"with --dataset NAME\[,NAME\] \(entries: demo_dpo, hub, my_alpaca, my_chat, vision\)",
+            r"with --dataset NAME\[,NAME\] \(entries: demo_dpo, hub, my_alpaca, my_chat, video, vision\)",
         ),
         ("nope", r"dataset_info.json: no entry 'nope' \(--dataset\); entries: demo_dpo"),
         ("demo_dpo", r"entry 'demo_dpo': a ranking \(preference\) dataset, not SFT data"),
         ("hub", r"entry 'hub': hf_hub_url 'someone/data': no hub is reached from here"),
-        ("vision", r"entry 'vision': columns.images: multimodal \(images\) data"),
+        ("video", r"entry 'video': columns.videos: multimodal \(videos\) data"),
     ],
 )
 def test_entries_that_cannot_be_served_are_refused_in_one_line_naming_the_entry(data_dir, tmp_path, names, message):
@@ -92,3 +97,25 @@ def test_dataset_without_a_dataset_info_is_refused(tmp_path):
     path.write_text(json.dumps({"instruction": "1=", "output": "0 + 1"}) + "\n")
     with pytest.raises(DataError, match=r"--dataset a: names entries of LLaMA-Factory's dataset_info.json"):
         load_data(str(path), cache_dir=tmp_path, dataset="a")
+
+
+def test_an_images_entry_finds_its_images_in_the_info_folder_as_llamafactory_does(data_dir, tmp_path):
+    """LLaMA-Factory's media_dir defaults to the dataset_info.json folder, even for a file in a subfolder."""
+    from PIL import Image
+
+    from hf_lora_ds.data.formats import to_conversation
+
+    (data_dir / "sub").mkdir()
+    Image.new("RGB", (2, 2)).save(data_dir / "cat.png")
+    record = {
+        "messages": [{"from": "human", "value": "<image>?"}, {"from": "gpt", "value": "A cat."}],
+        "images": ["cat.png"],
+    }
+    (data_dir / "sub" / "mllm.json").write_text(json.dumps([record]))
+    info = {"vision": {**INFO["vision"], "file_name": "sub/mllm.json"}}
+    (data_dir / "dataset_info.json").write_text(json.dumps(info))
+    loaded = load_data(str(data_dir), cache_dir=tmp_path, dataset="vision")
+    (row,) = loaded.records
+    conversation = to_conversation(row.data, row.where, options=loaded.formats["vision"], images=True)
+    assert conversation["images"] == [str(data_dir / "cat.png")]
+    assert conversation["messages"][0]["content"] == "<image>?"
