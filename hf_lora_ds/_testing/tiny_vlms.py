@@ -388,10 +388,21 @@ def build_tiny_vlm(family: str, seed: int = 0) -> tuple[PreTrainedModel, Process
     )
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(_config(family, tokenizer, spec.config(tokenizer)))
+    _randomize_zero_weights(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return model, processor
+
+
+def _randomize_zero_weights(model: PreTrainedModel) -> None:
+    """Random values for the weight matrices a fresh model starts at zero, as a trained checkpoint has them: Gemma 3's
+    zero projection would hide every image from the language model (and the tower from any gradient), InternVL's zero
+    position embeddings would hide where a patch is; with the tower and projector frozen, nothing would learn them."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim >= 2 and not param.any():
+                param.normal_(std=0.02)
 
 
 def save_tiny_vlm(family: str, out_dir: str | Path, seed: int = 0) -> Path:
