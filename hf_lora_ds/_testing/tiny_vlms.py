@@ -102,13 +102,14 @@ def _text(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> dict:
 
 
 def _qwen2_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
-    """Qwen2-VL / Qwen2.5-VL: 14-pixel patches merged 2 x 2 (a 64 x 64 image is resized to 56 x 56: 4 tokens)."""
+    """Qwen2-VL / Qwen2.5-VL: 14-pixel patches merged 2 x 2 (a 64 x 64 image is resized to 56 x 56: 4 tokens); the
+    rotary frequencies of a head of 8 (4) split over time, height and width."""
     return {
-        "text_config": _text(tokenizer, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
+        "text_config": _text(tokenizer, rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2]}),
         "vision_config": {
             "depth": 2,
             "hidden_size": _HIDDEN,
-            "embed_dim": _HIDDEN,
+            "embed_dim": _HIDDEN,  # Qwen2-VL's name for the tower's width
             "intermediate_size": 2 * _HIDDEN,
             "num_heads": 2,
             "out_hidden_size": _HIDDEN,
@@ -121,7 +122,7 @@ def _qwen2_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
     }
 
 
-_MROPE = [2, 1, 1]  # Qwen3-VL's rotary halves (head 8: 4) split over time, height and width
+_MROPE = [2, 1, 1]  # Qwen3-VL's rotary frequencies (head 8: 4) split over time, height and width
 
 
 def _qwen3_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
