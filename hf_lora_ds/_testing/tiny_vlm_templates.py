@@ -64,7 +64,7 @@ _GEMMA3 = (
 # each reply is what the model was trained to stop on.
 _LLAVA = (
     "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}{{- message['content'] + ' ' }}"
+    "{%- if message['role'] == 'system' %}" + _CONTENT + "{{- ' ' }}"
     "{%- elif message['role'] == 'assistant' %}{{- 'ASSISTANT: ' }}" + _CONTENT + "{{- eos_token }}"
     "{%- else %}{{- message['role'].upper() + ': ' }}" + _CONTENT + "{{- ' ' }}{%- endif %}"
     "{%- endfor %}"
@@ -83,6 +83,7 @@ TEMPLATES = {
     "qwen2_5_vl": _QWEN2_VL_SYSTEM + _template(_CHATML, "<|vision_start|><|image_pad|><|vision_end|>"),
     "qwen2_vl": _QWEN2_VL_SYSTEM + _template(_CHATML, "<|vision_start|><|image_pad|><|vision_end|>"),
     "qwen3_vl": _template(_CHATML, "<|vision_start|><|image_pad|><|vision_end|>"),
+    "qwen3_vl_moe": _template(_CHATML, "<|vision_start|><|image_pad|><|vision_end|>"),
     "internvl": _template(_CHATML, "<IMG_CONTEXT>\n"),
     "llava_onevision": _template(_CHATML, "<image>\n"),
     "llava_next": _template(_CHATML, "<image>\n"),

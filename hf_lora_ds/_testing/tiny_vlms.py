@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 VLM_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "smolvlm", "gemma3", "llava_onevision", "internvl")
-MORE_VLM_FAMILIES = ("idefics3", "llava", "qwen2_vl", "llava_next")
+MORE_VLM_FAMILIES = ("idefics3", "llava", "qwen2_vl", "llava_next", "qwen3_vl_moe")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class _Family:
 
 _HIDDEN = 32
 _VISION = {"hidden_size": _HIDDEN, "intermediate_size": 2 * _HIDDEN, "num_hidden_layers": 2, "num_attention_heads": 2}
+# SigLIP without the pooling head its VLMs never run, as their checkpoints have it.
+_SIGLIP = {**_VISION, "model_type": "siglip_vision_model", "vision_use_head": False}
+_CLIP = {**_VISION, "model_type": "clip_vision_model", "projection_dim": _HIDDEN}
 
 
 def _text(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> dict:
@@ -99,13 +102,14 @@ def _text(tokenizer: PreTrainedTokenizerBase, **fields: Any) -> dict:
 
 
 def _qwen2_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
-    """Qwen2-VL / Qwen2.5-VL: 14-pixel patches merged 2 x 2 (a 64 x 64 image is resized to 56 x 56: 4 tokens)."""
+    """Qwen2-VL / Qwen2.5-VL: 14-pixel patches merged 2 x 2 (a 64 x 64 image is resized to 56 x 56: 4 tokens); the
+    rotary frequencies of a head of 8 (4) split over time, height and width."""
     return {
-        "text_config": _text(tokenizer, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
+        "text_config": _text(tokenizer, rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2]}),
         "vision_config": {
             "depth": 2,
             "hidden_size": _HIDDEN,
-            "embed_dim": _HIDDEN,
+            "embed_dim": _HIDDEN,  # Qwen2-VL's name for the tower's width
             "intermediate_size": 2 * _HIDDEN,
             "num_heads": 2,
             "out_hidden_size": _HIDDEN,
@@ -118,7 +122,7 @@ def _qwen2_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
     }
 
 
-_MROPE = [2, 1, 1]  # Qwen3-VL's rotary halves (head 8: 4) split over time, height and width
+_MROPE = [2, 1, 1]  # Qwen3-VL's rotary frequencies (head 8: 4) split over time, height and width
 
 
 def _qwen3_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
@@ -139,6 +143,13 @@ def _qwen3_vl_config(tokenizer: PreTrainedTokenizerBase) -> dict:
         },
         **_qwen_token_ids(tokenizer),
     }
+
+
+def _qwen3_vl_moe_config(tokenizer: PreTrainedTokenizerBase) -> dict:
+    """Qwen3-VL with 4 experts, 2 a token, in each text layer."""
+    fields = _qwen3_vl_config(tokenizer)
+    experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": _HIDDEN // 2}
+    return {**fields, "text_config": {**fields["text_config"], **experts}}
 
 
 def _qwen_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict:
@@ -176,7 +187,7 @@ def _gemma3_config(tokenizer: PreTrainedTokenizerBase) -> dict:
             sliding_window=16,
             layer_types=["sliding_attention", "full_attention"],
         ),
-        "vision_config": {**_VISION, "model_type": "siglip_vision_model", "image_size": 64, "patch_size": 8},
+        "vision_config": {**_SIGLIP, "image_size": 64, "patch_size": 8},
         "mm_tokens_per_image": 16,
         "boi_token_index": tokenizer.boi_token_id,
         "eoi_token_index": tokenizer.eoi_token_id,
@@ -188,10 +199,10 @@ def _gemma3_config(tokenizer: PreTrainedTokenizerBase) -> dict:
 _PINPOINTS = [[32, 32], [32, 64], [64, 32]]
 
 
-def _llava_next_config(tokenizer: PreTrainedTokenizerBase, vision: str, **fields: Any) -> dict:
+def _llava_next_config(tokenizer: PreTrainedTokenizerBase, vision: dict, **fields: Any) -> dict:
     return {
         "text_config": _text(tokenizer, model_type="qwen2"),
-        "vision_config": {**_VISION, "model_type": vision, "image_size": 32, "patch_size": 8},
+        "vision_config": {**vision, "image_size": 32, "patch_size": 8},
         "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
         "image_grid_pinpoints": _PINPOINTS,
         **fields,
@@ -213,13 +224,7 @@ def _llava_config(tokenizer: PreTrainedTokenizerBase) -> dict:
     """LLaVA-1.5: a 32 x 32 CLIP image in 8-pixel patches, the class token dropped: 16 tokens."""
     return {
         "text_config": _text(tokenizer, model_type="llama"),
-        "vision_config": {
-            **_VISION,
-            "model_type": "clip_vision_model",
-            "image_size": 32,
-            "patch_size": 8,
-            "projection_dim": _HIDDEN,
-        },
+        "vision_config": {**_CLIP, "image_size": 32, "patch_size": 8},
         "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
         "image_seq_length": 16,
         "vision_feature_layer": -1,
@@ -264,6 +269,14 @@ _FAMILIES: dict[str, _Family] = {
         named_tokens=_QWEN_TOKENS,
         turn_tokens=_CHATML_TURNS,
     ),
+    "qwen3_vl_moe": _Family(
+        Qwen3VLProcessor,
+        lambda: Qwen2VLImageProcessorPil(patch_size=16, **_QWEN_PIXELS),
+        _qwen3_vl_moe_config,
+        eos="<|im_end|>",
+        named_tokens=_QWEN_TOKENS,
+        turn_tokens=_CHATML_TURNS,
+    ),
     "smolvlm": _Family(
         SmolVLMProcessor,
         _idefics_image_processor(SmolVLMImageProcessorPil),
@@ -301,7 +314,7 @@ _FAMILIES: dict[str, _Family] = {
         lambda: LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=_PINPOINTS),
         lambda tokenizer: _llava_next_config(
             tokenizer,
-            "siglip_vision_model",
+            _SIGLIP,
             video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
             vision_feature_select_strategy="full",
         ),
@@ -315,7 +328,7 @@ _FAMILIES: dict[str, _Family] = {
             size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, image_grid_pinpoints=_PINPOINTS
         ),
         lambda tokenizer: _llava_next_config(
-            tokenizer, "clip_vision_model", vision_feature_select_strategy="default", vision_feature_layer=-1
+            tokenizer, _CLIP, vision_feature_select_strategy="default", vision_feature_layer=-1
         ),
         eos="<|im_end|>",
         turn_tokens=(*_CHATML_TURNS, "<image>"),
@@ -376,10 +389,21 @@ def build_tiny_vlm(family: str, seed: int = 0) -> tuple[PreTrainedModel, Process
     )
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(_config(family, tokenizer, spec.config(tokenizer)))
+    _randomize_zero_weights(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return model, processor
+
+
+def _randomize_zero_weights(model: PreTrainedModel) -> None:
+    """Random values for the weight matrices a fresh model starts at zero, as a trained checkpoint has them: Gemma 3's
+    zero projection would hide every image from the language model (and the tower from any gradient), InternVL's zero
+    position embeddings would hide where a patch is; with the tower and projector frozen, nothing would learn them."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim >= 2 and not param.any():
+                param.normal_(std=0.02)
 
 
 def save_tiny_vlm(family: str, out_dir: str | Path, seed: int = 0) -> Path:

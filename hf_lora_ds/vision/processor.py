@@ -1,28 +1,32 @@
 """Build, save and reload a vision-language model's processor, with or without torchvision.
 
-transformers builds a processor that has a video slot (Qwen-VL, SmolVLM, LLaVA-OneVision, InternVL) only where
-torchvision imports: without it, ``VIDEO_PROCESSOR_MAPPING`` cannot resolve the video processor class, the
-constructor's type check fails on ``video_processor=None`` and ``save_pretrained`` fails on the missing video
-processor. Image training needs none of the video code, so where torchvision is missing the package builds the
-processor class without its video processor (``make_processor``), and saves and reloads its parts itself in the
-layout transformers' ``AutoProcessor`` also reads: tokenizer files, ``preprocessor_config.json`` (the image
-processor), ``chat_template.jinja`` and ``processor_config.json`` (the processor's own settings). Where torchvision
-imports, ``load_processor`` is transformers' own ``AutoProcessor``.
+transformers builds a processor that has a video slot (Qwen-VL, SmolVLM, LLaVA-OneVision, InternVL) only with a video
+processor, and a video processor only where torchvision imports: without it, ``VIDEO_PROCESSOR_MAPPING`` cannot
+resolve the class, the constructor's type check fails on ``video_processor=None`` and ``save_pretrained`` fails on the
+missing video processor. Image training needs none of the video code, so the package builds the processor class
+without its video processor (``make_processor``), and saves and reloads its parts itself in the layout transformers'
+``AutoProcessor`` also reads: tokenizer files, ``preprocessor_config.json`` (the image processor),
+``chat_template.jinja`` and ``processor_config.json`` (the processor's own settings). Where torchvision imports,
+``load_processor`` is transformers' own ``AutoProcessor``, which builds the video processor from the model's defaults.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import torch
+import transformers
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 from transformers.utils import is_torchvision_available
 
 from hf_lora_ds.errors import UserError
 
-__all__ = ["NEEDS_TORCHVISION", "NoVideoProcessor", "make_processor", "load_processor", "save_processor"]
+__all__ = ["NoVideoProcessor", "make_processor", "load_processor", "save_processor"]
 
 PROCESSOR_CONFIG = "processor_config.json"
 IMAGE_PROCESSOR_CONFIG = "preprocessor_config.json"
@@ -30,8 +34,6 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 LEGACY_CHAT_TEMPLATE_FILE = "chat_template.json"
 # The processor's sub-processors, saved in files of their own rather than in processor_config.json.
 _PARTS = ("image_processor", "video_processor", "tokenizer", "feature_extractor")
-# Families whose image processor exists only as a torchvision class: no PIL fallback to build.
-NEEDS_TORCHVISION = frozenset({"pixtral", "mistral3", "lfm2_vl"})
 
 
 def make_processor(
@@ -41,19 +43,12 @@ def make_processor(
     chat_template: str | None = None,
     **kwargs: Any,
 ) -> ProcessorMixin:
-    """``processor_class`` built from its image processor and tokenizer, with no video processor where torchvision
-    is missing (transformers cannot check or resolve a video processor class then), else as transformers builds it.
-    """
-    if "video_processor" in _init_parameters(processor_class) and not is_torchvision_available():
+    """``processor_class`` built from its image processor and tokenizer; a class with a video slot is built without
+    its video processor unless ``kwargs`` has one (without torchvision none can be built)."""
+    if "video_processor" in inspect.signature(processor_class.__init__).parameters and "video_processor" not in kwargs:
         processor_class = _without_video(processor_class)
         kwargs = {**kwargs, "video_processor": None}  # some classes (SmolVLM's) have it without a default
     return processor_class(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
-
-
-def _init_parameters(processor_class: type[ProcessorMixin]) -> list[str]:
-    import inspect
-
-    return list(inspect.signature(processor_class.__init__).parameters)
 
 
 class NoVideoProcessor:
@@ -64,7 +59,9 @@ class NoVideoProcessor:
     fps = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        raise UserError("videos need torchvision, which does not import here; train on images, or install it")
+        raise UserError(
+            "this processor was built without its video processor (videos need torchvision): it takes images and text"
+        )
 
 
 @cache
@@ -79,6 +76,8 @@ def _without_video(processor_class: type[ProcessorMixin]) -> type[ProcessorMixin
         return processor_class.check_argument_for_proper_class(self, argument_name, argument)
 
     def get_attributes(cls) -> list[str]:
+        # The classes pass their sub-processors to ProcessorMixin in this order, the video processor last: with it
+        # left out, the None passed in its place is dropped.
         return [name for name in processor_class.get_attributes() if name != "video_processor"]
 
     return type(
@@ -89,7 +88,7 @@ def _without_video(processor_class: type[ProcessorMixin]) -> type[ProcessorMixin
             "get_attributes": classmethod(get_attributes),
             "video_processor": NoVideoProcessor(),
             "__module__": processor_class.__module__,
-            "__doc__": f"{processor_class.__name__} without its video processor (no torchvision here).",
+            "__doc__": f"{processor_class.__name__} without its video processor: images and text only.",
         },
     )
 
@@ -113,7 +112,7 @@ def load_processor(path: str | Path) -> ProcessorMixin | None:
 
     transformers' ``AutoProcessor`` where torchvision imports; else the processor class built without its video
     processor from the saved tokenizer, image processor (its PIL class), chat template and settings. A family whose
-    image processor needs torchvision is refused in one line.
+    image processor or processor needs torchvision (LFM2-VL's, Pixtral's) is refused in one line.
     """
     path = Path(path)
     settings = _read_json(path / PROCESSOR_CONFIG)
@@ -121,35 +120,30 @@ def load_processor(path: str | Path) -> ProcessorMixin | None:
         return None
     if is_torchvision_available():
         return AutoProcessor.from_pretrained(path)
-    model_type = _model_type(path)
-    if model_type in NEEDS_TORCHVISION:
+    processor_class = _processor_class(path, settings)
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        kwargs = {key: value for key, value in settings.items() if key not in (*_PARTS, "processor_class", "auto_map")}
+        return make_processor(processor_class, image_processor, tokenizer, _chat_template(path, tokenizer), **kwargs)
+    except (ImportError, ValueError) as err:
+        if "torchvision" not in str(err).lower():
+            raise
         raise UserError(
-            f"{path}: {model_type} models need torchvision for their images, and it does not import here; "
-            "install a torchvision build that matches this torch"
-        )
-    processor_class = _processor_class(path, settings, model_type)
-    image_processor = AutoImageProcessor.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    kwargs = {key: value for key, value in settings.items() if key not in (*_PARTS, "processor_class", "auto_map")}
-    return make_processor(processor_class, image_processor, tokenizer, _chat_template(path, tokenizer), **kwargs)
+            f"{path}: {processor_class.__name__} needs torchvision for its images, and torchvision does not import "
+            f"here; install the torchvision build that matches torch {torch.__version__}"
+        ) from err
 
 
 def _read_json(file: Path) -> dict:
     return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
 
 
-def _model_type(path: Path) -> str | None:
-    """The checkpoint's model_type, from its config.json (None for a processor saved alone)."""
-    return _read_json(path / "config.json").get("model_type")
-
-
-def _processor_class(path: Path, settings: dict, model_type: str | None) -> type[ProcessorMixin]:
+def _processor_class(path: Path, settings: dict) -> type[ProcessorMixin]:
     """The processor class the checkpoint names (processor_config.json, else preprocessor_config.json as older
     checkpoints have it), else the one transformers maps its model_type to."""
-    import transformers
-    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-
     name = settings.get("processor_class") or _read_json(path / IMAGE_PROCESSOR_CONFIG).get("processor_class")
+    model_type = _read_json(path / "config.json").get("model_type")
     name = name or PROCESSOR_MAPPING_NAMES.get(model_type or "")
     if not name or not hasattr(transformers, name):
         raise UserError(f"{path}: no processor class named in processor_config.json and none known for {model_type}")
