@@ -33,8 +33,19 @@ LAYERS: list[dict[str, list[str]]] = [
             "hf_lora_ds.sizes",
         ]
     },
-    {"config": ["hf_lora_ds.config"]},
-    {"data": ["hf_lora_ds.data"], "model": ["hf_lora_ds.model"]},
+    # hf_lora_ds.vision is one concern across layers: the pixel bounds are configuration, images and their tokens and
+    # batches are data, the processor and the tower are the model's.
+    {"config": ["hf_lora_ds.config", "hf_lora_ds.vision", "hf_lora_ds.vision.resolution"]},
+    {
+        "data": [
+            "hf_lora_ds.data",
+            "hf_lora_ds.vision.images",
+            "hf_lora_ds.vision.encoding",
+            "hf_lora_ds.vision.collator",
+            "hf_lora_ds.vision.packing",
+        ],
+        "model": ["hf_lora_ds.model", "hf_lora_ds.vision.modules", "hf_lora_ds.vision.processor"],
+    },
     {"training runtime": ["hf_lora_ds.training"]},
     {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"], "planner": ["hf_lora_ds.plan"]},
     {"callbacks": ["hf_lora_ds.callbacks"]},
