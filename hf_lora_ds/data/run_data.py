@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from hf_lora_ds.config import RunValues
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.masking.thinking import ThinkingOptions
@@ -18,7 +18,7 @@ from hf_lora_ds.data.sources import LoadedData, load_data
 __all__ = ["load_run_data", "sft_dataset"]
 
 
-def load_run_data(spec: str, args: RunValues, dataset: str | None = None) -> LoadedData:
+def load_run_data(spec: str, args: SFTTrainingArguments, dataset: str | None = None) -> LoadedData:
     """``--train_file``/``--eval_file`` records, mixed with the run's seed and cached where the run caches data;
     ``dataset``: the entries of a ``dataset_info.json`` (``--dataset``, for ``--train_file``)."""
     return load_data(
@@ -30,7 +30,7 @@ def load_run_data(spec: str, args: RunValues, dataset: str | None = None) -> Loa
     )
 
 
-def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: RunValues) -> ChatSFTDataset:
+def sft_dataset(data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: SFTTrainingArguments) -> ChatSFTDataset:
     """The records tokenized with exact label masks, as the run's data flags ask."""
     return ChatSFTDataset(
         data,

@@ -13,7 +13,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from hf_lora_ds.config import RunValues, SFTTrainingArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_experts_kernel
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
@@ -22,7 +22,7 @@ from hf_lora_ds.model.source import hub_load_errors, load_model_config
 __all__ = ["base_model_config", "load_base_model", "load_tokenizer"]
 
 
-def load_tokenizer(args: RunValues, need_weights: bool = True) -> PreTrainedTokenizerBase:
+def load_tokenizer(args: SFTTrainingArguments, need_weights: bool = True) -> PreTrainedTokenizerBase:
     """The base model's tokenizer and chat template (from a GGUF file's metadata when the base is one). A base
     without weights is refused here, before any data is tokenized, unless ``need_weights`` is False (the audit and
     the planner read none)."""
@@ -51,7 +51,7 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     return model, quantized_layers_line(model)
 
 
-def base_model_config(args: RunValues) -> PretrainedConfig:
+def base_model_config(args: SFTTrainingArguments) -> PretrainedConfig:
     """The base's config without reading a weight: a GGUF file's metadata, a directory's (or a ``config.json``'s),
     a hub id's, or the shipped config of a hub id whose architecture numbers ship with the package."""
     return gguf_config(args.model_name_or_path, args.gguf_file) or load_model_config(

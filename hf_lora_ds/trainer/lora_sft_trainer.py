@@ -23,7 +23,6 @@ from transformers.utils import logging
 from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.config.reporting import chosen_callbacks
 from hf_lora_ds.data.audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.batches import LengthGroupedEpochSampler
@@ -121,7 +120,7 @@ class LoraSFTTrainer(Trainer):
         # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
         # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
         # (hf_lora_ds.model.adapter_conversion).
-        rewrites_base = wrapping and parse_lora_init(args.lora_init).rewrites_base
+        rewrites_base = wrapping and args.lora_start.rewrites_base
         self.adapter_start = adapter_snapshot(model) if rewrites_base else None
         # Where the adapters landed, before any engine is built: partial targets stop here (model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
