@@ -244,7 +244,7 @@ def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
 def plans_accelerator(device: str, args: SFTTrainingArguments) -> bool:
     if device != "auto":
         return device == "gpu"
-    return torch.accelerator.is_available() and not getattr(args, "use_cpu", False)
+    return torch.accelerator.is_available() and not args.use_cpu
 
 
 def _device_memory(device_memory: str | None, on_accelerator: bool) -> int:
