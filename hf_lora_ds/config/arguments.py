@@ -58,8 +58,9 @@ class SFTTrainingArguments(
     # instead of the flags they are decided from: neither flags nor saved with the arguments.
     engine: Engine = field(default=Engine(), init=False, repr=False)  # hf_lora_ds.config.engine
     lora_start: LoraInit = field(default=parse_lora_init("default"), init=False, repr=False)  # --lora_init
-    batching_asked: Batching = field(default="auto", init=False, repr=False)  # --batching as given; auto is resolved
-    # again once the model's layers are known (hf_lora_ds.training.batches), into ``batching``
+    # --batching as given: ``batching`` holds it resolved, and auto is resolved again once the model's layers are known
+    # (hf_lora_ds.training.batches).
+    batching_asked: Batching = field(default="auto", init=False, repr=False)
     # Set once the run's checks have passed (hf_lora_ds.launch.resolve).
     resolved: bool = field(default=False, init=False, repr=False)
 
