@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["deepspeed_startup_trimmed"]
+__all__ = ["deepspeed_startup_trimmed", "items_replaced"]
 
 _MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
@@ -31,6 +31,22 @@ def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def items_replaced(mapping: dict, **values: Any) -> Iterator[None]:
+    """``mapping`` holds ``values`` inside, and what it held after (a key it had not, none)."""
+    missing = object()
+    originals = {key: mapping.get(key, missing) for key in values}
+    mapping.update(values)
+    try:
+        yield
+    finally:
+        for key, original in originals.items():
+            if original is missing:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = original
 
 
 def _kernel_compiles_deferred() -> contextlib.AbstractContextManager:

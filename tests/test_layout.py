@@ -195,7 +195,7 @@ def _annotations(tree: ast.AST) -> list[ast.expr]:
 
 
 def test_no_argparse_namespace_stands_for_the_run_outside_the_command_lines():
-    """The run's configuration is typed (SFTTrainingArguments, or its fields alone: RunFields); an argparse Namespace
+    """The run's configuration is typed (SFTTrainingArguments, built or ``unbuilt``); an argparse Namespace
     is a command line's own business (hf_lora_ds/cli/)."""
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 from transformers.utils.logging import log_levels
 
 from hf_lora_ds.distributed import rank_and_world
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 __all__ = ["PACKAGE_LOGGER", "ConsoleLines", "configure_logging", "process_log_level"]
 
@@ -44,18 +47,18 @@ class ConsoleLines(logging.Handler):
             self.handleError(record)
 
 
-def process_log_level(args: Any = None) -> int:
+def process_log_level(args: TrainingArguments | None = None) -> int:
     """This rank's level: Trainer's ``--log_level`` on global rank 0 and ``--log_level_replica`` on the others (the
     fields of ``args``, when given), where "passive" (their default) means info on rank 0 and warning elsewhere, so the
     other ranks stay quiet and a line shows once."""
     if rank_and_world()[0] == 0:
-        name, passive = getattr(args, "log_level", "passive"), logging.INFO
+        name, passive = args.log_level if args is not None else "passive", logging.INFO
     else:
-        name, passive = getattr(args, "log_level_replica", "passive"), logging.WARNING
+        name, passive = args.log_level_replica if args is not None else "passive", logging.WARNING
     return passive if name == "passive" else log_levels[name]
 
 
-def configure_logging(args: Any = None, stream: str = "stdout") -> None:
+def configure_logging(args: TrainingArguments | None = None, stream: str = "stdout") -> None:
     """In a command's own process: the package's messages as plain lines on ``stream`` ("stdout", or "stderr" where
     stdout carries a command's JSON), at ``process_log_level(args)``. Called again (once the arguments are parsed), it
     sets the level and the stream of the one handler."""

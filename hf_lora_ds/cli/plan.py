@@ -20,7 +20,7 @@ import sys
 import torch
 
 from hf_lora_ds.cli.log import configure_logging
-from hf_lora_ds.config import RunFields
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.checks import check_paths
 from hf_lora_ds.launch.resolve import read_run_values
@@ -41,8 +41,8 @@ from hf_lora_ds.resources import DEMO_ARGUMENTS
 PLAN_DEFAULTS = {**DEMO_ARGUMENTS, "train_file": None, "eval_file": None}
 
 
-def parse(argv: list[str]) -> tuple[RunFields, PlanArguments]:
-    """run_sft's fields (no arguments object, which would prepare a launch), with their paths checked as run_sft
+def parse(argv: list[str]) -> tuple[SFTTrainingArguments, PlanArguments]:
+    """run_sft's fields (``unbuilt``: built, they would prepare a launch), with their paths checked as run_sft
     checks them, and the planner's own."""
     values, plan_args = read_run_values(argv, PLAN_DEFAULTS, extra=[PlanArguments])
     check_paths(values)

@@ -2,6 +2,6 @@
 concern (model, quantization, data, LoRA, engine, memory plan, reliability, reporting) with the checks that need
 their values only, and the readers of a DeepSpeed or FSDP config. Nothing here imports the rest of the package."""
 
-from hf_lora_ds.config.arguments import RunFields, RunValues, SFTTrainingArguments
+from hf_lora_ds.config.arguments import SFTTrainingArguments
 
-__all__ = ["RunFields", "RunValues", "SFTTrainingArguments"]
+__all__ = ["SFTTrainingArguments"]

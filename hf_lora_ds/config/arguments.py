@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-import typing
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any
 
 import torch
 from transformers import TrainingArguments
 
-from hf_lora_ds.config.batching import resolve_batching
+from hf_lora_ds.config.batching import Batching, resolve_batching
 from hf_lora_ds.config.data import DataArguments, check_data_fields, join_sources
 from hf_lora_ds.config.deepspeed import deepspeed_config_path
 from hf_lora_ds.config.engine import Engine, EngineArguments, check_engine_fields, engine_of, parallelism_config
 from hf_lora_ds.config.lora import LoraArguments, check_lora_fields
+from hf_lora_ds.config.lora_init import LoraInit, parse_lora_init
 from hf_lora_ds.config.memory_plan import MemoryPlanArguments
 from hf_lora_ds.config.model import ModelArguments, check_model_fields
 from hf_lora_ds.config.naming import named_as_given
@@ -34,8 +35,6 @@ from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.errors import MissingPathError, UserError
 
 __all__ = [
-    "RunFields",
-    "RunValues",
     "SFTTrainingArguments",
     "check_dict_fields",
     "check_field_values",
@@ -57,7 +56,14 @@ class SFTTrainingArguments(
     ReportingArguments,
     TrainingArguments,
 ):
-    # Set once the run's checks have passed (hf_lora_ds.launch.resolve): not a flag, not saved with the arguments.
+    # Decided from the fields once, where they are (``__post_init__``, ``unbuilt``), and read by the rest of the package
+    # instead of the flags they are decided from: neither flags nor saved with the arguments.
+    engine: Engine = field(default=Engine(), init=False, repr=False)  # hf_lora_ds.config.engine
+    lora_start: LoraInit = field(default=parse_lora_init("default"), init=False, repr=False)  # --lora_init
+    # --batching as given: ``batching`` holds it resolved, and auto is resolved again once the model's layers are known
+    # (hf_lora_ds.training.batches).
+    batching_asked: Batching = field(default="auto", init=False, repr=False)
+    # Set once the run's checks have passed (hf_lora_ds.launch.resolve).
     resolved: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,7 +74,8 @@ class SFTTrainingArguments(
             self._resolve_precision()
             if isinstance(self.deepspeed, str):  # transformers reads a file or base64 text, not a short name
                 self.deepspeed = deepspeed_config_path(self.deepspeed)
-        self.batching_asked = self.batching  # auto is resolved again once the model's layers are known
+            self.lora_start = parse_lora_init(self.lora_init)
+        self.batching_asked = self.batching
         self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)
             self.parallelism_config = parallelism_config(
@@ -77,16 +84,33 @@ class SFTTrainingArguments(
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
         super().__post_init__()
+        self.engine = engine_of(self)  # with DeepSpeed's config as TrainingArguments filled it in
+
+    @classmethod
+    def unbuilt(cls, **values: Any) -> SFTTrainingArguments:
+        """The arguments with ``values`` (the fields' defaults for the rest), decided (``engine``, ``lora_start``) and
+        neither checked nor built: TrainingArguments' ``__post_init__`` sets the launch up (the process group,
+        DeepSpeed's config). What a command line is resolved on before its run is built (hf_lora_ds.launch.resolve),
+        and what the audit and the planner read, which build no run; ``built()`` makes the run's arguments of it."""
+        unknown = sorted(set(values) - {f.name for f in fields(cls) if f.init})
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
+        args = cls.__new__(cls)
+        for f in fields(cls):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            setattr(args, f.name, values.get(f.name, default) if f.init else default)
+        args.engine = engine_of(args)
+        args.lora_start = parse_lora_init(args.lora_init)
+        args.batching_asked = args.batching
+        return args
+
+    def built(self) -> SFTTrainingArguments:
+        """Arguments of the same field values, checked and built (``__post_init__``); ``self`` is left as it is."""
+        return replace(self)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
-
-    @property
-    def engine(self) -> Engine:
-        """What ``--deepspeed``, ``--fsdp`` and ``--sequence_parallel_size`` decided (hf_lora_ds.config.engine): the
-        one place the rest of the package reads them from."""
-        return engine_of(self)
 
     def _resolve_precision(self) -> None:
         """Weights dtype and mixed precision must agree, or DeepSpeed and autocast disagree about every tensor."""
@@ -99,32 +123,9 @@ class SFTTrainingArguments(
             self.fp16 = True
 
 
-def _fields_alone(arguments: type) -> type:
-    """A dataclass with every field of ``arguments`` (types, defaults, help) and nothing of its ``__post_init__``."""
-    types = typing.get_type_hints(arguments)
-    plain = [
-        (f.name, types[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
-        for f in fields(arguments)
-        if f.init
-    ]
-    alone = make_dataclass("RunFields", plain)
-    alone.__module__ = __name__  # pickling and error messages find it here
-    return alone
-
-
-# The fields of a run parsed and checked without building SFTTrainingArguments, whose TrainingArguments part sets up
-# the launch (the process group, DeepSpeed's config): what resolve_run checks before building it, and what the audit
-# and the planner read, which build none.
-RunFields = _fields_alone(SFTTrainingArguments)
-RunFields.__doc__ = "Every field of SFTTrainingArguments, parsed and checked, nothing built from them."
-RunFields.engine = SFTTrainingArguments.engine  # the planner reads the engine of values not yet built
-# A run's values: the arguments object, or its fields alone.
-RunValues = SFTTrainingArguments | RunFields
-
-
-def check_field_values(args: RunValues) -> None:
-    """Every check that needs the field values only, part by part; ``args`` is an ``SFTTrainingArguments`` or the
-    parsed values it would be built from (the audit and the planner build none)."""
+def check_field_values(args: SFTTrainingArguments) -> None:
+    """Every check that needs the field values only, part by part; ``args`` built or not (``unbuilt``: the audit and
+    the planner build none)."""
     join_sources(args)
     check_ranges(args)
     check_model_fields(args)
@@ -137,13 +138,13 @@ def check_field_values(args: RunValues) -> None:
     check_dict_fields(args)
 
 
-def check_dict_fields(args: RunValues) -> None:
+def check_dict_fields(args: SFTTrainingArguments) -> None:
     """The dict-valued fields, which TrainingArguments reads when built: a value starting with '{' as JSON (its error
     names no field), any other as a file path (--accelerator_config's only once the Trainer is built). --deepspeed
     has its own checks (hf_lora_ds.launch.resolve)."""
     check_fsdp_config_path(args)
     for flag in SFTTrainingArguments._VALID_DICT_FIELDS:
-        value = getattr(args, flag, None)
+        value = getattr(args, flag)
         if flag == "deepspeed" or not isinstance(value, str) or not value:
             continue
         if value.lstrip().startswith("{"):
@@ -155,7 +156,7 @@ def check_dict_fields(args: RunValues) -> None:
             raise MissingPathError(f"--{flag} {value}: no such file; pass a JSON file or an inline JSON object")
 
 
-def check_fsdp_config_path(args: RunValues) -> None:
+def check_fsdp_config_path(args: SFTTrainingArguments) -> None:
     """An --fsdp_config that is no file, named with the shipped one."""
     if args.fsdp and isinstance(args.fsdp_config, str) and not os.path.isfile(args.fsdp_config):
         raise MissingPathError(f"--fsdp_config {args.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")

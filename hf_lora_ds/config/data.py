@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["DataArguments", "check_data_fields", "join_sources"]
 
@@ -136,7 +136,7 @@ class DataArguments:
     )
 
 
-def check_data_fields(args: RunValues) -> None:
+def check_data_fields(args: SFTTrainingArguments) -> None:
     """The data and batching flags consistent (``args`` also carries ``use_cache``)."""
     if args.preprocessing_num_workers is not None and args.preprocessing_num_workers < 1:
         raise UserError(f"--preprocessing_num_workers must be a positive integer, got {args.preprocessing_num_workers}")
@@ -153,7 +153,7 @@ def check_data_fields(args: RunValues) -> None:
         raise UserError(f"--pad_to_multiple_of must be a positive integer, got {args.pad_to_multiple_of}")
 
 
-def join_sources(args: RunValues) -> None:
+def join_sources(args: SFTTrainingArguments) -> None:
     """A YAML list of sources for --train_file/--eval_file becomes the comma-separated flag text."""
     for flag in ("train_file", "eval_file"):
         spec = getattr(args, flag)

@@ -3,7 +3,7 @@ decision the rest of the package reads (``Engine``, made from the flags by ``eng
 
 Only config/ and launch/ read ``--deepspeed`` and ``--sequence_parallel_size`` themselves (tests/test_layout.py): they
 check the flags and resolve them in place (an ``accelerate launch`` config adopted, ``auto`` planned, a short name
-made a path); everything else reads ``args.engine``, decided once from the resolved flags.
+made a path); everything else reads ``args.engine``, decided from the resolved flags (``engine_of``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from transformers import TrainingArguments
+
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["Engine", "EngineArguments", "check_engine_fields", "data_parallel_size", "engine_of", "parallelism_config"]
 
@@ -52,7 +54,7 @@ class EngineArguments:
     )
 
 
-def check_engine_fields(args: RunValues) -> None:
+def check_engine_fields(args: SFTTrainingArguments) -> None:
     """One engine, ``auto`` already resolved, and what Ulysses needs from the flags alone (the world size and the
     model's heads are checked when the run is resolved: hf_lora_ds.launch.resolve)."""
     if args.deepspeed == "auto":
@@ -130,20 +132,16 @@ class Engine:
         return data_parallel_size(world_size, self.sequence_parallel)
 
 
-def engine_of(args: Any) -> Engine:
-    """The engine ``args`` (any TrainingArguments, or RunFields) decide: made here only, and kept on ``args`` until
-    one of the flags it is made from changes (launch/ resolves them in place before the run is built)."""
-    flags = (
+def engine_of(args: TrainingArguments) -> Engine:
+    """The engine ``args`` decide: ``SFTTrainingArguments`` keep it as their ``engine`` field, decided here once
+    their flags are (launch/ resolves them in place before the run is built); a plain TrainingArguments (what a
+    callback is handed) has no sequence parallelism."""
+    return _decide(
         args.deepspeed,
         bool(args.fsdp),
-        getattr(args, "sequence_parallel_size", 1),  # a plain TrainingArguments has no sequence parallelism
-        getattr(args, "hf_deepspeed_config", None),  # set once TrainingArguments is built
+        getattr(args, "sequence_parallel_size", 1),
+        getattr(args, "hf_deepspeed_config", None),  # TrainingArguments sets it when built, with DeepSpeed only
     )
-    decided = vars(args).get("_engine")
-    if decided is None or decided[0] != flags:
-        decided = (flags, _decide(*flags))
-        vars(args)["_engine"] = decided  # beside the fields, so neither a flag nor to_dict() sees it
-    return decided[1]
 
 
 def _decide(deepspeed: str | dict | None, fsdp: bool, sequence_parallel: int, built: Any) -> Engine:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["LoraArguments", "check_lora_fields"]
 
@@ -89,7 +89,7 @@ class LoraArguments:
     )
 
 
-def check_lora_fields(args: RunValues) -> None:
+def check_lora_fields(args: SFTTrainingArguments) -> None:
     """LoRA's numbers in range and some target named, before PEFT fails on them with a traceback."""
     if args.lora_rank < 1:
         raise UserError(f"--lora_rank must be a positive integer, got {args.lora_rank}")
@@ -99,8 +99,7 @@ def check_lora_fields(args: RunValues) -> None:
         raise UserError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     if not args.lora_target_modules.strip(" ,"):
         raise UserError("--lora_target_modules is empty; use 'all-linear' or names such as 'q_proj,v_proj'")
-    if not getattr(args, "lora_target_experts", "auto").strip(" ,"):
+    if not args.lora_target_experts.strip(" ,"):
         raise UserError("--lora_target_experts is empty; use auto, none or names such as 'gate_up_proj,down_proj'")
-    expert_rank = getattr(args, "lora_expert_rank", None)
-    if expert_rank is not None and expert_rank < 1:
-        raise UserError(f"--lora_expert_rank must be a positive integer, got {expert_rank}")
+    if args.lora_expert_rank is not None and args.lora_expert_rank < 1:
+        raise UserError(f"--lora_expert_rank must be a positive integer, got {args.lora_expert_rank}")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["ModelArguments", "check_model_fields"]
 
@@ -55,7 +55,7 @@ class ModelArguments:
     )
 
 
-def check_model_fields(args: RunValues) -> None:
+def check_model_fields(args: SFTTrainingArguments) -> None:
     """A weights dtype that agrees with the mixed precision flags (``args`` also carries TrainingArguments'
     ``bf16``/``fp16``)."""
     if args.dtype == "bfloat16" and args.fp16:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["QuantizationArguments", "check_quantization_fields", "quantization_flag"]
 
@@ -34,7 +34,7 @@ class QuantizationArguments:
     )
 
 
-def check_quantization_fields(args: RunValues) -> None:
+def check_quantization_fields(args: SFTTrainingArguments) -> None:
     """Combinations that fail with a bitsandbytes base, refused before loading (``args`` also carries ``fsdp``)."""
     if not (args.load_in_4bit or args.load_in_8bit):
         return
@@ -49,6 +49,6 @@ def check_quantization_fields(args: RunValues) -> None:
         )
 
 
-def quantization_flag(args: RunValues) -> str:
+def quantization_flag(args: SFTTrainingArguments) -> str:
     """The flag that quantizes the base, for messages."""
     return "--load_in_4bit" if args.load_in_4bit else "--load_in_8bit"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["RANGES", "check_ranges"]
 
@@ -55,10 +55,10 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def check_ranges(args: RunValues) -> None:
+def check_ranges(args: SFTTrainingArguments) -> None:
     """Raise a ``UserError`` naming the first flag whose value is out of its range (or not a finite number)."""
     for name, (holds, wanted) in RANGES.items():
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is None:
             continue
         if not math.isfinite(value) or not holds(value):

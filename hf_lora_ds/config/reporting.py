@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from hf_lora_ds.errors import UserError
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # these checks read across the parts
 
 __all__ = ["RUN_CALLBACKS", "ReportingArguments", "check_reporting_fields", "chosen_callbacks"]
 
@@ -75,5 +75,5 @@ def chosen_callbacks(spec: str) -> tuple[str, ...]:
     return tuple(name for name in RUN_CALLBACKS if name in names)
 
 
-def check_reporting_fields(args: RunValues) -> None:
+def check_reporting_fields(args: SFTTrainingArguments) -> None:
     chosen_callbacks(args.run_callbacks)

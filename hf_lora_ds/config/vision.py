@@ -15,7 +15,7 @@ from hf_lora_ds.errors import UserError
 from hf_lora_ds.vision.resolution import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 
 if TYPE_CHECKING:
-    from hf_lora_ds.config.arguments import RunValues  # the whole run's values: these checks read across parts
+    from hf_lora_ds.config.arguments import SFTTrainingArguments  # the whole run: these checks read across parts
 
 __all__ = ["FROZEN_VISION", "VisionArguments", "VisionMode", "VisionTraining", "check_vision_fields", "vision_training"]
 
@@ -69,12 +69,12 @@ class VisionTraining:
 FROZEN_VISION = VisionTraining()
 
 
-def vision_training(args: RunValues) -> VisionTraining:
+def vision_training(args: SFTTrainingArguments) -> VisionTraining:
     """The run's choices for the vision side."""
     return VisionTraining(args.train_vision_tower, args.train_projector)
 
 
-def check_vision_fields(args: RunValues) -> None:
+def check_vision_fields(args: SFTTrainingArguments) -> None:
     """Each choice one of the modes (the command line's parser checks this; code that builds the arguments does not)."""
     for flag in ("train_vision_tower", "train_projector"):
         value = getattr(args, flag)

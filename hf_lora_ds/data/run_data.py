@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
-from hf_lora_ds.config import RunValues
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.masking.thinking import ThinkingOptions
@@ -19,7 +19,7 @@ from hf_lora_ds.vision.resolution import PixelBounds
 __all__ = ["image_bounds", "load_run_data", "sft_dataset"]
 
 
-def load_run_data(spec: str, args: RunValues, dataset: str | None = None) -> LoadedData:
+def load_run_data(spec: str, args: SFTTrainingArguments, dataset: str | None = None) -> LoadedData:
     """``--train_file``/``--eval_file`` records, mixed with the run's seed and cached where the run caches data;
     ``dataset``: the entries of a ``dataset_info.json`` (``--dataset``, for ``--train_file``)."""
     return load_data(
@@ -32,7 +32,7 @@ def load_run_data(spec: str, args: RunValues, dataset: str | None = None) -> Loa
 
 
 def sft_dataset(
-    data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: RunValues, processor: ProcessorMixin | None = None
+    data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: SFTTrainingArguments, processor: ProcessorMixin | None = None
 ) -> ChatSFTDataset:
     """The records tokenized with exact label masks, as the run's data flags ask; with a vision-language model's
     ``processor``, their images too, within the run's pixel bounds."""
@@ -52,6 +52,6 @@ def sft_dataset(
     )
 
 
-def image_bounds(args: RunValues) -> PixelBounds:
+def image_bounds(args: SFTTrainingArguments) -> PixelBounds:
     """The pixels an image keeps (``--image_max_pixels``, ``--image_min_pixels``)."""
     return PixelBounds(args.image_max_pixels, args.image_min_pixels)

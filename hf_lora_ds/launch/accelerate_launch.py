@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_lora_ds.config import RunFields
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.deepspeed import load_deepspeed_config
 from hf_lora_ds.config.fsdp import fsdp_settings, fsdp_version_2
 from hf_lora_ds.config.zero_settings import ZeroSettings
@@ -148,7 +148,7 @@ def _config_source() -> str:
     return "Accelerate config (accelerate launch's default config file)"
 
 
-def adopt_accelerate_launch(args: RunFields) -> None:
+def adopt_accelerate_launch(args: SFTTrainingArguments) -> None:
     """Make an ``accelerate launch`` config this run's own arguments (see the module docstring), on the parsed
     values, before ``SFTTrainingArguments`` is built from them."""
     launch = accelerate_launch()
@@ -180,7 +180,7 @@ def adopt_accelerate_launch(args: RunFields) -> None:
         setattr(args, launch.mixed_precision, True)
 
 
-def _adopt_number(args: RunFields, name: str, launched: float | None, default: float, source: str) -> None:
+def _adopt_number(args: SFTTrainingArguments, name: str, launched: float | None, default: float, source: str) -> None:
     """The launcher's value where the flag was left at its default; a flag set to another value is a contradiction."""
     if launched is None or getattr(args, name) == launched:
         return

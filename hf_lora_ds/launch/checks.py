@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hf_lora_ds.config import RunValues
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.arguments import check_fsdp_config_path
 from hf_lora_ds.config.data import join_sources
 from hf_lora_ds.data.formats import FormatOptions
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-def check_command_line_needs(args: RunValues) -> None:
+def check_command_line_needs(args: SFTTrainingArguments) -> None:
     """What a command line must name, which code hands the trainer instead (a model, records): the model and the
     training data."""
     if not args.model_name_or_path:
@@ -35,7 +35,7 @@ def check_command_line_needs(args: RunValues) -> None:
         raise UserError("--train_file is required: a data file, directory or Hub dataset id of training records")
 
 
-def check_run_values(args: RunValues) -> None:
+def check_run_values(args: SFTTrainingArguments) -> None:
     """The checks of the run's values that read a file or ask a library (the value-only ones are
     hf_lora_ds.config's): the paths, the data format mappings, the LoRA variant."""
     check_paths(args)
@@ -43,11 +43,11 @@ def check_run_values(args: RunValues) -> None:
     check_lora_variant(args)
 
 
-def check_paths(args: RunValues) -> None:
+def check_paths(args: SFTTrainingArguments) -> None:
     """The run's paths, before anything reads or writes them: a local data file of --train_file/--eval_file that is
     missing (mixture weights are parsed here too; directories and Hub ids are checked when read), a file where
-    --output_dir or --dataset_cache_dir needs a directory, an --fsdp_config that is no file. ``args`` holds run_sft's
-    fields (parsed values or the arguments object)."""
+    --output_dir or --dataset_cache_dir needs a directory, an --fsdp_config that is no file. ``args`` built or
+    ``unbuilt``."""
     join_sources(args)  # a YAML list of sources: the same as the comma-separated flag
     for flag in ("train_file", "eval_file"):
         spec = getattr(args, flag)
@@ -67,7 +67,7 @@ def check_output_path(flag: str, value: str | os.PathLike | None, *, file: bool 
         raise UserError(f"{flag} {value}: {blocker} is a file, not a directory; choose another path")
 
 
-def check_sequence_parallel(args: RunValues, world_size: int) -> None:
+def check_sequence_parallel(args: SFTTrainingArguments, world_size: int) -> None:
     """``--sequence_parallel_size N`` against the launch and the model (the flags alone are checked by
     hf_lora_ds.config.engine): the world a multiple of N, and heads N can split. ``world_size`` is the launcher's."""
     size = args.sequence_parallel_size
@@ -83,7 +83,7 @@ def check_sequence_parallel(args: RunValues, world_size: int) -> None:
         _check_heads(args, size)
 
 
-def _check_heads(args: RunValues, size: int) -> None:
+def _check_heads(args: SFTTrainingArguments, size: int) -> None:
     """Ulysses gives each rank 1/N of the query heads, and of the key/value heads (or replicates them when there
     are fewer than N): the config alone says whether that divides."""
     from hf_lora_ds.model.loading import base_model_config
@@ -104,12 +104,12 @@ def _head_divisors(heads: int, kv_heads: int) -> str:
     return "one of " + ", ".join(map(str, sizes[:6])) if sizes else "no sequence parallelism for this model"
 
 
-def check_training_flags(args: RunValues) -> None:
+def check_training_flags(args: SFTTrainingArguments) -> None:
     """The names above (the dict-valued flags, which TrainingArguments reads when built, are hf_lora_ds.config's)."""
     _check_names(args)
 
 
-def _check_names(args: RunValues) -> None:
+def _check_names(args: SFTTrainingArguments) -> None:
     """Names checked against the libraries' own lists, before a model is loaded rather than when it is used."""
     from accelerate.utils import DynamoBackend
     from torch._inductor import list_mode_options

@@ -20,14 +20,14 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.utils import logging
 
-from hf_lora_ds.config import RunFields, RunValues, SFTTrainingArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.arguments import check_field_values
 from hf_lora_ds.config.deepspeed import (
     check_deepspeed_config,
     deepspeed_config_path,
     load_deepspeed_config,
 )
-from hf_lora_ds.config.engine import data_parallel_size
+from hf_lora_ds.config.engine import data_parallel_size, engine_of
 from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.config.naming import from_command_line, named_as_given
 from hf_lora_ds.config.quantization import quantization_flag
@@ -81,25 +81,31 @@ def read_arguments_file(path: Path) -> dict:
 
 
 def read_run_values(argv: Sequence[str], defaults: dict | None = None, extra: Sequence[type] = ()) -> tuple:
-    """``(RunFields, *extra)``: every field of ``SFTTrainingArguments`` (and of each ``extra`` dataclass) as parsed:
-    ``defaults``, a YAML/JSON file of arguments when it comes first, then the flags. Builds no arguments object."""
+    """``(SFTTrainingArguments, *extra)``: every field of the run (and of each ``extra`` dataclass) as parsed:
+    ``defaults``, a YAML/JSON file of arguments when it comes first, then the flags. The run's arguments are
+    ``unbuilt``: nothing is checked or set up yet."""
     argv = list(argv)
     values = dict(defaults or {})
     if argv and argv[0].endswith(ARGUMENT_FILE_SUFFIXES):
         values.update(read_arguments_file(Path(argv[0])))
         argv = argv[1:]
-    parser = HfArgumentParser([RunFields, *extra])
+    parser = HfArgumentParser([SFTTrainingArguments, *extra])
     parser.set_defaults(**values)
-    *parsed, unknown = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    parsed, unknown = parser.parse_known_args(argv)
     if unknown:
         raise UserError(f"unknown argument(s) {unknown}; see --help")
-    return tuple(parsed)
+    # Each dataclass takes its own fields, as HfArgumentParser's parse_args_into_dataclasses does, but the run's
+    # arguments are made unbuilt: building them would set up the launch before it is resolved.
+    run, *others = (
+        {f.name: getattr(parsed, f.name) for f in fields(kind) if f.init} for kind in (SFTTrainingArguments, *extra)
+    )
+    return (SFTTrainingArguments.unbuilt(**run), *(kind(**own) for kind, own in zip(extra, others)))
 
 
-def read_checked_values(argv: Sequence[str]) -> RunFields:
+def read_checked_values(argv: Sequence[str]) -> SFTTrainingArguments:
     """run_sft's fields (demo defaults, a YAML/JSON file, flags), checked as a run checks them before launching: for
-    the commands that describe a run without launching it (the audit), which build no arguments object (that would
-    prepare a launch)."""
+    the commands that describe a run without launching it (the audit), on arguments left ``unbuilt`` (built, they
+    would prepare a launch)."""
     (values,) = read_run_values(argv, DEMO_ARGUMENTS)
     check_command_line_needs(values)
     check_field_values(values)
@@ -107,17 +113,18 @@ def read_checked_values(argv: Sequence[str]) -> RunFields:
     return values
 
 
-def resolve_launch(values: RunFields) -> None:
+def resolve_launch(values: SFTTrainingArguments) -> None:
     """The engine the run asked for, decided from its values: an ``accelerate launch`` DeepSpeed or FSDP config
     becomes ``--deepspeed`` or ``--fsdp`` (or stops on a contradiction), and ``--deepspeed auto`` the memory plan's
-    first shipped config that fits."""
+    first shipped config that fits; ``values.engine`` is decided again from what they became."""
     adopt_accelerate_launch(values)
     if values.deepspeed == "auto":
         values.deepspeed = str(recommended_deepspeed_config(values))
         logger.info(f"--deepspeed auto: {values.deepspeed} (the memory plan's pick)")
+    values.engine = engine_of(values)
 
 
-def check_engine(values: RunFields) -> None:
+def check_engine(values: SFTTrainingArguments) -> None:
     """The DeepSpeed or FSDP config, read once and checked before transformers parses it (its errors come later and
     name neither the key nor the flag to change), against the batch, the LoRA optimizer and a quantized base; a
     shipped config's short name (``stage3``) becomes its path."""
@@ -153,7 +160,7 @@ def check_engine(values: RunFields) -> None:
         )
 
 
-def _check_fsdp(values: RunFields) -> None:
+def _check_fsdp(values: SFTTrainingArguments) -> None:
     """FSDP2 only (transformers' own default); parameter offload only where there is an accelerator to offload
     from (on a CPU-only machine torch's CPUOffloadPolicy fails after loading: no accelerator device)."""
     settings = fsdp_settings(values.fsdp_config)
@@ -166,7 +173,7 @@ def _check_fsdp(values: RunFields) -> None:
         )
 
 
-def check_run(args: RunValues) -> None:
+def check_run(args: SFTTrainingArguments) -> None:
     """The checks of the run around its values, in the order a user would fix them: the files and the data format,
     the non-numeric flags, the DeepSpeed or FSDP config against the rest, sequence parallelism against the launch and
     the model. Every route into a run passes here (see the module docstring)."""
@@ -176,17 +183,17 @@ def check_run(args: RunValues) -> None:
     check_sequence_parallel(args, launcher_world_size())
 
 
-def resolve_run(values: RunFields) -> SFTTrainingArguments:
-    """The run's arguments from its parsed values, resolved and checked, with the process ready for its launcher
-    (see the module docstring). A ``ValueError`` raised while they are built is a bad flag or combination (ours or
-    TrainingArguments'), so it becomes a ``UserError``: one line, exit code 2."""
+def resolve_run(values: SFTTrainingArguments) -> SFTTrainingArguments:
+    """The run's arguments built from its ``unbuilt`` values, resolved and checked, with the process ready for its
+    launcher (see the module docstring). A ``ValueError`` raised while they are built is a bad flag or combination
+    (ours or TrainingArguments'), so it becomes a ``UserError``: one line, exit code 2."""
     try:
         with named_as_given(values):
             resolve_launch(values)
             check_field_values(values)
             check_run(values)
         prepare_distributed(values)  # the run's one change to the process environment
-        args = SFTTrainingArguments(**{f.name: getattr(values, f.name) for f in fields(SFTTrainingArguments) if f.init})
+        args = values.built()
     except UserError:
         raise
     except ValueError as err:
@@ -221,7 +228,7 @@ def parse_run_arguments(argv: Sequence[str], defaults: dict | None = None) -> SF
 def build_run_arguments(**values: object) -> SFTTrainingArguments:
     """The run's arguments from keyword values (the fields' defaults for the rest), resolved as a command line is:
     for scripts and notebooks that build a run in code."""
-    unknown = sorted(set(values) - {f.name for f in fields(RunFields)})
+    unknown = sorted(set(values) - {f.name for f in fields(SFTTrainingArguments) if f.init})
     if unknown:
         raise UserError(f"unknown argument(s) {unknown}")
-    return resolve_run(RunFields(**values))
+    return resolve_run(SFTTrainingArguments.unbuilt(**values))

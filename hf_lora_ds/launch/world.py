@@ -15,7 +15,7 @@ import socket
 import torch
 from transformers import TrainingArguments
 
-from hf_lora_ds.config import RunValues
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.distributed import WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
 
 __all__ = [
@@ -31,9 +31,9 @@ __all__ = [
 ]
 
 
-def prepare_distributed(args: RunValues) -> None:
-    """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), with the
-    parsed values; pair it with ``ensure_world_agreement(args)`` right after. ``use_cpu`` is resolved here, once
+def prepare_distributed(args: SFTTrainingArguments) -> None:
+    """Call *before* the ``TrainingArguments`` are built (their ``__post_init__`` builds the process state), on the
+    ``unbuilt`` arguments; pair it with ``ensure_world_agreement(args)`` right after. ``use_cpu`` is resolved here, once
     (``resolve_use_cpu``). No-op for a single process on a GPU or without DeepSpeed, and for any launch on a GPU
     machine."""
     name_local_world_size()

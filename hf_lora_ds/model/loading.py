@@ -15,7 +15,7 @@ from transformers import (
     ProcessorMixin,
 )
 
-from hf_lora_ds.config import RunValues, SFTTrainingArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_experts_kernel
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
@@ -26,7 +26,7 @@ from hf_lora_ds.vision.processor import load_processor
 __all__ = ["base_model_config", "load_base_model", "load_run_processor", "load_tokenizer"]
 
 
-def load_tokenizer(args: RunValues, need_weights: bool = True) -> PreTrainedTokenizerBase:
+def load_tokenizer(args: SFTTrainingArguments, need_weights: bool = True) -> PreTrainedTokenizerBase:
     """The base model's tokenizer and chat template (from a GGUF file's metadata when the base is one). A base
     without weights is refused here, before any data is tokenized, unless ``need_weights`` is False (the audit and
     the planner read none)."""
@@ -35,7 +35,7 @@ def load_tokenizer(args: RunValues, need_weights: bool = True) -> PreTrainedToke
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
 
 
-def load_run_processor(args: RunValues) -> ProcessorMixin | None:
+def load_run_processor(args: SFTTrainingArguments) -> ProcessorMixin | None:
     """A vision-language base's processor (its tokenizer inside), None for a text-only base or a GGUF file."""
     if args.gguf_file or str(args.model_name_or_path).endswith(".gguf"):
         return None
@@ -64,7 +64,7 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     return model, quantized_layers_line(model)
 
 
-def base_model_config(args: RunValues) -> PretrainedConfig:
+def base_model_config(args: SFTTrainingArguments) -> PretrainedConfig:
     """The base's config without reading a weight: a GGUF file's metadata, a directory's (or a ``config.json``'s),
     a hub id's, or the shipped config of a hub id whose architecture numbers ship with the package."""
     return gguf_config(args.model_name_or_path, args.gguf_file) or load_model_config(

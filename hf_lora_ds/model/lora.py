@@ -10,8 +10,8 @@ import torch
 from peft import EvaConfig, LoraConfig, PeftModel, TaskType, get_peft_model
 from peft.tuners.lora.config import CordaConfig
 
-from hf_lora_ds.config import RunValues
-from hf_lora_ds.config.lora_init import DataPass, parse_lora_init
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.lora_init import DataPass
 from hf_lora_ds.config.vision import FROZEN_VISION, VisionTraining
 from hf_lora_ds.model.lora_targets import (
     add_dropout,
@@ -35,11 +35,11 @@ __all__ = [
 ]
 
 
-def lora_config_from_args(args: RunValues) -> LoraConfig:
-    """``args``: SFTTrainingArguments, or the same fields parsed without building one (the planner, the CLI).
-    ``all-linear`` is PEFT's own shorthand (every linear layer but the output head), passed through unchanged; the
-    experts' flags are PEFT's fields too (hf_lora_ds.model.lora_targets)."""
-    init = parse_lora_init(getattr(args, "lora_init", "default"))
+def lora_config_from_args(args: SFTTrainingArguments) -> LoraConfig:
+    """``args`` built or ``unbuilt`` (the planner, the audit). ``all-linear`` is PEFT's own shorthand (every linear
+    layer but the output head), passed through unchanged; the experts' flags are PEFT's fields too
+    (hf_lora_ds.model.lora_targets)."""
+    init = args.lora_start
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=args.lora_rank,

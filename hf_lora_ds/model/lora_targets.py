@@ -47,7 +47,7 @@ from peft.tuners.lora.layer import ParamWrapper
 from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
 from transformers.pytorch_utils import Conv1D
 
-from hf_lora_ds.config import RunValues
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.lora_init import lora_init_from_peft
 from hf_lora_ds.config.vision import FROZEN_VISION, VisionTraining
 from hf_lora_ds.errors import UserError
@@ -84,12 +84,12 @@ def parse_targets(text: str) -> str | list[str]:
     return targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
 
 
-def expert_fields(args: RunValues) -> dict:
+def expert_fields(args: SFTTrainingArguments) -> dict:
     """The ``LoraConfig`` fields of ``--lora_target_experts`` and ``--lora_expert_rank``."""
-    experts = getattr(args, "lora_target_experts", "auto").strip()
+    experts = args.lora_target_experts.strip()
     names = [] if experts == "none" else [name.strip() for name in experts.split(",") if name.strip()]
     fields: dict = {"target_parameters": None if experts == "auto" else names}
-    rank = getattr(args, "lora_expert_rank", None)
+    rank = args.lora_expert_rank
     if rank is not None and rank != args.lora_rank:
         ratio = rank / args.lora_rank  # the experts' alpha follows their rank: alpha / r (or / sqrt(r)) stays
         fields["rank_pattern"] = {EXPERT_PATTERN: rank}

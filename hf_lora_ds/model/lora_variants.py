@@ -15,8 +15,8 @@ from pathlib import Path
 
 from peft import LoraConfig
 
-from hf_lora_ds.config import RunValues
-from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft, parse_lora_init
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
 from hf_lora_ds.errors import UserError
 
 __all__ = [
@@ -31,9 +31,9 @@ LORA_OPTIMIZERS = ("adamw", "loraplus", "lorafa")
 DEFAULT_LORAPLUS_RATIO = 16.0  # the LoRA+ paper's recommendation (2^4) for decoder LLMs
 
 
-def check_lora_variant(args: RunValues) -> None:
+def check_lora_variant(args: SFTTrainingArguments) -> None:
     """Combinations that cannot work, refused from the flags alone (before anything loads) with one line."""
-    init = parse_lora_init(args.lora_init)
+    init = args.lora_start
     quantized = "--load_in_4bit" if args.load_in_4bit else "--load_in_8bit" if args.load_in_8bit else None
     if init.loftq and not args.load_in_4bit:
         raise UserError(
@@ -53,7 +53,7 @@ def check_lora_variant(args: RunValues) -> None:
         )
     if init.needs_even_rank and args.lora_rank % 2:
         raise UserError(f"--lora_init {init.name} needs an even --lora_rank, got {args.lora_rank}")
-    if init.rewrites_base and getattr(args, "fsdp", None):
+    if init.rewrites_base and args.fsdp:
         raise UserError(
             f"--lora_init {init.name} with --fsdp: the adapter's start is kept whole to convert the saved "
             "adapter and FSDP shards it; use DeepSpeed ZeRO-3 (--deepspeed stage3) to shard the run"
@@ -68,15 +68,15 @@ def check_lora_variant(args: RunValues) -> None:
     _check_lora_optimizer(args)
 
 
-def _no_full_precision_weights(args: RunValues) -> bool:
+def _no_full_precision_weights(args: SFTTrainingArguments) -> bool:
     """A GGUF base, or a local directory without safetensors (a Hub id is looked up in the Hub cache later)."""
     source = Path(str(args.model_name_or_path))
-    if getattr(args, "gguf_file", None) or source.suffix == ".gguf":
+    if args.gguf_file or source.suffix == ".gguf":
         return True
     return source.is_dir() and not any(source.glob("*.safetensors"))
 
 
-def _check_lora_optimizer(args: RunValues) -> None:
+def _check_lora_optimizer(args: SFTTrainingArguments) -> None:
     if args.lora_optimizer not in LORA_OPTIMIZERS:
         raise UserError(f"--lora_optimizer {args.lora_optimizer}: unknown; use one of {', '.join(LORA_OPTIMIZERS)}")
     ratio = args.loraplus_lr_ratio
@@ -97,7 +97,7 @@ def _check_lora_optimizer(args: RunValues) -> None:
 
 
 def check_lora_optimizer_engine(
-    args: RunValues, zero_stage: int | None, has_optimizer_section: bool, source: str
+    args: SFTTrainingArguments, zero_stage: int | None, has_optimizer_section: bool, source: str
 ) -> None:
     """The LoRA optimizers against the engine: DeepSpeed must take our optimizer as its client optimizer (a config
     with its own ``optimizer`` section replaces it, and with it LoRA+'s parameter groups), and LoRA-FA updates each
@@ -119,17 +119,19 @@ def check_lora_optimizer_engine(
         )
 
 
-def variant_line(config: LoraConfig, args: RunValues | None = None) -> str | None:
+def variant_line(config: LoraConfig, args: SFTTrainingArguments | None = None) -> str | None:
     """One line on what the variant does to this run, shown under the coverage table; None for plain LoRA. ``args``:
     the run's flags (``lora_init``, ``lora_init_samples``, ``lora_optimizer``, ``loraplus_lr_ratio``); without them,
     what ``config`` says (an adapter built elsewhere)."""
-    init = parse_lora_init(args.lora_init) if args is not None else lora_init_from_peft(config.init_lora_weights)
-    optimizer = getattr(args, "lora_optimizer", "adamw")
+    if args is None:
+        init, optimizer = lora_init_from_peft(config.init_lora_weights), "adamw"
+    else:
+        init, optimizer = args.lora_start, args.lora_optimizer
     if init.plain and not config.use_dora and optimizer == "adamw":
         return None
     parts = [f"LoRA init {init.name}"]
     if init.data_pass is not None:
-        samples = getattr(args, "lora_init_samples", None)
+        samples = args.lora_init_samples if args is not None else None
         parts.append(f"a pass over {samples or 'the'} training samples before step 1")
     if init.rewrites_base:
         parts.append(f"adapter converted at the end to plain LoRA of rank {2 * config.r} for the original base")
@@ -146,7 +148,7 @@ def variant_line(config: LoraConfig, args: RunValues | None = None) -> str | Non
     if config.use_dora:
         parts.append("DoRA: + a magnitude vector per adapted module")
     if optimizer == "loraplus":
-        ratio = getattr(args, "loraplus_lr_ratio", None) or DEFAULT_LORAPLUS_RATIO
+        ratio = args.loraplus_lr_ratio or DEFAULT_LORAPLUS_RATIO
         parts.append(f"LoRA+: B at {ratio:g}x the learning rate of A")
     elif optimizer == "lorafa":
         parts.append("LoRA-FA: A frozen, only B trains")

@@ -16,7 +16,7 @@ import psutil
 import torch
 from transformers.utils import logging
 
-from hf_lora_ds.config import RunValues, SFTTrainingArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.config.deepspeed import check_deepspeed_config
 from hf_lora_ds.config.engine import Engine, data_parallel_size
@@ -127,7 +127,7 @@ def profile_from_dataset(dataset) -> SequenceProfile:
     return SequenceProfile.from_samples(table["length"], table["num_supervised"])
 
 
-def sequence_profile(args: RunValues) -> SequenceProfile:
+def sequence_profile(args: SFTTrainingArguments) -> SequenceProfile:
     """The training data's real lengths, tokenized as training tokenizes them (hf_lora_ds.data.run_data), when the
     model's tokenizer is at hand; else every sample taken as ``max_length`` tokens, all supervised (the bound)."""
     if not args.train_file:
@@ -140,7 +140,7 @@ def sequence_profile(args: RunValues) -> SequenceProfile:
 
 
 def plan_run(
-    args: RunValues, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None
+    args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict | None = None
 ) -> list[PlanRow]:
     """Every configuration's row for the run ``args`` describes, on the world ``plan_args`` describes."""
     settings = _plan_settings(args, plan_args, profile)
@@ -158,7 +158,7 @@ def plan_run(
 
 
 def plan_with_more_devices(
-    args: RunValues, plan_args: PlanArguments, profile: SequenceProfile, configs: dict
+    args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile, configs: dict
 ) -> PlanRow | None:
     """For a run nothing fits even split over its world: the smallest sequence-parallel group of devices like the
     planned ones (machines, on a CPU) that would hold it, as that row (plan.planner.fits_with_more_devices)."""
@@ -166,7 +166,7 @@ def plan_with_more_devices(
     return fits_with_more_devices(settings, configs, runtime_bytes(settings.on_accelerator))
 
 
-def _plan_settings(args: RunValues, plan_args: PlanArguments, profile: SequenceProfile) -> PlanSettings:
+def _plan_settings(args: SFTTrainingArguments, plan_args: PlanArguments, profile: SequenceProfile) -> PlanSettings:
     on_accelerator = plans_accelerator(plan_args.device, args)
     world_size, per_node = _world(plan_args, on_accelerator)
     sequence_parallel = args.engine.sequence_parallel
@@ -215,7 +215,7 @@ def _world(plan_args: PlanArguments, on_accelerator: bool) -> tuple[int, int]:
     return world_size, per_node
 
 
-def planning_line(args: RunValues, plan_args: PlanArguments) -> str:
+def planning_line(args: SFTTrainingArguments, plan_args: PlanArguments) -> str:
     """What the plan is for, as its first line: ``planning for 2 x GPU with 32 GiB`` or ``planning for this CPU:
     23 GiB host memory, 2 ranks``."""
     on_accelerator = plans_accelerator(plan_args.device, args)
@@ -241,10 +241,10 @@ def _host_memory(plan_args: PlanArguments, on_accelerator: bool) -> int | None:
     return psutil.virtual_memory().total
 
 
-def plans_accelerator(device: str, args: RunValues) -> bool:
+def plans_accelerator(device: str, args: SFTTrainingArguments) -> bool:
     if device != "auto":
         return device == "gpu"
-    return torch.accelerator.is_available() and not getattr(args, "use_cpu", False)
+    return torch.accelerator.is_available() and not args.use_cpu
 
 
 def _device_memory(device_memory: str | None, on_accelerator: bool) -> int:
@@ -304,7 +304,7 @@ def plan_this_run(args: SFTTrainingArguments, profile: SequenceProfile) -> tuple
     return chosen, rows
 
 
-def recommended_deepspeed_config(args: RunValues) -> Path:
+def recommended_deepspeed_config(args: SFTTrainingArguments) -> Path:
     """``--deepspeed auto``: the first shipped DeepSpeed config that fits, planned before any data is read (every
     sample taken as ``max_length`` tokens, all supervised: the safe bound), at the run's gradient checkpointing."""
     rows = plan_run(args, run_world(), SequenceProfile.unknown(args.max_length))

@@ -7,7 +7,6 @@ Everything else (DeepSpeed, DDP, mixed precision, checkpoints, logging to ``repo
 
 from __future__ import annotations
 
-import contextlib
 import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -23,7 +22,6 @@ from transformers.utils import logging
 from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.callbacks.run_callbacks import attach_run_callbacks
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.lora_init import parse_lora_init
 from hf_lora_ds.config.reporting import chosen_callbacks
 from hf_lora_ds.data.audit import audit_by_source, audit_dataset
 from hf_lora_ds.data.batches import LengthGroupedEpochSampler
@@ -41,12 +39,8 @@ from hf_lora_ds.trainer.answers import before_and_after
 from hf_lora_ds.trainer.final_adapter import finish_final_adapter
 from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
 from hf_lora_ds.training.batches import prepare_batches, with_supervised_positions
-from hf_lora_ds.training.checkpoints import (
-    lost_ranks,
-    resolve_resume_checkpoint,
-    save_failures,
-)
-from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
+from hf_lora_ds.training.checkpoints import lost_ranks, resolve_resume_checkpoint, save_failures
+from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, sharded_on_cpu, shards_on_cpu
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
 from hf_lora_ds.training.nonfinite import NonFiniteGuard, ends_window
@@ -121,7 +115,7 @@ class LoraSFTTrainer(Trainer):
         # Where PEFT rewrote the base to its residual, the adapter's start is kept (on the CPU), to convert the saved
         # adapter into a plain one for the original base at the end and to put that base back for the "before" eval
         # (hf_lora_ds.model.adapter_conversion).
-        rewrites_base = wrapping and parse_lora_init(args.lora_init).rewrites_base
+        rewrites_base = wrapping and args.lora_start.rewrites_base
         self.adapter_start = adapter_snapshot(model) if rewrites_base else None
         # Where the adapters landed, before any engine is built: partial targets stop here (model.lora_coverage).
         self.lora_coverage = lora_coverage(model)
@@ -167,10 +161,11 @@ class LoraSFTTrainer(Trainer):
 
     def create_accelerator_and_postprocess(self) -> None:
         """Trainer's accelerator, then FSDP2 kept on a CPU-only multi-process launch, where accelerate drops the
-        plugin and would train plain DDP without a word (hf_lora_ds.training.fsdp2.shard_on_cpu)."""
+        plugin and would train plain DDP without a word: ``train()`` gives it back for the run
+        (hf_lora_ds.training.fsdp2.sharded_on_cpu)."""
         super().create_accelerator_and_postprocess()
-        if shard_on_cpu(self):
-            self.is_fsdp_enabled = True
+        self.fsdp_on_cpu = shards_on_cpu(self)
+        self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_on_cpu
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
@@ -203,11 +198,13 @@ class LoraSFTTrainer(Trainer):
             if len(samples.source_counts) > 1:
                 for name, audit in audit_by_source(samples).items():
                     logger.info(f"  {name}: {audit.line()}")
-        # the engine and its ZeRO optimizer are built inside train()
-        trimmed = deepspeed_startup_trimmed() if self.is_deepspeed_enabled else contextlib.nullcontext()
-        signals = self.preemption.handling_signals() if self.preemption else contextlib.nullcontext()
-        try:
-            with signals, lost_ranks(self.args.output_dir), trimmed:  # lost_ranks: a rank killed in a save is one line
+        # What the run changes in other libraries is changed for it only: the engine, its ZeRO optimizer and
+        # accelerate's FSDP state are made inside train().
+        trimmed = deepspeed_startup_trimmed() if self.is_deepspeed_enabled else nullcontext()
+        sharded = sharded_on_cpu(self) if self.fsdp_on_cpu else nullcontext()
+        signals = self.preemption.handling_signals() if self.preemption else nullcontext()
+        try:  # lost_ranks: a rank killed in a save is one line
+            with signals, lost_ranks(self.args.output_dir), trimmed, sharded:
                 result = super().train(resume.checkpoint, *args, **kwargs)
             if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
                 signal_number, checkpoint = self.preemption.signal_received, f"checkpoint-{self.state.global_step}"
@@ -335,9 +332,7 @@ class LoraSFTTrainer(Trainer):
             outputs.loss = supervised_cross_entropy(supervised_rows(outputs.logits, rows), targets)
         self.supervised_in_forward = None
         loss = normalised_loss(outputs.loss, rows.numel(), num_items_in_batch)
-        if (
-            self.sequence_parallel > 1 and model.training
-        ):  # a shard of each sequence (hf_lora_ds.training.sequence_parallel)
+        if self.sequence_parallel > 1 and model.training:  # a shard of each sequence (training.sequence_parallel)
             data_parallel = self.args.engine.data_parallel_size(self.accelerator.num_processes)
             loss = sequence_parallel_loss(loss, sequence_parallel_group(), self._deepspeed_divisor, data_parallel)
         elif (

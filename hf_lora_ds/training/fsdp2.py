@@ -2,34 +2,49 @@
 made a plain tensor, and the adapter gathered whole for saving.
 
 accelerate sets ``DistributedType.FSDP`` only from its accelerator types, so ``--fsdp`` under a CPU launch (gloo)
-silently trained as plain DDP; ``fully_shard`` itself runs over a gloo mesh, so ``shard_on_cpu`` restores the plugin
-and ``accelerator.prepare`` applies FSDP2 exactly as on GPUs.
+silently trained as plain DDP; ``fully_shard`` itself runs over a gloo mesh, so ``sharded_on_cpu`` gives accelerate's
+state the plugin for the run and ``accelerator.prepare`` applies FSDP2 exactly as on GPUs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers import Trainer
 
-__all__ = ["shard_on_cpu", "full_grad_norm", "full_adapter_state_dict"]
+from hf_lora_ds._compat import items_replaced
+
+__all__ = ["full_adapter_state_dict", "full_grad_norm", "sharded_on_cpu", "shards_on_cpu"]
 
 
-def shard_on_cpu(trainer: Trainer) -> bool:
-    """Give a CPU multi-process accelerator the FSDP plugin the run asked for; True when it did."""
+def shards_on_cpu(trainer: Trainer) -> bool:
+    """Whether accelerate dropped the FSDP the run asked for: ``--fsdp`` on a CPU-only multi-process launch."""
+    from accelerate.utils import DistributedType
+
+    return bool(trainer.args.fsdp) and trainer.accelerator.state.distributed_type == DistributedType.MULTI_CPU
+
+
+@contextmanager
+def sharded_on_cpu(trainer: Trainer) -> Iterator[None]:
+    """Inside: accelerate's process-wide state (shared by every ``AcceleratorState`` and ``PartialState``) is FSDP
+    with the plugin the run asked for, as a GPU launch has it; accelerate's own values after. For a run where
+    ``shards_on_cpu``."""
     from accelerate import PartialState
+    from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    state = trainer.accelerator.state
-    if not trainer.args.fsdp or state.distributed_type != DistributedType.MULTI_CPU:
-        return False
-    state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
-    state.distributed_type = DistributedType.FSDP
-    # Every later AcceleratorState() copies PartialState's type back; without this is_fsdp2 turns False, the adapter
+    plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+    fsdp = DistributedType.FSDP
+    # Every later AcceleratorState() copies PartialState's type back; without it is_fsdp2 turns False, the adapter
     # save takes the FSDP1 branch (sharded DTensors, PEFT's save dies) and a FULL_STATE_DICT resume hangs.
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    return True
+    with (
+        items_replaced(AcceleratorState._shared_state, fsdp_plugin=plugin, distributed_type=fsdp),
+        items_replaced(PartialState._shared_state, distributed_type=fsdp),
+    ):
+        yield
 
 
 def full_grad_norm(grad_norm: Any) -> Any:

@@ -27,7 +27,7 @@ from peft.utils.integrations import gather_params_ctx
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.lora_init import DataPass, parse_lora_init
+from hf_lora_ds.config.lora_init import DataPass
 from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.model.quantization import fit_loftq
 
@@ -47,7 +47,7 @@ def wrap_as_initialised(
     is). ``dataset`` and ``collator`` are the run's; EVA and CorDA read ``args.lora_init_samples`` of its samples."""
     if isinstance(model, PeftModel):
         return model
-    init = parse_lora_init(args.lora_init)
+    init = args.lora_start
     if init.data_pass is DataPass.CORDA:
         config = _maybe_include_all_linear_layers(config, model)  # CorDA matches the targets by name before PEFT does
         corda_pass(model, config, init_batches(dataset, collator, args.lora_init_samples, 1, args.seed))

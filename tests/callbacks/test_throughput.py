@@ -15,7 +15,7 @@ from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, MORE_HYBRID_FAMILI
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
 from hf_lora_ds.callbacks import ThroughputCallback, throughput
 from hf_lora_ds.callbacks.throughput import flops_per_token, flops_shape, matmul_parameters, peak_flops_per_device
-from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from tests.callbacks.callback_helpers import FakeClock, lora_model
 
@@ -187,7 +187,9 @@ def test_packed_rows_and_their_sequence_parallel_shards_count_padding_as_padding
 def test_a_moe_model_counts_its_active_experts(qwen_style_tokenizer):
     """MFU's N is N_active: a routed expert's weights, and their LoRA factors, count for the 2 of 4 experts a token
     goes through; the rest of the model whole."""
-    model = wrap_with_lora(build_tiny_moe("qwen3_moe", qwen_style_tokenizer), lora_config_from_args(LoraArguments()))
+    model = wrap_with_lora(
+        build_tiny_moe("qwen3_moe", qwen_style_tokenizer), lora_config_from_args(SFTTrainingArguments.unbuilt())
+    )
     every_frozen, every_trainable = matmul_parameters(model, active=False)
     experts = [(p.numel(), p.requires_grad) for n, p in model.named_parameters() if ".experts." in n]
     stacks = sum(numel for numel, trained in experts if not trained)

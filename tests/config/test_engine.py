@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_lora_ds.config import RunFields
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.engine import Engine, check_engine_fields, engine_of, parallelism_config
 from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.launch.accelerate_launch import adopt_accelerate_launch
+from hf_lora_ds.launch import resolve
 from hf_lora_ds.resources import DEEPSPEED_CONFIGS
 from tests.launch.test_accelerate_launch import ZERO3_CPU
 
@@ -61,13 +61,13 @@ def test_no_parallelism_config_for_one_rank_per_sequence():
 
 
 def test_the_engine_kind_follows_the_flags():
-    assert RunFields().engine == Engine("none")
-    assert RunFields(fsdp="full_shard").engine == Engine("fsdp")
-    assert RunFields(deepspeed="stage2").engine.kind == "deepspeed"
+    assert SFTTrainingArguments.unbuilt().engine == Engine("none")
+    assert SFTTrainingArguments.unbuilt(fsdp="full_shard").engine == Engine("fsdp")
+    assert SFTTrainingArguments.unbuilt(deepspeed="stage2").engine.kind == "deepspeed"
 
 
 def test_a_shipped_short_name_is_read_from_its_file():
-    engine = RunFields(deepspeed="stage3_offload").engine
+    engine = SFTTrainingArguments.unbuilt(deepspeed="stage3_offload").engine
     assert engine.deepspeed_file == DEEPSPEED_CONFIGS / "stage3_offload.json"
     assert engine.zero == ZeroSettings(3, "cpu", "cpu")
 
@@ -77,13 +77,15 @@ def test_a_json_path_base64_text_and_a_dict_give_the_same_decision(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(written))
     encoded = base64.urlsafe_b64encode(json.dumps(written).encode()).decode()
-    from_file, from_text, from_dict = (RunFields(deepspeed=value).engine for value in (str(path), encoded, written))
+    from_file, from_text, from_dict = (
+        SFTTrainingArguments.unbuilt(deepspeed=value).engine for value in (str(path), encoded, written)
+    )
     assert from_file.deepspeed_file == path and from_text.deepspeed_file is None and from_dict.deepspeed_file is None
     assert from_file.zero == from_text.zero == from_dict.zero == ZeroSettings(1)
 
 
 def test_auto_is_deepspeed_with_the_config_left_to_the_plan():
-    engine = RunFields(deepspeed="auto").engine
+    engine = SFTTrainingArguments.unbuilt(deepspeed="auto").engine
     assert (engine.kind, engine.deepspeed_config, engine.deepspeed_file) == ("deepspeed", None, None)
     assert engine.zero.stage == 0
 
@@ -99,25 +101,23 @@ def test_the_config_transformers_built_is_the_one_read():
 
 
 def test_sequence_and_data_parallel_sizes():
-    engine = RunFields(deepspeed="stage2", sequence_parallel_size=2).engine
+    engine = SFTTrainingArguments.unbuilt(deepspeed="stage2", sequence_parallel_size=2).engine
     assert (engine.sequence_parallel, engine.data_parallel_size(8)) == (2, 4)
-    assert RunFields().engine.data_parallel_size(8) == 8
+    assert SFTTrainingArguments.unbuilt().engine.data_parallel_size(8) == 8
     assert engine_of(SimpleNamespace(deepspeed=None, fsdp=None)).sequence_parallel == 1  # a plain TrainingArguments
 
 
-def test_the_decision_is_made_once_and_again_when_a_flag_is_resolved(monkeypatch):
-    values = RunFields(deepspeed="auto")
-    assert values.engine is values.engine
-    values.deepspeed = "stage1"  # what hf_lora_ds.launch.resolve does with auto
+def test_the_engine_is_decided_again_when_the_launch_resolves_its_flags(monkeypatch):
+    monkeypatch.setattr(resolve, "recommended_deepspeed_config", lambda values: DEEPSPEED_CONFIGS / "stage1.json")
+    values = SFTTrainingArguments.unbuilt(deepspeed="auto")
+    resolve.resolve_launch(values)
     assert values.engine.zero.stage == 1
-    values.sequence_parallel_size = 2
-    assert values.engine.sequence_parallel == 2
 
 
 def test_an_accelerate_launch_deepspeed_config_is_the_engine(monkeypatch):
     for name, value in ZERO3_CPU.items():
         monkeypatch.setenv(name, value)
-    values = RunFields()
-    adopt_accelerate_launch(values)
+    values = SFTTrainingArguments.unbuilt()
+    resolve.resolve_launch(values)
     engine = values.engine
     assert (engine.kind, engine.deepspeed_file, engine.zero) == ("deepspeed", None, ZeroSettings(3, "cpu", "cpu"))

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_lora_ds.config.arguments import RunFields, check_field_values
+from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.arguments import check_field_values
 from hf_lora_ds.config.engine import check_engine_fields
 from hf_lora_ds.config.lora import check_lora_fields as check_lora
 from hf_lora_ds.config.ranges import RANGES, check_ranges
@@ -33,7 +34,7 @@ def check_ulysses(values, world_size: int) -> None:
     check_sequence_parallel(values, world_size)
 
 
-def fields(tmp_path, **changes) -> RunFields:
+def fields(tmp_path, **changes) -> SFTTrainingArguments:
     """Parsed values as the CLI reads them, valid unless ``changes`` says otherwise."""
     train = tmp_path / "train.jsonl"
     train.write_text("{}\n")
@@ -72,7 +73,7 @@ def fields(tmp_path, **changes) -> RunFields:
         attn_implementation=None,
         **{name: None for name in RANGES},
     )
-    return RunFields(**{**values, **changes})
+    return SFTTrainingArguments.unbuilt(**{**values, **changes})
 
 
 @pytest.mark.parametrize(

@@ -121,11 +121,13 @@ def test_a_moe_adapter_stacks_one_rank_per_expert(qwen_style_tokenizer, tmp_path
     """A fused expert stack's lora_A is (r x experts, in): the check accepts that stacking (without the base it knows
     no expert count, so any multiple of an allowed rank) and still refuses a stack whose A and B disagree."""
     from hf_lora_ds._testing.tiny_models import build_tiny_moe
-    from hf_lora_ds.config.lora import LoraArguments
+    from hf_lora_ds.config import SFTTrainingArguments
     from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 
     base = build_tiny_moe("deepseek_v3", qwen_style_tokenizer)
-    wrap_with_lora(base, lora_config_from_args(LoraArguments(lora_expert_rank=4))).save_pretrained(tmp_path / "moe")
+    wrap_with_lora(base, lora_config_from_args(SFTTrainingArguments.unbuilt(lora_expert_rank=4))).save_pretrained(
+        tmp_path / "moe"
+    )
     verify_adapter(tmp_path / "moe")
     verify_adapter(tmp_path / "moe", base_model=base.config)
     weights = load_file(tmp_path / "moe" / WEIGHTS)

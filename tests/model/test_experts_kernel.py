@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
-from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts_kernel import (
     choose_experts_implementation,
@@ -53,7 +53,9 @@ def test_lora_adapted_experts_run_the_grouped_kernel_forward_and_backward(qwen_s
     for kernel in ("grouped_mm", "eager"):
         model = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
         use_experts_kernel(model, kernel)
-        model = wrap_with_lora(model, lora_config_from_args(LoraArguments()))  # the demo's LoRA: experts adapted
+        model = wrap_with_lora(
+            model, lora_config_from_args(SFTTrainingArguments.unbuilt())
+        )  # the demo's LoRA: experts adapted
         ids = torch.randint(0, len(qwen_style_tokenizer), (2, 12), generator=torch.Generator().manual_seed(0))
         with AtenCalls() as ops:
             model(input_ids=ids, labels=ids).loss.backward()

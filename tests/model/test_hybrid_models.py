@@ -12,7 +12,6 @@ from peft import PeftModel
 from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.lora import LoraArguments
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.adapter_check import verify_adapter
@@ -61,7 +60,7 @@ def test_every_moe_family_s_adapter_loads_back_in_plain_peft(family, qwen_style_
     """Wrapped with the demo's flags, every adapter factor set by hand (B too, so each one counts), saved: PEFT's own
     ``from_pretrained`` on a fresh base gives the same logits."""
     build = build_tiny_hybrid if family in MOE_HYBRIDS else build_tiny_moe
-    model = wrap_with_lora(build(family, qwen_style_tokenizer), lora_config_from_args(LoraArguments()))
+    model = wrap_with_lora(build(family, qwen_style_tokenizer), lora_config_from_args(SFTTrainingArguments.unbuilt()))
     torch.manual_seed(1)
     for name, param in model.named_parameters():
         if "lora_" in name:
@@ -76,7 +75,9 @@ def test_every_moe_family_s_adapter_loads_back_in_plain_peft(family, qwen_style_
 def test_the_layers_a_mixer_s_kernel_reads_are_never_adapted(family, qwen_style_tokenizer):
     """The depthwise convolutions, a Mamba mixer's out_proj and Jamba's dt_proj (its code multiplies by the weight
     itself): a LoRA there trains nothing or is skipped by the GPU kernel. The input projections are adapted."""
-    model = wrap_with_lora(build_tiny_hybrid(family, qwen_style_tokenizer), lora_config_from_args(LoraArguments()))
+    model = wrap_with_lora(
+        build_tiny_hybrid(family, qwen_style_tokenizer), lora_config_from_args(SFTTrainingArguments.unbuilt())
+    )
     header = lora_coverage(model).table().splitlines()[1]  # the coverage table has a column per layer kind
     assert {kind for kind in MIXER_KINDS if kind in header} == {"attention", *sequence_mixers(model).values()}
     for mixer, kind in sequence_mixers(model).items():
@@ -89,6 +90,6 @@ def test_the_layers_a_mixer_s_kernel_reads_are_never_adapted(family, qwen_style_
 @pytest.mark.parametrize(("family", "target"), [("bamba", "out_proj"), ("jamba", "dt_proj"), ("lfm2", "conv")])
 def test_a_named_kernel_read_layer_is_refused_in_one_line(family, target, qwen_style_tokenizer):
     model = build_tiny_hybrid(family, qwen_style_tokenizer)
-    config = lora_config_from_args(LoraArguments(lora_target_modules=f"in_proj,{target}"))
+    config = lora_config_from_args(SFTTrainingArguments.unbuilt(lora_target_modules=f"in_proj,{target}"))
     with pytest.raises(UserError, match=f"{target} names the .* whose weight the mixer's kernels read directly"):
         wrap_with_lora(model, config)

@@ -3,11 +3,10 @@ trains the others silently, and a model that already has an adapter keeps it."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from peft import LoraConfig, PeftModel
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora import (
     check_target_modules,
@@ -30,7 +29,7 @@ def _args(**overrides):
         use_dora=False,
         lora_init="default",
     )
-    return SimpleNamespace(**{**values, **overrides})
+    return SFTTrainingArguments.unbuilt(**{**values, **overrides})
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from peft.tuners.lora.layer import ParamWrapper
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe
-from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.experts import moe_blocks, unwrapped_name
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
@@ -25,7 +25,9 @@ from hf_lora_ds.model.lora_targets import experts_line
 
 
 def wrapped(family, tokenizer, **flags):
-    return wrap_with_lora(build_tiny_moe(family, tokenizer), lora_config_from_args(LoraArguments(**flags)))
+    return wrap_with_lora(
+        build_tiny_moe(family, tokenizer), lora_config_from_args(SFTTrainingArguments.unbuilt(**flags))
+    )
 
 
 def adapters(model) -> dict[str, LoraLayer]:
@@ -154,7 +156,7 @@ def test_mixtral_s_w3_names_a_fused_up_proj_without_a_gate(qwen_style_tokenizer:
     model = build_tiny_moe("qwen3_moe", qwen_style_tokenizer)
     for layer in model.model.layers:
         layer.mlp.experts = NonGatedExperts()
-    flags = LoraArguments(lora_target_modules="q_proj,w3")
+    flags = SFTTrainingArguments.unbuilt(lora_target_modules="q_proj,w3")
     found = adapters(wrap_with_lora(model, lora_config_from_args(flags)))
     assert [name for name in found if ".experts." in name] == [
         "model.layers.0.mlp.experts.up_proj",
@@ -188,7 +190,7 @@ def test_a_moe_family_s_model_with_only_its_dense_layer_keeps_the_named_mlp_targ
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     assert moe_blocks(model) == []
-    flags = LoraArguments(lora_target_modules="o_proj,gate_proj,up_proj,down_proj")
+    flags = SFTTrainingArguments.unbuilt(lora_target_modules="o_proj,gate_proj,up_proj,down_proj")
     assert sorted(adapters(wrap_with_lora(model, lora_config_from_args(flags)))) == [
         f"model.layers.0.{name}"
         for name in ("mlp.down_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "self_attn.o_proj")
@@ -226,7 +228,7 @@ def test_names_that_match_nothing_and_adapters_peft_cannot_build_are_one_line(
 ):
     model = build_tiny_moe(family, qwen_style_tokenizer) if family else tiny_model
     with pytest.raises(UserError, match=f"^{re.escape(message)}"):
-        wrap_with_lora(model, lora_config_from_args(LoraArguments(**flags)))
+        wrap_with_lora(model, lora_config_from_args(SFTTrainingArguments.unbuilt(**flags)))
 
 
 def test_per_expert_linear_experts_go_through_target_modules(qwen_style_tokenizer):
@@ -238,7 +240,9 @@ def test_per_expert_linear_experts_go_through_target_modules(qwen_style_tokenize
             torch.nn.ModuleDict({name: torch.nn.Linear(32, 32, bias=False) for name in ("w1", "w2", "w3")})
             for _ in range(4)
         )
-    model = wrap_with_lora(model, lora_config_from_args(LoraArguments(lora_target_experts="w1,w2", lora_expert_rank=2)))
+    model = wrap_with_lora(
+        model, lora_config_from_args(SFTTrainingArguments.unbuilt(lora_target_experts="w1,w2", lora_expert_rank=2))
+    )
     found = adapters(model)
     assert sorted(name for name in found if "layers.0.mlp" in name) == [
         f"model.layers.0.mlp.experts.{expert}.{weight}" for expert in range(4) for weight in ("w1", "w2")

@@ -4,11 +4,11 @@ says what to change, before anything loads; the line under the coverage table sa
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pytest
 from peft import LoraConfig
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.lora_variants import (
     check_lora_optimizer_engine,
@@ -17,7 +17,7 @@ from hf_lora_ds.model.lora_variants import (
 )
 
 
-def _args(**changes) -> SimpleNamespace:
+def _args(**changes) -> SFTTrainingArguments:
     values = dict(
         lora_init="default",
         lora_init_samples=256,
@@ -31,7 +31,7 @@ def _args(**changes) -> SimpleNamespace:
         gguf_file=None,
         model_name_or_path="org/model",
     )
-    return SimpleNamespace(**{**values, **changes})
+    return SFTTrainingArguments.unbuilt(**{**values, **changes})
 
 
 @pytest.mark.parametrize(

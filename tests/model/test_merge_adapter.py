@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_lora_ds._testing.tiny_models import build_tiny_moe
-from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.merge_adapter import MergeMismatchError, merge_adapter
 from tests import REPO
@@ -67,7 +67,7 @@ def test_a_moe_adapter_with_lora_on_the_fused_experts_merges(family, qwen_style_
     base = build_tiny_moe(family, qwen_style_tokenizer)
     base.save_pretrained(tmp_path / "base")
     qwen_style_tokenizer.save_pretrained(tmp_path / "base")
-    model = wrap_with_lora(base, lora_config_from_args(LoraArguments()))
+    model = wrap_with_lora(base, lora_config_from_args(SFTTrainingArguments.unbuilt()))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():

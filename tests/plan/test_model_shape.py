@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, build_tiny_moe, build_tiny_qwen2
-from hf_lora_ds.config.lora import LoraArguments
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.model.experts import unwrapped_name
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
@@ -146,7 +146,7 @@ def test_moe_counts_every_expert_weight_and_saves_what_a_real_forward_of_the_act
     MoE saves: the routed tokens of the active experts, and W + BA of every adapted expert stack; the parameters
     count every expert's weights and adapters. Before, the meta model raised (ParamWrapper's dropout, the meta grouped
     GEMM's bf16 check, PEFT's autocast on meta)."""
-    lora = lora_config_from_args(LoraArguments())  # the demo's: experts adapted, dropout 0.05
+    lora = lora_config_from_args(SFTTrainingArguments.unbuilt())  # the demo's: experts adapted, dropout 0.05
     model = build_tiny_moe(family, qwen_style_tokenizer, hidden_size=64)
     model.set_attn_implementation("eager")
     real = wrap_with_lora(model, lora)
@@ -156,7 +156,7 @@ def test_moe_counts_every_expert_weight_and_saves_what_a_real_forward_of_the_act
     planned = shape.first_layer_activation_bytes + shape.layer_activation_bytes  # 2 layers
     assert planned == pytest.approx(real_saved_bytes(real, 24), rel=0.005)
     if family == "qwen3_moe":  # 2 layers x W + BA of gate_up_proj (4 x 64 x 64) and down_proj (4 x 64 x 32), fp32
-        none = lora_config_from_args(LoraArguments(lora_target_experts="none"))
+        none = lora_config_from_args(SFTTrainingArguments.unbuilt(lora_target_experts="none"))
         without = measure_model_shape(model.config, none, torch.float32, seq_len=24, attn_implementation="eager")
         stacks = 2 * (4 * 64 * 64 + 4 * 64 * 32) * 4
         assert planned - (without.first_layer_activation_bytes + without.layer_activation_bytes) == stacks
@@ -165,7 +165,7 @@ def test_moe_counts_every_expert_weight_and_saves_what_a_real_forward_of_the_act
 def test_a_moe_model_s_further_layers_are_counted_as_moe_layers_past_its_dense_first_ones(qwen_style_tokenizer):
     """DeepSeek-V3 has 3 dense layers of 61: the layer counted for each further one is a MoE layer all the same."""
     config = build_tiny_moe("deepseek_v3", qwen_style_tokenizer).config
-    lora = lora_config_from_args(LoraArguments())
+    lora = lora_config_from_args(SFTTrainingArguments.unbuilt())
     layers = {}
     for dense_first in (1, 2):
         config.first_k_dense_replace = dense_first
@@ -182,7 +182,9 @@ def test_a_hybrid_model_is_measured_and_its_copies_keep_their_layer_pattern(fami
     assert (one.num_hidden_layers, two.num_hidden_layers) == (1, 2)
     with torch.device("meta"):
         assert len(AutoModelForCausalLM.from_config(two).model.layers) == 2
-    shape = measure_model_shape(config, lora_config_from_args(LoraArguments()), torch.float32, seq_len=16)
+    shape = measure_model_shape(
+        config, lora_config_from_args(SFTTrainingArguments.unbuilt()), torch.float32, seq_len=16
+    )
     assert shape.layer_activation_bytes > 0 and shape.num_layers == config.get_text_config().num_hidden_layers
 
 
@@ -193,7 +195,9 @@ def test_a_dense_first_layer_s_mlp_adapters_are_counted_under_explicit_targets(
     must adapt that layer's MLP there as the whole model has it, not as PEFT's transformers-4 rewrite would (it drops
     gate_proj/up_proj/down_proj). Dropped, the first layer is planned with the attention's adapters only and the
     difference lands on each further layer: a 2-layer total stays right, a 3-layer model's does not."""
-    targets = lora_config_from_args(LoraArguments(lora_target_modules="o_proj,gate_proj,up_proj,down_proj"))
+    targets = lora_config_from_args(
+        SFTTrainingArguments.unbuilt(lora_target_modules="o_proj,gate_proj,up_proj,down_proj")
+    )
     config = build_tiny_moe("deepseek_v3", qwen_style_tokenizer, hidden_size=64).config
     config.num_hidden_layers = 3  # a dense layer, then two MoE layers
     torch.manual_seed(0)
@@ -205,7 +209,7 @@ def test_a_dense_first_layer_s_mlp_adapters_are_counted_under_explicit_targets(
     shape = measure_model_shape(config, targets, torch.float32, seq_len=24, attn_implementation="eager")
     planned = shape.activation_bytes(1, gradient_checkpointing=False) - shape.backward_working_bytes
     assert planned == pytest.approx(real_saved_bytes(real, 24), rel=0.005)
-    attention_only = lora_config_from_args(LoraArguments(lora_target_modules="o_proj"))
+    attention_only = lora_config_from_args(SFTTrainingArguments.unbuilt(lora_target_modules="o_proj"))
     without_mlp = measure_model_shape(config, attention_only, torch.float32, 24, attn_implementation="eager")
     assert shape.first_layer_activation_bytes > without_mlp.first_layer_activation_bytes
 
@@ -222,7 +226,7 @@ def test_a_hybrid_s_further_layers_are_each_counted_as_their_kind(family, within
     if family != "nemotron_h":
         second, first = config.layer_types
         config.num_hidden_layers, config.layer_types = 4, [first, second, first, second]
-    targets = lora_config_from_args(LoraArguments())
+    targets = lora_config_from_args(SFTTrainingArguments.unbuilt())
     torch.manual_seed(0)
     real = wrap_with_lora(AutoModelForCausalLM.from_config(config, attn_implementation="eager"), targets)
     shape = measure_model_shape(config, targets, torch.float32, seq_len=24, attn_implementation="eager")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_lora_ds.cli.plan import parse
-from hf_lora_ds.config import RunFields
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.plan.planner import SHIPPED_CONFIGS_DIR, SequenceProfile
 from hf_lora_ds.plan.run_plan import check_run_fits, config_name, configs_with, recommended_deepspeed_config
@@ -44,7 +44,6 @@ def run_args(*extra: str):
             *extra,
         ]
     )
-    args.process_index = 0
     return args
 
 
@@ -98,8 +97,12 @@ def test_the_runs_own_deepspeed_config_is_a_row_named_by_its_file_or_its_zero_se
     mine = tmp_path / "mine.json"
     mine.write_text('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}')
     as_dict = {"zero_optimization": {"stage": 1}}
-    assert config_name(RunFields(deepspeed="stage3").engine) == "stage3.json"  # a shipped config: its own row
-    assert config_name(RunFields(deepspeed="auto").engine) == config_name(RunFields().engine) == "none"
-    assert config_name(RunFields(deepspeed=as_dict).engine) == "DeepSpeed ZeRO-1"
-    assert configs_with(RunFields(deepspeed=str(mine)).engine)["mine.json"]["zero_optimization"]["stage"] == 2
-    assert configs_with(RunFields(deepspeed=as_dict).engine)["DeepSpeed ZeRO-1"] is as_dict
+
+    def engine(deepspeed=None):
+        return SFTTrainingArguments.unbuilt(deepspeed=deepspeed).engine
+
+    assert config_name(engine("stage3")) == "stage3.json"  # a shipped config: its own row
+    assert config_name(engine("auto")) == config_name(engine()) == "none"
+    assert config_name(engine(as_dict)) == "DeepSpeed ZeRO-1"
+    assert configs_with(engine(str(mine)))["mine.json"]["zero_optimization"]["stage"] == 2
+    assert configs_with(engine(as_dict))["DeepSpeed ZeRO-1"] is as_dict

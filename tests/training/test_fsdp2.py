@@ -15,7 +15,7 @@ from peft import LoraConfig, get_peft_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, shard_on_cpu
+from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, sharded_on_cpu, shards_on_cpu
 
 
 class ShardedNorm:
@@ -45,21 +45,27 @@ def cpu_launch_accelerator():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def test_the_fsdp_state_given_to_a_cpu_launch_outlives_later_accelerator_states(cpu_launch_accelerator):
-    """The optimizer wrapper (and others) build ``AcceleratorState()`` after the trainer's set-up; it must not turn the
-    run back to MULTI_CPU, or ``get_state_dict`` and the FULL_STATE_DICT resume take FSDP1's paths."""
+def test_the_fsdp_state_given_to_a_cpu_launch_outlives_later_accelerator_states_and_not_the_run(
+    cpu_launch_accelerator,
+):
+    """The optimizer wrapper (and others) build ``AcceleratorState()`` after the trainer's set-up; inside the run it
+    must not turn back to MULTI_CPU, or ``get_state_dict`` and the FULL_STATE_DICT resume take FSDP1's paths. After
+    the run accelerate's state is its own again."""
     args = SimpleNamespace(
         fsdp="full_shard", fsdp_plugin_args={"fsdp_version": 2, "state_dict_type": "FULL_STATE_DICT"}
     )
-    assert shard_on_cpu(SimpleNamespace(args=args, accelerator=cpu_launch_accelerator))
-    assert AcceleratorState().distributed_type == DistributedType.FSDP
-    assert cpu_launch_accelerator.is_fsdp2
-    assert "FULL_STATE_DICT" in str(cpu_launch_accelerator.state.fsdp_plugin.state_dict_type)
+    trainer = SimpleNamespace(args=args, accelerator=cpu_launch_accelerator)
+    assert shards_on_cpu(trainer)
+    before = dict(AcceleratorState._shared_state), dict(PartialState._shared_state)
+    with sharded_on_cpu(trainer):
+        assert AcceleratorState().distributed_type == DistributedType.FSDP
+        assert cpu_launch_accelerator.is_fsdp2
+        assert "FULL_STATE_DICT" in str(cpu_launch_accelerator.state.fsdp_plugin.state_dict_type)
+    assert (dict(AcceleratorState._shared_state), dict(PartialState._shared_state)) == before
 
 
 def test_without_fsdp_a_cpu_launch_is_left_as_it_is(cpu_launch_accelerator):
-    assert not shard_on_cpu(SimpleNamespace(args=SimpleNamespace(fsdp=""), accelerator=cpu_launch_accelerator))
-    assert AcceleratorState().distributed_type == DistributedType.MULTI_CPU
+    assert not shards_on_cpu(SimpleNamespace(args=SimpleNamespace(fsdp=""), accelerator=cpu_launch_accelerator))
 
 
 @pytest.fixture

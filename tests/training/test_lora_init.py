@@ -4,13 +4,12 @@ B zero; CorDA: the model at its start is still the base). The ZeRO-3 gathering i
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 
+from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.data.batches.collator import build_collator
 from hf_lora_ds.data.dataset import ChatSFTDataset
 from hf_lora_ds.model.lora import lora_config_from_args
@@ -26,7 +25,7 @@ def run_data(qwen_style_tokenizer, tmp_path):
     )
 
 
-def _args(init: str, **changes) -> SimpleNamespace:
+def _args(init: str, **changes) -> SFTTrainingArguments:
     values = dict(
         lora_init=init,
         lora_init_samples=16,
@@ -40,7 +39,7 @@ def _args(init: str, **changes) -> SimpleNamespace:
         use_dora=False,
         model_name_or_path="tiny",
     )
-    return SimpleNamespace(**{**values, **changes})
+    return SFTTrainingArguments.unbuilt(**{**values, **changes})
 
 
 def test_the_samples_follow_the_seed_and_come_batched_by_the_run_s_collator(run_data):
