@@ -11,9 +11,10 @@ inside the parts that train (hf_lora_ds.model.lora_targets).
 A frozen tower still builds an autograd graph when something upstream asks for gradients: transformers'
 ``enable_input_require_grads`` (run for gradient checkpointing and by PEFT) hooks every sub-model's input
 embeddings, the tower's patch embedding included, so each tower block saves its activations (and, under gradient
-checkpointing, runs again in the backward) for a gradient nothing reads (ms-swift PR #10214). A frozen tower is
-therefore run under ``torch.no_grad`` (``run_frozen_tower_without_graph``), the projector layers inside it with
-gradients back on, so a trained projector still learns.
+checkpointing, runs again in the backward) for a gradient nothing reads (ms-swift PR #10214). The layers of a frozen
+tower therefore run under ``torch.no_grad`` (``run_frozen_tower_without_graph``): the whole tower where the projector
+is beside it, Qwen-VL's patch embedding and blocks one by one, so that the merger inside the tower, and the tower's
+own code after it, still carry the gradient to a trained projector.
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ def full_training_modules(model: torch.nn.Module, training: VisionTraining) -> l
 
 
 def run_frozen_tower_without_graph(model: torch.nn.Module) -> None:
-    """Run the vision tower of ``model`` under ``torch.no_grad`` when none of its own weights train (see the module
-    docstring), its projector layers with gradients on; once per tower, nothing for a text-only model."""
+    """Run the layers of the vision tower of ``model`` under ``torch.no_grad`` when none of its own weights train (see
+    the module docstring): each largest module that holds tower weights only. Once per tower; nothing for a
+    text-only model."""
     parts = vision_parts(model)
     if parts is None:
         return
@@ -151,10 +153,8 @@ def run_frozen_tower_without_graph(model: torch.nn.Module) -> None:
         return
     if any(param.requires_grad for name, param in model.named_parameters() if parts.part_of(name) == TOWER):
         return
-    _run_with_grad(tower, enabled=False)
-    for projector in parts.projectors:
-        if _within(projector, parts.tower):
-            _run_with_grad(model.get_submodule(projector), enabled=True)
+    for name in _whole_modules(model, parts.tower, TOWER, parts):
+        _run_without_grad(model.get_submodule(name))
     setattr(tower, _GRAPHLESS, True)
 
 
@@ -190,14 +190,14 @@ def _has_weights(module: torch.nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
-def _run_with_grad(module: torch.nn.Module, enabled: bool) -> None:
-    """Hooks that switch gradients on or off for ``module``'s forward and restore the caller's mode after it, also
-    when the forward raises."""
+def _run_without_grad(module: torch.nn.Module) -> None:
+    """Hooks that switch gradients off for ``module``'s forward and restore the caller's mode after it, also when the
+    forward raises."""
     outer: list[bool] = []
 
     def enter(_module: torch.nn.Module, _args: tuple) -> None:
         outer.append(torch.is_grad_enabled())
-        torch.set_grad_enabled(enabled)
+        torch.set_grad_enabled(False)
 
     def leave(_module: torch.nn.Module, _args: tuple, _output: object) -> None:
         torch.set_grad_enabled(outer.pop())
