@@ -85,6 +85,15 @@ def test_the_parts_are_the_models_own_decoder_image_encoder_and_the_modules_besi
     assert parts.part_of("lm_head") is None
 
 
+def test_qwen_vl_mergers_inside_the_tower_are_the_projector():
+    """Qwen3-VL's deepstack mergers trained with the tower frozen in LLaMA-Factory (PR #9399)."""
+    model, _ = build_tiny_vlm("qwen3_vl")
+    parts = vision_parts(model)
+    for name in ("model.visual.merger.linear_fc1", "model.visual.deepstack_merger_list.0.linear_fc1"):
+        assert parts.part_of(name) == PROJECTOR
+    assert parts.part_of("model.visual.blocks.0.attn.qkv") == TOWER
+
+
 def test_a_text_model_has_no_vision_parts(tiny_model):
     assert vision_parts(tiny_model) is None
     assert full_training_modules(tiny_model, VisionTraining("full", "full")) == []
