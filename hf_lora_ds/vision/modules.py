@@ -1,7 +1,7 @@
 """A vision-language model's three parts, found by what the model is made of rather than by module names: the
 language model (transformers' ``get_decoder()``), the vision tower (``get_encoder(modality="image")``) and the
-projector (the multimodal model's other children, and the projector layers a tower holds itself: Qwen-VL's
-``merger``, Qwen3-VL's deepstack mergers).
+projector (the multimodal model's other children, and the projector layers a tower holds itself, as the family's
+facts name them: Qwen-VL's ``merger``, Qwen3-VL's deepstack mergers; hf_lora_ds.vision.families).
 
 Names alone mislead: SigLIP, InternViT and Qwen-VL towers have their own ``q_proj``/``k_proj``/``proj``/``fc1``
 layers, so PEFT's suffix matching puts ``q_proj,v_proj`` or ``all-linear`` adapters into the tower (LLaVA#1380,
@@ -28,6 +28,7 @@ from transformers import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING, PretrainedConfig,
 
 from hf_lora_ds.config.vision import VisionMode, VisionTraining
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.vision.families import family_of
 
 __all__ = [
     "LANGUAGE_MODEL",
@@ -43,8 +44,6 @@ __all__ = [
 ]
 
 LANGUAGE_MODEL, TOWER, PROJECTOR = "language model", "vision tower", "projector"
-# A tower's own children that map its features into the language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
-_PROJECTORS_IN_TOWER = ("merger", "deepstack_merger_list")
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 _GRAPHLESS = "_hf_lora_ds_runs_without_graph"  # set on a tower once its no-grad hooks are in
 
@@ -85,12 +84,14 @@ def vision_parts(model: torch.nn.Module) -> VisionParts | None:
             f"{type(base).__name__}: cannot tell its language model from its vision tower (the language model is "
             "not a sub-module beside the tower); this vision-language family is not supported yet"
         )
-    outside = [child for child in holder.children() if child is not language_model and child is not tower]
-    inside = [child for name, child in tower.named_children() if name in _PROJECTORS_IN_TOWER]
+    beside = [child for child in holder.children() if child is not language_model and child is not tower]
+    family = family_of(base)
+    named = [holder.get_submodule(path) for path in (family.projector if family else ())]
+    projectors = [*beside, *(module for module in named if all(module is not other for other in beside))]
     return VisionParts(
         language_model=names[id(language_model)],
         tower=names[id(tower)],
-        projectors=tuple(names[id(module)] for module in [*outside, *inside]),
+        projectors=tuple(names[id(module)] for module in projectors),
     )
 
 
