@@ -219,3 +219,9 @@ def test_the_no_grad_hooks_go_in_once_and_restore_the_callers_mode():
     assert len(tower._forward_pre_hooks) == hooks
     model(**image_batch(processor))
     assert torch.is_grad_enabled()
+
+
+def test_no_targets_named_is_refused_in_one_line():
+    """PEFT has no default LoRA targets for any of these families."""
+    with pytest.raises(UserError, match="^--lora_target_modules: none named"):
+        wrapped("internvl", target_modules=None)
