@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_lora_ds.config import RunFields
+from hf_lora_ds.config import RunFields, SFTTrainingArguments
 from hf_lora_ds.config.vision import FROZEN_VISION, VisionTraining, check_vision_fields, vision_training
 from hf_lora_ds.errors import UserError
 
@@ -22,3 +22,8 @@ def test_the_choices_travel_together():
 def test_a_value_that_is_no_mode_is_refused(field):
     with pytest.raises(UserError, match=f"^--{field} true: use one of off, lora, full$"):
         check_vision_fields(RunFields(**{field: "true"}))
+
+
+def test_the_run_arguments_check_them(tmp_path):
+    with pytest.raises(UserError, match='^train_projector="true": use one of off, lora, full$'):
+        SFTTrainingArguments(output_dir=str(tmp_path), train_projector="true")
