@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from hf_lora_ds.cli.log import configure_logging
+from hf_lora_ds.config.vision import vision_training
 from hf_lora_ds.data.audit import MaskAudit, audit_by_source, audit_dataset, round_trip, show_samples
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.errors import run_cli
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> MaskAudit:
         for name, source_report in audit_by_source(dataset).items():
             print(f"\n--- source {name} ---\n{source_report}")
     lora = lora_config_from_args(args)
-    coverage = meta_coverage(base_model_config(args), lora, args.trust_remote_code)
+    coverage = meta_coverage(base_model_config(args), lora, args.trust_remote_code, vision_training(args))
     note = coverage.check(
         allow_partial=True, targets=args.lora_target_modules, experts_off=lora.target_parameters == []
     )

@@ -101,7 +101,7 @@ def check_target_modules(model: torch.nn.Module, config: LoraConfig, vision: Vis
     """Every name in ``--lora_target_modules`` must name a layer LoRA can adapt (PEFT's rule: the module's full name
     or its last dotted parts), on a vision-language model in a part ``vision`` lets LoRA adapt. PEFT itself raises a
     traceback only when no name matches at all, and trains the others silently when one of several is a typo."""
-    if isinstance(config.target_modules, str):  # "all-linear"
+    if config.target_modules is None or isinstance(config.target_modules, str):  # PEFT's default, "all-linear"
         return
     layers = list(_layers_outside_experts(model, [], vision))
     unknown = [target for target in config.target_modules if not _named(layers, target)]
@@ -129,6 +129,8 @@ def resolve_targets(model: torch.nn.Module, config: LoraConfig, vision: VisionTr
         check_target_modules(model, config, vision)
         if not kernel_read and vision_parts(model) is None:
             return config
+        if config.target_modules is None:  # PEFT's default targets by model type: it has none for any VLM
+            raise UserError("--lora_target_modules: none named; name the layers to adapt, or use all-linear")
         _refuse_kernel_read(config.target_modules, kernel_read)
         layers = _layers_outside_experts(model, [], vision)
         named = _all_linear(model, layers, []) if isinstance(config.target_modules, str) else layers

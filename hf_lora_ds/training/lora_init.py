@@ -28,6 +28,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.lora_init import DataPass
+from hf_lora_ds.config.vision import vision_training
 from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.model.quantization import fit_loftq
 
@@ -51,7 +52,7 @@ def wrap_as_initialised(
     if init.data_pass is DataPass.CORDA:
         config = _maybe_include_all_linear_layers(config, model)  # CorDA matches the targets by name before PEFT does
         corda_pass(model, config, init_batches(dataset, collator, args.lora_init_samples, 1, args.seed))
-    model = wrap_with_lora(model, config)
+    model = wrap_with_lora(model, config, vision_training(args))
     if init.data_pass is DataPass.EVA:
         batches = init_batches(dataset, collator, args.lora_init_samples, args.per_device_train_batch_size, args.seed)
         eva_pass(model, batches)

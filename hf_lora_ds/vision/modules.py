@@ -1,7 +1,7 @@
 """A vision-language model's three parts, found by what the model is made of rather than by module names: the
 language model (transformers' ``get_decoder()``), the vision tower (``get_encoder(modality="image")``) and the
-projector (the multimodal model's other children, and the projector layers a tower holds itself: Qwen-VL's
-``merger``, Qwen3-VL's deepstack mergers).
+projector (the multimodal model's other children, and the projector layers a tower holds itself, as the family's
+facts name them: Qwen-VL's ``merger``, Qwen3-VL's deepstack mergers; hf_lora_ds.vision.families).
 
 Names alone mislead: SigLIP, InternViT and Qwen-VL towers have their own ``q_proj``/``k_proj``/``proj``/``fc1``
 layers, so PEFT's suffix matching puts ``q_proj,v_proj`` or ``all-linear`` adapters into the tower (LLaVA#1380,
@@ -11,9 +11,10 @@ inside the parts that train (hf_lora_ds.model.lora_targets).
 A frozen tower still builds an autograd graph when something upstream asks for gradients: transformers'
 ``enable_input_require_grads`` (run for gradient checkpointing and by PEFT) hooks every sub-model's input
 embeddings, the tower's patch embedding included, so each tower block saves its activations (and, under gradient
-checkpointing, runs again in the backward) for a gradient nothing reads (ms-swift PR #10214). A frozen tower is
-therefore run under ``torch.no_grad`` (``run_frozen_tower_without_graph``), the projector layers inside it with
-gradients back on, so a trained projector still learns.
+checkpointing, runs again in the backward) for a gradient nothing reads (ms-swift PR #10214). The layers of a frozen
+tower therefore run under ``torch.no_grad`` (``run_frozen_tower_without_graph``): the whole tower where the projector
+is beside it, Qwen-VL's patch embedding and blocks one by one, so that the merger inside the tower, and the tower's
+own code after it, still carry the gradient to a trained projector.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transformers import (
 
 from hf_lora_ds.config.vision import VisionMode, VisionTraining
 from hf_lora_ds.errors import UserError
+from hf_lora_ds.vision.families import family_of
 
 __all__ = [
     "LANGUAGE_MODEL",
@@ -48,8 +50,6 @@ __all__ = [
 ]
 
 LANGUAGE_MODEL, TOWER, PROJECTOR = "language model", "vision tower", "projector"
-# A tower's own children that map its features into the language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
-_PROJECTORS_IN_TOWER = ("merger", "deepstack_merger_list")
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 _GRAPHLESS = "_hf_lora_ds_runs_without_graph"  # set on a tower once its no-grad hooks are in
 
@@ -90,12 +90,14 @@ def vision_parts(model: torch.nn.Module) -> VisionParts | None:
             f"{type(base).__name__}: cannot tell its language model from its vision tower (the language model is "
             "not a sub-module beside the tower); this vision-language family is not supported yet"
         )
-    outside = [child for child in holder.children() if child is not language_model and child is not tower]
-    inside = [child for name, child in tower.named_children() if name in _PROJECTORS_IN_TOWER]
+    beside = [child for child in holder.children() if child is not language_model and child is not tower]
+    family = family_of(base)
+    named = [holder.get_submodule(path) for path in (family.projector if family else ())]
+    projectors = [*beside, *(module for module in named if all(module is not other for other in beside))]
     return VisionParts(
         language_model=names[id(language_model)],
         tower=names[id(tower)],
-        projectors=tuple(names[id(module)] for module in [*outside, *inside]),
+        projectors=tuple(names[id(module)] for module in projectors),
     )
 
 
@@ -147,8 +149,9 @@ def full_training_modules(model: torch.nn.Module, training: VisionTraining) -> l
 
 
 def run_frozen_tower_without_graph(model: torch.nn.Module) -> None:
-    """Run the vision tower of ``model`` under ``torch.no_grad`` when none of its own weights train (see the module
-    docstring), its projector layers with gradients on; once per tower, nothing for a text-only model."""
+    """Run the layers of the vision tower of ``model`` under ``torch.no_grad`` when none of its own weights train (see
+    the module docstring): each largest module that holds tower weights only. Once per tower; nothing for a
+    text-only model."""
     parts = vision_parts(model)
     if parts is None:
         return
@@ -157,10 +160,8 @@ def run_frozen_tower_without_graph(model: torch.nn.Module) -> None:
         return
     if any(param.requires_grad for name, param in model.named_parameters() if parts.part_of(name) == TOWER):
         return
-    _run_with_grad(tower, enabled=False)
-    for projector in parts.projectors:
-        if _within(projector, parts.tower):
-            _run_with_grad(model.get_submodule(projector), enabled=True)
+    for name in _whole_modules(model, parts.tower, TOWER, parts):
+        _run_without_grad(model.get_submodule(name))
     setattr(tower, _GRAPHLESS, True)
 
 
@@ -202,14 +203,14 @@ def _has_weights(module: torch.nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
-def _run_with_grad(module: torch.nn.Module, enabled: bool) -> None:
-    """Hooks that switch gradients on or off for ``module``'s forward and restore the caller's mode after it, also
-    when the forward raises."""
+def _run_without_grad(module: torch.nn.Module) -> None:
+    """Hooks that switch gradients off for ``module``'s forward and restore the caller's mode after it, also when the
+    forward raises."""
     outer: list[bool] = []
 
     def enter(_module: torch.nn.Module, _args: tuple) -> None:
         outer.append(torch.is_grad_enabled())
-        torch.set_grad_enabled(enabled)
+        torch.set_grad_enabled(False)
 
     def leave(_module: torch.nn.Module, _args: tuple, _output: object) -> None:
         torch.set_grad_enabled(outer.pop())

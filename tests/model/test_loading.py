@@ -69,3 +69,11 @@ def test_a_moe_base_loads_with_the_experts_kernel_chosen_and_a_forced_one_that_c
     ):
         load_base_model(float64)
     assert loads == []  # refused before the model is read
+
+
+def test_a_vision_language_checkpoint_loads_with_its_tower(tmp_path):
+    from hf_lora_ds._testing.tiny_vlms import save_tiny_vlm
+
+    model, _ = load_base_model(model_args(save_tiny_vlm("qwen2_5_vl", tmp_path)))
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert model.get_encoder(modality="image") is model.model.visual

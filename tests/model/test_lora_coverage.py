@@ -160,3 +160,47 @@ def test_experts_tuned_in_half_the_moe_layers_or_fewer_stop():
         assert f"LoRA adapts the experts of {tuned} of the 4 MoE layers" in experts_tuned_in(tuned, 4).problem()
     assert experts_tuned_in(3, 4).problem() is None
     assert experts_tuned_in(0, 2, layers=5).problem() is None  # experts in 2 of 5 layers only: not most of the model
+
+
+VLM_TABLE = """\
+LoRA coverage (adapted/linear modules per decoder layer of the language model):
+layers   attention  mlp
+0-1      4/4        3/3"""
+
+
+def test_a_vision_language_model_shows_its_language_model_and_vision_parts_apart():
+    """The tower's blocks are numbered layers too: they are kept out of the language model's rows."""
+    from hf_lora_ds._testing.tiny_vlms import build_tiny_vlm
+    from hf_lora_ds.config.vision import VisionTraining
+
+    model, _ = build_tiny_vlm("qwen3_vl")
+    frozen = coverage(model, target_modules="all-linear")
+    assert frozen.table() == "\n".join(
+        [
+            VLM_TABLE,
+            "vision tower (model.visual): frozen, no LoRA (0/8 linear modules)",
+            "projector (model.visual.merger, model.visual.deepstack_merger_list): frozen, no LoRA (0/4 linear modules)",
+        ]
+    )
+    assert frozen.check(False, "all-linear") is None
+    model, _ = build_tiny_vlm("smolvlm")
+    config = LoraConfig(r=2, target_modules="all-linear")
+    trained = lora_coverage(wrap_with_lora(model, config, VisionTraining(tower="lora", projector="full")))
+    assert trained.table().splitlines()[3:] == [
+        "vision tower (model.vision_model): LoRA on 12/12 linear modules",
+        "projector (model.connector): trained in full",
+    ]
+
+
+def test_the_audit_shows_a_vision_language_models_parts_from_its_config_alone():
+    from hf_lora_ds._testing.tiny_vlms import build_tiny_vlm
+    from hf_lora_ds.config.vision import VisionTraining
+    from hf_lora_ds.model.lora_coverage import meta_coverage
+
+    model, _ = build_tiny_vlm("gemma3")
+    config = LoraConfig(r=2, target_modules="all-linear")
+    shown = meta_coverage(model.config, config, vision=VisionTraining(projector="full")).table()
+    assert shown.splitlines()[3:] == [
+        "vision tower (model.vision_tower): frozen, no LoRA (0/12 linear modules)",
+        "projector (model.multi_modal_projector): trained in full",
+    ]

@@ -38,6 +38,8 @@ def _args(init: str, **changes) -> SFTTrainingArguments:
         use_rslora=False,
         use_dora=False,
         model_name_or_path="tiny",
+        train_vision_tower="off",
+        train_projector="off",
     )
     return SFTTrainingArguments.unbuilt(**{**values, **changes})
 
