@@ -167,9 +167,10 @@ def main() -> None:
         results[variant] = json.loads(output.strip().splitlines()[-1])
     for variant, result in results.items():
         print(
-            f"{variant:>11}: {result['supervised_tokens']} supervised tokens, {result['tokens_per_s_wall']:.1f}/s wall, "
-            f"{result['tokens_per_s_cpu']:.1f}/s CPU, peak RSS {result['peak_rss_gib']:.2f} GiB, tower parameters "
-            f"with a gradient: {result['tower_params_with_grad']}"
+            f"{variant:>11}: {result['supervised_tokens']} supervised tokens, "
+            f"{result['tokens_per_s_wall']:.1f}/s wall, {result['tokens_per_s_cpu']:.1f}/s CPU, "
+            f"peak RSS {result['peak_rss_gib']:.2f} GiB, "
+            f"tower parameters with a gradient: {result['tower_params_with_grad']}"
         )
     if {"trl", "hf_lora_ds"} <= results.keys():
         ratio = results["hf_lora_ds"]["tokens_per_s_cpu"] / results["trl"]["tokens_per_s_cpu"]

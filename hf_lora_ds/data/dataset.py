@@ -365,22 +365,8 @@ class _Encoder:
                 )
         flat = tokenized_labels(self.tokenizer, texts, spans, masks if any(masks) else None, self.token_bytes)
         if any(images):
-            flat = self.with_images(flat, texts, images, [where for where, _ in places])
+            flat = self.vision.expand_batch(flat, texts, images, [where for where, _ in places])
         return self.table(flat, places, notes, images)
-
-    def with_images(self, flat: FlatLabels, texts: list[str], images: list[list], wheres: list[str]) -> FlatLabels:
-        """The batch's samples with their images expanded by the processor (hf_lora_ds.vision.encoding)."""
-        ids, labels = (
-            np.split(flat.ids, np.cumsum(flat.lengths)[:-1]),
-            np.split(flat.labels, np.cumsum(flat.lengths)[:-1]),
-        )
-        for k, (text, shown, where) in enumerate(zip(texts, images, wheres)):
-            if shown:
-                ids[k], labels[k] = self.vision.expand(text, ids[k], labels[k], shown, where)
-        lengths = np.array([len(sample) for sample in ids], dtype=flat.lengths.dtype)
-        return FlatLabels(
-            np.concatenate(ids), np.concatenate(labels).astype(flat.labels.dtype), lengths, flat.flag_counts
-        )
 
     def table(
         self, flat: FlatLabels, places: list[tuple[str, str]], notes: list[tuple[str, int, int]], images: list[list]
@@ -391,7 +377,11 @@ class _Encoder:
         lengths = flat.lengths if self.max_length is None else np.minimum(flat.lengths, self.max_length)
         starts = np.cumsum(flat.lengths) - flat.lengths
         kept = np.arange(len(flat.ids)) - starts[sample] < lengths[sample]
-        image_cut = self.images_cut(flat.ids[~kept], sample[~kept], len(lengths))
+        image_cut = (
+            self.vision.cut(flat.ids[~kept], sample[~kept], len(lengths))
+            if self.vision
+            else np.zeros(len(lengths), dtype=bool)
+        )
         labels, sample = flat.labels[kept], sample[kept]
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), type=pa.int32())
         supervised = np.bincount(sample[labels != IGNORE_INDEX], minlength=len(lengths))
@@ -413,12 +403,6 @@ class _Encoder:
             "image_cut": pa.array(image_cut),
         }
         return pa.Table.from_pydict(columns, schema=_SAMPLE_FEATURES.arrow_schema)
-
-    def images_cut(self, cut_ids: np.ndarray, cut_samples: np.ndarray, count: int) -> np.ndarray:
-        """Per sample, whether truncation cut off an image's tokens (its pixels would then not match its tokens)."""
-        if self.vision is None:
-            return np.zeros(count, dtype=bool)
-        return np.bincount(cut_samples[np.isin(cut_ids, self.vision.image_ids)], minlength=count) > 0
 
 
 @contextmanager

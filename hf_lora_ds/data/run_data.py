@@ -32,7 +32,10 @@ def load_run_data(spec: str, args: SFTTrainingArguments, dataset: str | None = N
 
 
 def sft_dataset(
-    data: LoadedData, tokenizer: PreTrainedTokenizerBase, args: SFTTrainingArguments, processor: ProcessorMixin | None = None
+    data: LoadedData,
+    tokenizer: PreTrainedTokenizerBase,
+    args: SFTTrainingArguments,
+    processor: ProcessorMixin | None = None,
 ) -> ChatSFTDataset:
     """The records tokenized with exact label masks, as the run's data flags ask; with a vision-language model's
     ``processor``, their images too, within the run's pixel bounds."""

@@ -3,8 +3,8 @@
 The dataset keeps each sample's images as references (``{"path", "bytes"}``), so pixels are made per batch, by the
 processor's own image processor, never stored. What the processor writes per token besides the ids (Qwen-VL's
 ``mm_token_type_ids``, which its 3-D rotary positions read; Gemma 3's ``token_type_ids``, which let image tokens see
-each other) is a function of the token id, learnt once from the processor (``ProcessorOutputs``) and applied to the batch's
-ids, padded, flattened or packed alike.
+each other) is a function of the token id, learnt once from the processor (``ProcessorOutputs``) and applied to the
+batch's ids, padded, flattened or packed alike.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from hf_lora_ds.data.masking.template_rule import IGNORE_INDEX, TemplateError
 from hf_lora_ds.data.records.content_parts import IMAGE_MARK
+from hf_lora_ds.data.tokens import FlatLabels
 from hf_lora_ds.vision.images import load_image
 from hf_lora_ds.vision.resolution import PixelBounds
 
@@ -81,7 +82,10 @@ def expanded_labels(
     text_labels = np.asarray(text_labels)
     if (text_labels[np.isin(text_ids, image_ids)] != IGNORE_INDEX).any():
         raise TemplateError("an image inside a trained answer: images go in user turns")
-    (text_seq, text_at), (expanded_seq, expanded_at) = _collapsed(text_ids, image_ids), _collapsed(expanded_ids, image_ids)
+    (text_seq, text_at), (expanded_seq, expanded_at) = (
+        _collapsed(text_ids, image_ids),
+        _collapsed(expanded_ids, image_ids),
+    )
     labels = np.full(len(expanded_ids), IGNORE_INDEX, dtype=np.int64)
     matcher = SequenceMatcher(None, text_seq.tolist(), expanded_seq.tolist(), autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -109,10 +113,10 @@ class ImageEncoding:
     processor: ProcessorMixin
     image_text: str
     image_ids: np.ndarray
-    bounds: PixelBounds = PixelBounds()
+    bounds: PixelBounds = field(default_factory=PixelBounds)
 
     @classmethod
-    def of(cls, processor: ProcessorMixin, bounds: PixelBounds = PixelBounds()) -> ImageEncoding:
+    def of(cls, processor: ProcessorMixin, bounds: PixelBounds | None = None) -> ImageEncoding:
         """Read from the processor: the ids are the added tokens its output holds for one tiny image's text (its
         placeholders, start/end, row/column and soft tokens), the tokenizer's own bos/eos/pad left out."""
         tokenizer = processor.tokenizer
@@ -120,7 +124,8 @@ class ImageEncoding:
         probe = processor(text=[image_text], images=[Image.new("RGB", (32, 32))])["input_ids"][0]
         added = set(tokenizer.added_tokens_decoder) - {tokenizer.bos_token_id, tokenizer.eos_token_id}
         added.discard(tokenizer.pad_token_id)
-        return cls(processor, image_text, np.array(sorted(added.intersection(probe)), dtype=np.int64), bounds)
+        ids = np.array(sorted(added.intersection(probe)), dtype=np.int64)
+        return cls(processor, image_text, ids, bounds or PixelBounds())
 
     def settings(self) -> list[Any]:
         """What decides the expanded tokens besides the records, for the dataset's cache key."""
@@ -133,6 +138,23 @@ class ImageEncoding:
     def count(self, text: str) -> int:
         """How many images a rendered text holds."""
         return text.count(self.image_text)
+
+    def expand_batch(self, flat: FlatLabels, texts: list[str], images: list[list], wheres: list[str]) -> FlatLabels:
+        """A batch's tokenized samples (``hf_lora_ds.data.tokens``) with their images expanded (``expand``)."""
+        bounds = np.cumsum(flat.lengths)[:-1]
+        ids, labels = np.split(flat.ids, bounds), np.split(flat.labels, bounds)
+        for k, (text, shown, where) in enumerate(zip(texts, images, wheres)):
+            if shown:
+                ids[k], labels[k] = self.expand(text, ids[k], labels[k], shown, where)
+        lengths = np.array([len(sample) for sample in ids], dtype=flat.lengths.dtype)
+        return FlatLabels(
+            np.concatenate(ids), np.concatenate(labels).astype(flat.labels.dtype), lengths, flat.flag_counts
+        )
+
+    def cut(self, cut_ids: np.ndarray, cut_samples: np.ndarray, count: int) -> np.ndarray:
+        """Per sample of ``count``, whether the tokens truncation cut off (``cut_ids``, of ``cut_samples``) hold an
+        image's: its pixels would then not match its tokens."""
+        return np.bincount(cut_samples[np.isin(cut_ids, self.image_ids)], minlength=count) > 0
 
     def expand(self, text: str, ids: Sequence[int], labels: Sequence[int], images: list, where: str):
         """The processor's ids for ``text`` with ``images`` and their labels (``expanded_labels``); an error names
