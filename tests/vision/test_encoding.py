@@ -261,6 +261,25 @@ def test_truncation_inside_an_image_is_an_error_when_asked(family, built, root):
     assert f"{path}, line 2" in message and "image" in message and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("family", "setting", "value"), [("smolvlm", "image_seq_len", 9), ("internvl", "image_seq_length", 4)]
+)
+def test_cached_samples_follow_the_processors_settings(family, setting, value, root):
+    """A processor whose image expands to another number of tokens (same tokenizer, same image processor) reads no
+    samples cached for the first: their image tokens would not match the image's features."""
+    messages, images = conversation(CASES[0]), pictures(conversation(CASES[0]), root)
+    for changed in (False, True):
+        _, processor = build_tiny_vlm(family)
+        if changed:
+            setattr(processor, setting, value)
+        rendered = processor.tokenizer.apply_chat_template(messages, tokenize=False)
+        want = processor(text=[rendered], images=[images])["input_ids"][0]
+        dataset = ChatSFTDataset(
+            str(root / "records.jsonl"), processor.tokenizer, processor=processor, cache_dir=root / "cache"
+        )
+        assert dataset[0]["input_ids"] == list(want)
+
+
 def test_template_that_writes_nothing_for_an_image_is_refused(built, root):
     processor, _ = built("qwen2_5_vl")
     tokenizer = processor.tokenizer
