@@ -28,6 +28,7 @@ IMAGE_TEXT = {
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl_moe": "<|vision_start|><|image_pad|><|vision_end|>",
     "smolvlm": "<image>",
     "idefics3": "<image>",
     "gemma3": "<start_of_image>",

@@ -14,14 +14,14 @@ import torch
 from PIL import Image
 from transformers import DataCollatorWithFlattening
 
-from hf_lora_ds._testing.tiny_vlms import build_tiny_vlm, tiny_image
+from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm, tiny_image
 from hf_lora_ds.data.batches.packing import PackedCollator, PackedDataset
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.packing import packed_rope_index
 
-QWEN_VL = ("qwen2_5_vl", "qwen3_vl", "qwen2_vl")
+QWEN_VL = tuple(family for family in VLM_FAMILIES + MORE_VLM_FAMILIES if family.startswith("qwen"))
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
 TOLERANCE = 1e-5
 
@@ -90,6 +90,10 @@ def own(processor, messages: list[dict], root: Path) -> dict:
         if part["type"] == "image"
     ]
     return dict(processor(text=[rendered], images=[images] if images else None, return_tensors="pt"))
+
+
+def test_the_qwen_vl_families_are_packed():
+    assert {"qwen2_5_vl", "qwen3_vl", "qwen2_vl"} <= set(QWEN_VL)
 
 
 def packed_logits(model, batch: dict) -> torch.Tensor:
