@@ -178,6 +178,26 @@ def test_ids_are_the_processors_and_labels_exactly_the_answers(family, built, ro
         assert (labels[np.isin(ids, image_ids)] == IGNORE_INDEX).all()
 
 
+@pytest.mark.parametrize("family", ["smolvlm", "idefics3"])
+def test_split_images_are_the_processors(family, root):
+    """SmolVLM and Idefics3 checkpoints split an image into crops by default: row/column text and newlines between
+    the crops' image tokens, all of it outside the labels."""
+    _, processor = build_tiny_vlm(family)
+    processor.image_processor.do_image_splitting = True
+    processor.image_processor.max_image_size = {"longest_edge": 32}
+    dataset = ChatSFTDataset(
+        str(root / "records.jsonl"), processor.tokenizer, processor=processor, cache_dir=root / "cache"
+    )
+    for k in (1, 2):  # two images in a turn, images in two turns
+        messages = conversation(CASES[k])
+        rendered = processor.tokenizer.apply_chat_template(messages, tokenize=False)
+        want = processor(text=[rendered], images=[pictures(messages, root)])["input_ids"][0]
+        ids, labels = np.asarray(dataset[k]["input_ids"]), np.asarray(dataset[k]["labels"])
+        assert ids.tolist() == list(want) and "<row_1_col_2>" in processor.tokenizer.decode(ids)
+        answers = [message["content"] for message in messages if message["role"] == "assistant"]
+        assert labels.tolist() == expected_labels(processor.tokenizer, ids, answers, " ").tolist()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_image_tokens_and_text(family, built):
     processor, dataset = built(family)
