@@ -128,8 +128,10 @@ class ImageEncoding:
         return cls(processor, image_text, ids, bounds or PixelBounds())
 
     def settings(self) -> list[Any]:
-        """What decides the expanded tokens besides the records, for the dataset's cache key."""
-        return [self.image_text, self.image_ids.tolist(), self.processor.image_processor.to_json_string(), self.bounds]
+        """What decides the expanded tokens besides the records, for the dataset's cache key: the processor's own
+        settings too (SmolVLM's ``image_seq_len``, InternVL's ``image_seq_length``: tokens per image), not only its
+        image processor's."""
+        return [self.image_text, self.image_ids.tolist(), self.processor.to_json_string(), self.bounds]
 
     def load(self, image: Any, where: str) -> Image.Image:
         """The image's pixels within the run's bounds (hf_lora_ds.vision.resolution)."""
