@@ -23,11 +23,13 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.utils import logging
 
 from hf_lora_ds.callbacks.base import LoggingCallback
+from hf_lora_ds.callbacks.vision_flops import VisionFlops
 from hf_lora_ds.data.batches.packing import padding_segments
 from hf_lora_ds.data.masking import IGNORE_INDEX
 from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.model.experts import experts_per_token, moe_blocks, unwrapped_name
 from hf_lora_ds.model.layer_kinds import sequence_mixers
+from hf_lora_ds.vision.modules import PROJECTOR, TOWER, vision_parts
 
 __all__ = [
     "ThroughputCallback",
@@ -40,7 +42,7 @@ __all__ = [
 
 logger = logging.get_logger(__name__)
 
-_COUNTS = ("supervised", "real", "padded", "sequences")
+_COUNTS = ("supervised", "real", "padded", "sequences", "vision_flops")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks from NVIDIA datasheets, TFLOP/s. First substring match wins.
 _NVIDIA_DENSE_TFLOPS = (
@@ -63,12 +65,14 @@ _NVIDIA_DENSE_TFLOPS = (
 def matmul_parameters(model: nn.Module, active: bool = True) -> tuple[int, int]:
     """(frozen, trainable) parameter counts of the weights a token is multiplied by; embedding lookups excluded. A
     routed expert's weights, and their LoRA factors, count for the share of tokens routed to it (top-k of the
-    experts): the active parameters N_active of a Mixture-of-Experts model (all of them with ``active`` False)."""
+    experts): the active parameters N_active of a Mixture-of-Experts model (all of them with ``active`` False). A
+    vision-language model's tower and projector are left out: they run per image, not per token (``VisionFlops``)."""
     frozen = trainable = 0.0
     seen: set[int] = set()
     shares = _routed_shares(model) if active else {}
+    parts = vision_parts(model)
     for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding):
+        if isinstance(module, nn.Embedding) or (parts is not None and parts.part_of(name) in (TOWER, PROJECTOR)):
             continue
         share = shares.get(unwrapped_name(name), 1.0)
         for param in module.parameters(recurse=False):
@@ -339,6 +343,7 @@ class ThroughputCallback(LoggingCallback):
         self._hook: Any = None
         self._shape = (0, 0, 0, 0, 0)  # flops_shape: (N_frozen, N_trainable, layers, d_attn, state), at train begin
         self._active_params: tuple[int, int] | None = None  # MoE: (N_active, N) of the matmul parameters
+        self._vision: VisionFlops | None = None  # a vision-language model's tower and projector, counted as they run
         self._clock = _ActiveClock()
         self._window_start = 0.0
         self._run: Counter[str] = Counter()
@@ -349,7 +354,8 @@ class ThroughputCallback(LoggingCallback):
         world = rank_and_world()[1]
         tokens_per_s = counts["real"] / seconds
         seq_len = counts["padded"] / max(counts["sequences"], 1)
-        mfu = tokens_per_s * flops_per_token(self._shape, seq_len) / (world * self.peak_flops)
+        model_flops = counts["real"] * flops_per_token(self._shape, seq_len) + counts.get("vision_flops", 0)
+        mfu = model_flops / seconds / (world * self.peak_flops)
         metrics = {
             f"throughput/{prefix}tokens_per_second": tokens_per_s,
             f"throughput/{prefix}padding_efficiency": counts["real"] / counts["padded"],
@@ -384,11 +390,17 @@ class ThroughputCallback(LoggingCallback):
         self._counter.pad_token_id = getattr(getattr(processing, "tokenizer", processing), "pad_token_id", None)
         self._counter.trainer = self._trainer
         self._hook = model.register_forward_pre_hook(self._counter, with_kwargs=True)
+        self._vision = VisionFlops(model)
         self._clock = _ActiveClock()
         if args.eval_on_start:
             self._clock.pause()  # resumed by on_evaluate
         self._window_start = 0.0
         self._run.clear()
+
+    def _take(self, device: torch.device) -> dict[str, int]:
+        """The window's counts over all ranks, the vision FLOPs of this rank's forwards among them."""
+        self._counter._add("vision_flops", self._vision.take())
+        return self._counter.take(device)
 
     def _pause_for_eval_or_save(self, control: TrainerControl) -> None:
         if control.should_evaluate or control.should_save:
@@ -410,7 +422,7 @@ class ThroughputCallback(LoggingCallback):
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
         if self._hook is None or not logs or "loss" not in logs:  # only the trainer's own training logs
             return
-        counts = self._counter.take(args.device)
+        counts = self._take(args.device)
         self._run.update(counts)
         now = self._clock.elapsed()
         metrics = self._rates(counts, now - self._window_start, prefix="")
@@ -422,13 +434,16 @@ class ThroughputCallback(LoggingCallback):
             return
         self._hook.remove()
         self._hook = None
-        self._run.update(self._counter.take(args.device))
+        self._run.update(self._take(args.device))
+        self._vision.remove()
         metrics = self._rates(self._run, self._clock.elapsed(), prefix="run_")
         if metrics:
             seq_len = self._run["padded"] / max(self._run["sequences"], 1)
             metrics["throughput/flops_per_token"] = flops_per_token(self._shape, seq_len)
             metrics["throughput/peak_tflops_per_device"] = self.peak_flops / 1e12
             metrics["throughput/run_tokens"] = self._run["real"]
+            if self._run["vision_flops"]:  # the tower's and projector's, per image (callbacks.vision_flops)
+                metrics["throughput/run_vision_flops"] = self._run["vision_flops"]
             if self._active_params:  # a MoE model: the FLOPs above are of the active parameters (6·N_active)
                 metrics["throughput/run_active_params"], metrics["throughput/run_all_params"] = self._active_params
             if not self._counter.labels_missing:

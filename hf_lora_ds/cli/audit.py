@@ -22,7 +22,7 @@ from hf_lora_ds.data.audit import MaskAudit, audit_by_source, audit_dataset, rou
 from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.errors import run_cli
 from hf_lora_ds.launch.resolve import read_checked_values
-from hf_lora_ds.model.loading import base_model_config, load_tokenizer
+from hf_lora_ds.model.loading import base_model_config, load_run_processor, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.model.lora_coverage import meta_coverage
 from hf_lora_ds.model.lora_variants import variant_line
@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> MaskAudit:
     configure_logging(stream="stderr" if shown.show_samples_format == "jsonl" else "stdout")
     args = read_checked_values(rest)
     tokenizer = load_tokenizer(args, need_weights=False)
+    processor = load_run_processor(args)  # a vision-language base: its records' images expanded as training does
     data = load_run_data(args.train_file, args, args.dataset)
-    dataset = sft_dataset(data, tokenizer, args)
+    dataset = sft_dataset(data, processor.tokenizer if processor is not None else tokenizer, args, processor)
     report = audit_dataset(dataset)
     if shown.show_samples_format == "jsonl":  # stdout is the samples alone, one JSON object a line, for scripts
         print(show_samples(dataset, shown.show_samples, "jsonl"))

@@ -25,7 +25,7 @@ from hf_lora_ds.data.run_data import load_run_data, sft_dataset
 from hf_lora_ds.devices import auto_dtype
 from hf_lora_ds.distributed import launcher_ranks_per_node, launcher_world_size
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.model.loading import base_model_config, load_tokenizer
+from hf_lora_ds.model.loading import base_model_config, load_run_processor, load_tokenizer
 from hf_lora_ds.model.lora import lora_config_from_args
 from hf_lora_ds.plan.planner import (
     SHIPPED_CONFIGS_DIR,
@@ -134,9 +134,13 @@ def sequence_profile(args: SFTTrainingArguments) -> SequenceProfile:
         return SequenceProfile.unknown(args.max_length)
     try:
         tokenizer = load_tokenizer(args, need_weights=False)
+        processor = load_run_processor(args)  # a vision-language base: image tokens expanded as training expands them
     except UserError:  # a directory with only config.json, a config file, a hub id out of reach: plan by max_length
         return SequenceProfile.unknown(args.max_length)
-    return profile_from_dataset(sft_dataset(load_run_data(args.train_file, args, args.dataset), tokenizer, args))
+    if processor is not None:
+        tokenizer = processor.tokenizer
+    data = load_run_data(args.train_file, args, args.dataset)
+    return profile_from_dataset(sft_dataset(data, tokenizer, args, processor))
 
 
 def plan_run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -16,7 +17,16 @@ from transformers import PreTrainedTokenizerBase
 from hf_lora_ds.data.audit.inference_prompts import RoundTrip
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 
-__all__ = ["MaskAudit", "audit_dataset", "audit_by_source", "render_supervision", "show_samples", "trained_spans"]
+__all__ = [
+    "ImageCounts",
+    "MaskAudit",
+    "audit_dataset",
+    "image_token_ids",
+    "audit_by_source",
+    "render_supervision",
+    "show_samples",
+    "trained_spans",
+]
 
 OPEN, CLOSE = "[[", "]]"
 
@@ -37,6 +47,10 @@ class MaskAudit:
     flags: dict[str, int] | None = None  # what the records' training flags changed (hf_lora_ds.data.masking.turn_flags)
     stop_tokens: tuple[str, ...] | None = None  # a template with no end-of-turn token: what ends a reply (GLM-4)
     eos_token: str | None = None
+    images: ImageCounts | None = None  # a vision-language model's samples: their images and image tokens
+
+    def images_line(self) -> str | None:
+        return self.images.line() if self.images else None
 
     def stop_line(self) -> str | None:
         """What a reply is trained through where the template writes no end-of-turn token after it, or None."""
@@ -76,6 +90,7 @@ class MaskAudit:
             + (f"; {self.round_trip.line()}" if self.round_trip else "")
             + (f"; {flags}" if (flags := self.flags_line()) else "")
             + (f"; {stop}" if (stop := self.stop_line()) else "")
+            + (f"; {images}" if (images := self.images_line()) else "")
         )
 
     def __str__(self) -> str:
@@ -92,16 +107,42 @@ class MaskAudit:
                 *([self.round_trip.line()] if self.round_trip else []),
                 *([flags] if (flags := self.flags_line()) else []),
                 *([stop] if (stop := self.stop_line()) else []),
+                *([images] if (images := self.images_line()) else []),
                 f"sample 0, supervised tokens in {OPEN} {CLOSE}:",
                 self.example,
             ]
         )
 
 
-def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int]) -> str:
-    """Decode a sample with each supervised run wrapped in [[ ]], so the mask can be read at a glance."""
+@dataclass
+class ImageCounts:
+    """A dataset's images and the tokens they expand to, and how many of those are labels (never any)."""
+
+    images: int
+    samples_with_images: int
+    image_tokens: int
+    trained_image_tokens: int
+
+    def line(self) -> str:
+        trained = "none trained" if not self.trained_image_tokens else f"NO: {self.trained_image_tokens} trained"
+        per_image = f", {self.image_tokens / self.images:.4g} per image" if self.images else ""
+        return (
+            f"images: {self.images} in {self.samples_with_images} samples, {self.image_tokens} image tokens"
+            f"{per_image} ({trained})"
+        )
+
+
+def render_supervision(
+    tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int], image_ids: Collection[int] = ()
+) -> str:
+    """Decode a sample with each supervised run wrapped in [[ ]], so the mask can be read at a glance; an image's
+    run of placeholder tokens (``image_ids``) stands as one ``<image: N tokens>``."""
     pieces, run = [], []
-    for token, label in zip(input_ids, labels):
+    for start, end in _units(input_ids, image_ids):
+        if end - start > 1:  # an image's placeholders: never a label
+            pieces.append(_marker(end - start))
+            continue
+        token, label = input_ids[start], labels[start]
         if label != IGNORE_INDEX:
             run.append(token)
             continue
@@ -114,19 +155,46 @@ def render_supervision(tokenizer: PreTrainedTokenizerBase, input_ids: list[int],
     return "".join(pieces)
 
 
-def trained_spans(tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int]) -> tuple[str, list]:
-    """A sample's text, decoded whole, and its supervised runs as ``[start, end]`` character spans of that text: a
-    run's span ends where the text decoded through it ends (runs start and end on character boundaries: at the
-    template's text, or where training flags cut, which follow a token's first character)."""
-    text = _decode(tokenizer, input_ids)
+def _units(input_ids: list[int], image_ids: Collection[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each token, a run of one repeated image token as one unit."""
+    units, i = [], 0
+    while i < len(input_ids):
+        end = i + 1
+        if input_ids[i] in image_ids:
+            while end < len(input_ids) and input_ids[end] == input_ids[i]:
+                end += 1
+        units.append((i, end))
+        i = end
+    return units
+
+
+def _marker(tokens: int) -> str:
+    return f"<image: {tokens} tokens>"
+
+
+def trained_spans(
+    tokenizer: PreTrainedTokenizerBase, input_ids: list[int], labels: list[int], image_ids: Collection[int] = ()
+) -> tuple[str, list]:
+    """A sample's text, decoded whole (each image's placeholders as one ``<image: N tokens>``), and its supervised
+    runs as ``[start, end]`` character spans of that text: a run's span ends where the text decoded through it ends
+    (runs start and end on character boundaries: at the template's text, or where training flags cut, which follow a
+    token's first character)."""
+    text = _decode(tokenizer, input_ids, image_ids)
     spans, start = [], None
     for i, label in enumerate([*labels, IGNORE_INDEX]):
         if label != IGNORE_INDEX and start is None:
             start = i
         elif label == IGNORE_INDEX and start is not None:
-            spans.append([len(_decode(tokenizer, input_ids[:start])), len(_decode(tokenizer, input_ids[:i]))])
+            before, through = input_ids[:start], input_ids[:i]
+            spans.append([len(_decode(tokenizer, before, image_ids)), len(_decode(tokenizer, through, image_ids))])
             start = None
     return text, spans
+
+
+def image_token_ids(dataset: ChatSFTDataset) -> frozenset[int]:
+    """The ids of every token of an image in ``dataset``'s samples (none for a text-only model's)."""
+    vision = dataset.encoder.vision
+    return frozenset(vision.image_ids.tolist()) if vision is not None else frozenset()
 
 
 def show_samples(dataset: ChatSFTDataset, count: int, style: str = "text") -> str:
@@ -134,19 +202,33 @@ def show_samples(dataset: ChatSFTDataset, count: int, style: str = "text") -> st
     [[ ]]; ``jsonl``, one JSON object a sample (``sample``, ``where``, ``text``, ``trained``: character spans of
     ``text``), a stable interface for scripts."""
     wheres = dataset.samples.with_format(None).select_columns(["where"])
+    image_ids = image_token_ids(dataset)
     lines = []
     for i in range(min(count, len(dataset))):
         sample, where = dataset[i], wheres[i]["where"]
         if style == "jsonl":
-            text, spans = trained_spans(dataset.tokenizer, sample["input_ids"], sample["labels"])
+            text, spans = trained_spans(dataset.tokenizer, sample["input_ids"], sample["labels"], image_ids)
             lines.append(json.dumps({"sample": i, "where": where, "text": text, "trained": spans}, ensure_ascii=False))
         else:
-            marked = render_supervision(dataset.tokenizer, sample["input_ids"], sample["labels"])
+            marked = render_supervision(dataset.tokenizer, sample["input_ids"], sample["labels"], image_ids)
             lines.append(f"--- sample {i} ({where}), supervised tokens in {OPEN} {CLOSE}:\n{marked}")
     return "\n".join(lines)
 
 
-def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int], image_ids: Collection[int] = ()) -> str:
+    """The text of ``ids``, decoded whole between images, each image's placeholders as one marker."""
+    pieces, text = [], []
+    for start, end in _units(ids, image_ids):
+        if end - start > 1:
+            pieces += [_decode_text(tokenizer, text), _marker(end - start)]
+            text = []
+        else:
+            text.append(ids[start])
+    pieces.append(_decode_text(tokenizer, text))
+    return "".join(pieces)
+
+
+def _decode_text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
@@ -158,10 +240,15 @@ def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAud
     else:
         indices = [i for i, name in enumerate(dataset.sources) if name == source]
         truncated, dropped = dataset.truncated_by_source[source], dataset.dropped_by_source[source]
+    image_ids = image_token_ids(dataset)
+    images = ImageCounts(0, 0, 0, 0)
     supervised, spans, ending_in_eot, cut = [], 0, 0, 0
     for i in indices:
-        labels = dataset[i]["labels"]
+        sample = dataset[i]
+        labels = sample["labels"]
         supervised.append(sum(label != IGNORE_INDEX for label in labels))
+        if image_ids:
+            _count_images(images, sample, image_ids)
         for end in _run_ends(labels):
             spans += 1
             if labels[end] in end_of_turn_ids:
@@ -179,10 +266,22 @@ def audit_dataset(dataset: ChatSFTDataset, source: str | None = None) -> MaskAud
         spans=spans,
         spans_ending_in_eot=ending_in_eot,
         spans_cut_by_truncation=cut,
-        example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"]),
+        example=render_supervision(dataset.tokenizer, first["input_ids"], first["labels"], image_ids),
         flags=dataset.flag_counts if source is None else None,
         stop_tokens=_stop_tokens(dataset),
         eos_token=dataset.tokenizer.eos_token,
+        images=images if image_ids else None,
+    )
+
+
+def _count_images(counts: ImageCounts, sample: dict, image_ids: Collection[int]) -> None:
+    shown = len(sample.get("images") or [])
+    counts.images += shown
+    counts.samples_with_images += shown > 0
+    is_image = [token in image_ids for token in sample["input_ids"]]
+    counts.image_tokens += sum(is_image)
+    counts.trained_image_tokens += sum(
+        image and label != IGNORE_INDEX for image, label in zip(is_image, sample["labels"])
     )
 
 
