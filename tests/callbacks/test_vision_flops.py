@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from hf_lora_ds._testing.tiny_vlms import VLM_FAMILIES, build_tiny_vlm, tiny_image
 from hf_lora_ds.callbacks.throughput import flops_per_token, flops_shape
 from hf_lora_ds.callbacks.vision_flops import VisionFlops
+from hf_lora_ds.config.vision import VisionTraining
 from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.vision.encoding import ImageEncoding
 from hf_lora_ds.vision.modules import vision_parts
@@ -31,11 +32,8 @@ def _counted_and_measured(family: str, train_projector: bool = False) -> tuple[f
     torch.manual_seed(0)
     model, processor = build_tiny_vlm(family)
     model.set_attn_implementation("eager")  # attention as matmuls FlopCounterMode sees
-    model = wrap_with_lora(model, LoraConfig(r=4, target_modules="all-linear"))
-    if train_projector:
-        parts = vision_parts(model)
-        for name, param in model.named_parameters():
-            param.requires_grad_(param.requires_grad or parts.part_of(name) == "projector")
+    training = VisionTraining("off", "full" if train_projector else "off")
+    model = wrap_with_lora(model, LoraConfig(r=4, target_modules="all-linear"), training)
     batch = _step_batch(processor)
     vision = VisionFlops(model)
     model.train()
@@ -60,9 +58,8 @@ def test_a_vlm_training_step_s_flops_match_torch_s_flop_counter(family):
     assert counted == pytest.approx(measured, rel=0.05)
 
 
-# A projector inside the tower, and beside it. Not Qwen2.5-VL: its trained merger gets no gradient today (the tower's
-# window order is restored after the merger, under the frozen tower's no_grad).
-@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
+# A projector inside the tower (Qwen-VL's merger), and beside it (Gemma 3's).
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "gemma3"])
 def test_a_trained_projector_s_backward_is_counted(family):
     frozen = _counted_and_measured(family)
     counted, measured, tower, measured_tower = _counted_and_measured(family, train_projector=True)
