@@ -70,6 +70,7 @@ from hf_lora_ds.training.supervised_logits import (
     supervised_targets,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
+from hf_lora_ds.vision.collator import IMAGES
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -171,6 +172,14 @@ class LoraSFTTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         if shard_on_cpu(self):
             self.is_fsdp_enabled = True
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """Trainer's columns (the model's forward arguments) and the samples' image references: with
+        ``remove_unused_columns`` (its default) Trainer drops every other key before the collator, and the vision
+        collator (hf_lora_ds.vision.collator), which turns the references into pixels, would never see an image."""
+        super()._set_signature_columns_if_needed()
+        if IMAGES not in self._signature_columns:
+            self._signature_columns.append(IMAGES)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
