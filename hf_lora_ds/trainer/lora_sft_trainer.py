@@ -174,12 +174,9 @@ class LoraSFTTrainer(Trainer):
             self.is_fsdp_enabled = True
 
     def _set_signature_columns_if_needed(self) -> None:
-        """Trainer's columns (the model's forward arguments) and the samples' image references: with
-        ``remove_unused_columns`` (its default) Trainer drops every other key before the collator, and the vision
-        collator (hf_lora_ds.vision.collator), which turns the references into pixels, would never see an image."""
+        """The forward's arguments and the samples' images, which Trainer would drop before the collator's pixels."""
         super()._set_signature_columns_if_needed()
-        if IMAGES not in self._signature_columns:
-            self._signature_columns.append(IMAGES)
+        self._signature_columns = list(dict.fromkeys([*self._signature_columns, IMAGES]))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the
