@@ -17,6 +17,7 @@ import torch
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from peft.utils import load_peft_weights
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig
+from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.errors import MissingPathError, UserError
 from hf_lora_ds.model.experts import unwrapped_name
@@ -230,8 +231,9 @@ def _expected_shapes(base_config, config: LoraConfig) -> dict[str, tuple[int, ..
 
 def _meta_base(base_config) -> torch.nn.Module:
     """Weightless base. The class is called directly: ``from_config`` would enter ``deepspeed.zero.Init`` during a
-    ZeRO-3 run, a collective that hangs when only rank 0 verifies."""
-    with torch.device("meta"):
+    ZeRO-3 run, a collective that hangs when only rank 0 verifies. ``set_zero3_state`` keeps the sub-models a class
+    builds with ``_from_config`` itself (a vision-language model's tower and language model) out of it too."""
+    with set_zero3_state(), torch.device("meta"):
         return _base_class(base_config)(base_config)
 
 

@@ -64,6 +64,7 @@ from hf_lora_ds.training.supervised_logits import (
     supervised_targets,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
+from hf_lora_ds.vision.collator import IMAGES
 
 __all__ = ["LoraSFTTrainer"]
 
@@ -166,6 +167,11 @@ class LoraSFTTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         self.fsdp_on_cpu = shards_on_cpu(self)
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_on_cpu
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """The forward's arguments and the samples' images, which Trainer would drop before the collator's pixels."""
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = list(dict.fromkeys([*self._signature_columns, IMAGES]))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Print the mask audit before training (the one look at the labels most runs never get), then save the

@@ -23,6 +23,7 @@ from hf_lora_ds.model.loading import base_model_config
 from hf_lora_ds.model.packed_boundaries import packed_batch_keys, packing_refusal
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.encoding import ImageEncoding
+from hf_lora_ds.vision.every_rank import blank_image_pixels, run_tower_in_every_forward
 from hf_lora_ds.vision.modules import auto_model_class
 from hf_lora_ds.vision.packing import packed_rope_index
 
@@ -100,6 +101,8 @@ def prepare_batches(
         )
         if (images := image_encoding(train_dataset)) is not None:
             data_collator = VisionCollator(data_collator, images, packed_rope_index(batching, model))
+            if args.world_size > 1:  # every rank runs the tower in every forward (hf_lora_ds.vision.every_rank)
+                run_tower_in_every_forward(model, blank_image_pixels(data_collator.processor, data_collator.outputs))
     return train_dataset, eval_dataset, data_collator
 
 
