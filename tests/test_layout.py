@@ -46,7 +46,7 @@ LAYERS: list[dict[str, list[str]]] = [
         ],
         "model": ["hf_lora_ds.model", "hf_lora_ds.vision.modules", "hf_lora_ds.vision.processor"],
     },
-    {"training runtime": ["hf_lora_ds.training"]},
+    {"training runtime": ["hf_lora_ds.training", "hf_lora_ds.vision.every_rank"]},
     {"eval": ["hf_lora_ds.eval"], "report": ["hf_lora_ds.report"], "planner": ["hf_lora_ds.plan"]},
     {"callbacks": ["hf_lora_ds.callbacks"]},
     # The run's resolution, below the trainer that resolves the arguments it is handed (hf_lora_ds.launch.resolve).
