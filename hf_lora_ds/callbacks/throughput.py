@@ -76,8 +76,7 @@ def matmul_parameters(model: nn.Module, active: bool = True) -> tuple[int, int]:
             continue
         share = shares.get(unwrapped_name(name), 1.0)
         for param in module.parameters(recurse=False):
-            shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3 leaves an empty local shard
-            if id(param) in seen or len(shape) < 2:
+            if id(param) in seen or len(getattr(param, "ds_shape", param.shape)) < 2:  # ZeRO-3: an empty local shard
                 continue
             seen.add(id(param))
             numel = int(getattr(param, "ds_numel", param.numel())) * share

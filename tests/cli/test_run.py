@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import transformers
 import yaml
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -15,7 +16,6 @@ from hf_lora_ds._testing.tiny_models import MOE_FAMILIES, MORE_MOE_FAMILIES, bui
 from hf_lora_ds.data.formats import register_format
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.errors import UserError
-from hf_lora_ds.model import loading
 from hf_lora_ds.model.experts import moe_blocks
 from hf_lora_ds.resources import DEMO_ARGUMENTS
 from hf_lora_ds.trainer import run_inputs
@@ -115,7 +115,7 @@ def test_bad_record_fails_before_any_model_is_loaded(tiny_model_dir, sum_files, 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "1=", "output": "0 + 1"}\n{"instruction": "2=", "output": ["1", "1"]}\n')
     loaded = []
-    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
     flags = demo_flags(tiny_model_dir, sum_files, tmp_path / "bad_run")
     flags[flags.index("--train_file") + 1] = str(bad)
     with pytest.raises(DataError, match=r"bad.jsonl, line 2: field 'output' must be a string"):
@@ -256,7 +256,7 @@ def test_hybrid_models_are_refused_packing_in_one_line_before_their_data_is_read
     """From the command line, each family's refusal names its layers' kind; neither tokenizer nor weights load."""
     kinds = {"qwen3_5_text": "linear-attention", "qwen3_next": "linear-attention", "lfm2": "short-convolution"}
     monkeypatch.setattr(run_inputs, "load_tokenizer", _unreachable)
-    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", _unreachable)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _unreachable)
     for family, directory in hybrid_dirs.items():
         flags = [*demo_flags(directory, sum_files, tmp_path / family), "--batching", batching, "--use_cache", "false"]
         with pytest.raises(UserError) as refused:

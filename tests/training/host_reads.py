@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import hf_lora_ds
 
@@ -70,34 +71,30 @@ class HostReads:
         if where is not None:
             self.reads.setdefault(self.step, Counter())[f"{where} {what}"] += 1
 
-    def wrap(self, name: str, original: Callable, counts_if: Callable[..., bool] | None = None) -> Callable:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            if counts_if is None or counts_if(*args, **kwargs):
-                self.count(name)
-            return original(*args, **kwargs)
-
-        return counted
-
 
 @contextmanager
 def counting_host_reads() -> Iterator[HostReads]:
     """Within the block every reading call the package makes is counted in the yielded ``HostReads``."""
     reads = HostReads()
-    patched: list[tuple[Any, str, Any]] = []
-
-    def patch(owner: Any, name: str, counts_if: Callable[..., bool] | None = None) -> None:
-        original = getattr(owner, name)
-        patched.append((owner, name, original))
-        setattr(owner, name, reads.wrap(name, original, counts_if))
-
-    for name in READING_METHODS:
-        patch(torch.Tensor, name)
-    for name in READING_FUNCTIONS:
-        patch(torch, name)
-    patch(torch.Tensor, "__getitem__", lambda tensor, index: _is_mask(index))
-    patch(torch.Tensor, "masked_select")
-    try:
+    with _ReadingCalls(reads):
         yield reads
-    finally:
-        for owner, name, original in reversed(patched):
-            setattr(owner, name, original)
+
+
+class _ReadingCalls(TorchFunctionMode):
+    """Every reading call seen as the torch function it is, nothing patched: a method set on torch.Tensor and taken
+    away again can leave the type changed at the C level (``__getitem__``: a sequence, and ``torch.tensor([tensor(1)])``
+    then fails in every later test of the process)."""
+
+    READS = frozenset(
+        [getattr(torch.Tensor, name) for name in (*READING_METHODS, "masked_select")]
+        + [getattr(torch, name) for name in READING_FUNCTIONS]
+    )
+
+    def __init__(self, reads: HostReads) -> None:
+        super().__init__()
+        self.reads = reads
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in self.READS or (func is torch.Tensor.__getitem__ and _is_mask(args[1])):
+            self.reads.count(func.__name__)
+        return func(*args, **(kwargs or {}))
