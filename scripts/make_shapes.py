@@ -24,7 +24,7 @@ __all__ = ["COLOURS", "QUESTION", "draw_square", "make_record", "make_split", "m
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "hf_lora_ds" / "resources" / "demo" / "shapes"
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40)}
-QUESTION = "Which colour is the square?"
+QUESTION = "Which colour is the square: red, green, blue or yellow?"
 SIZE = 64
 
 
