@@ -24,7 +24,7 @@ __all__ = ["COLOURS", "QUESTION", "draw_square", "make_record", "make_split", "m
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "hf_lora_ds" / "resources" / "demo" / "shapes"
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40)}
-QUESTION = "Which colour is the square: red, green, blue or yellow?"
+QUESTION = "Which colour is the square? Answer 1 for red, 2 for green, 3 for blue, 4 for yellow."
 SIZE = 64
 
 
@@ -44,7 +44,8 @@ def draw_square(rng: random.Random, colour: str) -> Image.Image:
 def make_record(image_path: str, colour: str) -> dict:
     """One chat record: the image and the question in the user turn, the colour's name as the answer."""
     user = [{"type": "image", "image": image_path}, {"type": "text", "text": QUESTION}]
-    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": colour}]}
+    answer = str(list(COLOURS).index(colour) + 1)
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
 
 
 def make_split(out_dir: Path, name: str, count: int, seed: int) -> list[dict]:
