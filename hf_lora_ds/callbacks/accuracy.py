@@ -4,7 +4,7 @@ Trainer's evaluation gives the loss, which says little about whether answers are
 ``hf_lora_ds.eval.evaluate`` whenever Trainer evaluates, on every rank (through the DeepSpeed engine, which gathers
 ZeRO-3's weights for it: ``hf_lora_ds.eval.whole_weights``). ``predictions_dir`` keeps each evaluation's
 predictions; the accuracy before and after tuning (``log_accuracy_end_points``) joins the same series, so a dashboard
-draws one curve.
+draws one curve. A vision-language model's eval takes its processor in place of the tokenizer (image records).
 """
 
 from __future__ import annotations
@@ -14,12 +14,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase, Trainer, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+    Trainer,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from hf_lora_ds.callbacks.base import LoggingCallback
 from hf_lora_ds.callbacks.memory import MemoryTraceCallback
 from hf_lora_ds.data.records import Record
 from hf_lora_ds.eval import Task, evaluate, write_predictions
+from hf_lora_ds.vision.resolution import PixelBounds
 
 __all__ = ["AnswerAccuracyCallback", "log_accuracy_end_points"]
 
@@ -29,7 +37,7 @@ class AnswerAccuracyCallback(LoggingCallback):
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
         records: Sequence[dict] | Sequence[Record] | str,
         task: str | Task,
         *,
@@ -38,6 +46,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         metric_key_prefix: str = "eval",
         predictions_dir: str | None = None,
         gather_zero3_weights: bool = True,
+        image_bounds: PixelBounds | None = None,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -48,6 +57,7 @@ class AnswerAccuracyCallback(LoggingCallback):
         self.metric_key_prefix = metric_key_prefix
         self.predictions_dir = predictions_dir
         self.gather_zero3_weights = gather_zero3_weights
+        self.image_bounds = image_bounds
         self.history: list[dict[str, Any]] = []
 
     def attach(self, trainer: Trainer) -> AnswerAccuracyCallback:
@@ -74,6 +84,7 @@ class AnswerAccuracyCallback(LoggingCallback):
             batch_size=self.batch_size,
             system_prompt=self.system_prompt,
             gather_zero3_weights=self.gather_zero3_weights,
+            image_bounds=self.image_bounds,
         )
         metrics = {f"{self.metric_key_prefix}_accuracy": result.accuracy}
         if self.predictions_dir is not None:

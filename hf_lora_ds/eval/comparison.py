@@ -17,6 +17,7 @@ from typing import Any
 from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.data.run_data import image_bounds
 from hf_lora_ds.distributed import rank_and_world
 from hf_lora_ds.eval.evaluator import EvalResult, evaluate
 from hf_lora_ds.sizes import format_bytes
@@ -73,11 +74,13 @@ def print_comparison(results: Mapping[str, EvalResult]) -> None:
 
 def run_eval_options(args: SFTTrainingArguments) -> dict[str, Any]:
     """How a run's evals generate, as ``evaluate``'s (and ``AnswerAccuracyCallback``'s) keywords: the eval batch
-    size, the system prompt, and whether ZeRO-3's weights are gathered."""
+    size, the system prompt, whether ZeRO-3's weights are gathered, and the pixels an image keeps (as in
+    training)."""
     return {
         "batch_size": args.per_device_eval_batch_size,
         "system_prompt": args.system_prompt,
         "gather_zero3_weights": args.eval_gather_zero3_weights,
+        "image_bounds": image_bounds(args),
     }
 
 

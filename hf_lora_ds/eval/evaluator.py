@@ -20,17 +20,19 @@ from typing import Any
 
 from accelerate.utils import extract_model_from_parallel
 from torch.distributed.fsdp import FSDPModule
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from hf_lora_ds.data.records import DataError, Record, load_records
 from hf_lora_ds.distributed import gather_from_ranks, rank_and_world
-from hf_lora_ds.eval.generation import generate
+from hf_lora_ds.eval.generation import generate, generate_with_images
 from hf_lora_ds.eval.sharding import merge_shards, shard
 from hf_lora_ds.eval.task_registry import get_task
 from hf_lora_ds.eval.tasks import Sample, Task
 from hf_lora_ds.eval.whole_weights import zero3_weights_gathered
 from hf_lora_ds.training.memory_tracker import measure_peak
+from hf_lora_ds.vision.encoding import template_image_text, with_image_text
+from hf_lora_ds.vision.resolution import PixelBounds
 
 __all__ = ["Prediction", "EvalResult", "evaluate", "score_predictions", "load_samples"]
 
@@ -81,10 +83,14 @@ class EvalResult:
 
 
 def load_samples(
-    records: str | Path | Sequence[dict] | Sequence[Record], task: Task, system_prompt: str | None = None
+    records: str | Path | Sequence[dict] | Sequence[Record],
+    task: Task,
+    system_prompt: str | None = None,
+    images: bool = False,
 ) -> list[Sample]:
-    """Read and check every record before any generation, so a bad one fails fast with its file, line and field."""
-    return [task.sample(r.data, system_prompt=system_prompt, where=r.where) for r in _load(records)]
+    """Read and check every record before any generation, so a bad one fails fast with its file, line and field.
+    ``images``: the model takes images (a vision-language model's eval): records may hold them."""
+    return [task.sample(r.data, system_prompt=system_prompt, where=r.where, images=images) for r in _load(records)]
 
 
 def _load(records: str | Path | Sequence[dict] | Sequence[Record]) -> list[Record]:
@@ -98,7 +104,7 @@ def _load(records: str | Path | Sequence[dict] | Sequence[Record]) -> list[Recor
 
 def evaluate(
     model: Any,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     records: str | Path | Sequence[dict] | Sequence[Record],
     task: str | Task,
     *,
@@ -106,6 +112,7 @@ def evaluate(
     system_prompt: str | None = None,
     max_new_tokens: int | None = None,
     gather_zero3_weights: bool = True,
+    image_bounds: PixelBounds | None = None,
     **generation_kwargs: Any,
 ) -> EvalResult:
     """Generate a completion for every record and score it with ``task``; the same result on every rank.
@@ -114,11 +121,17 @@ def evaluate(
     ``generation_kwargs`` (passed to ``model.generate``) say otherwise. ``model`` may be wrapped (DDP, DeepSpeed);
     pass a ZeRO-3 model as its DeepSpeed engine, whose weights are then gathered for the eval unless
     ``gather_zero3_weights`` is False or some rank has no room for them.
+
+    A vision-language model is evaluated with its processor as ``tokenizer``: records may hold images (as training
+    records do), each prompt written with the images where the template writes them, and the images loaded within
+    ``image_bounds`` (the run's ``--image_max_pixels``/``--image_min_pixels``; None: the defaults), as in training.
     """
     start = time.perf_counter()
     task = get_task(task)
-    samples = load_samples(records, task, system_prompt)
-    prompts = [tokenizer.apply_chat_template(s.prompt, tokenize=False, add_generation_prompt=True) for s in samples]
+    processor = tokenizer if isinstance(tokenizer, ProcessorMixin) else None
+    tokenizer = processor.tokenizer if processor is not None else tokenizer
+    samples = load_samples(records, task, system_prompt, images=processor is not None)
+    prompts = _prompts(tokenizer, samples, processor is not None)
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     budget = max_new_tokens or task.max_new_tokens or _reference_budget(tokenizer, samples)
     rank, world_size = rank_and_world()
@@ -129,15 +142,24 @@ def evaluate(
         generation_start = time.perf_counter()
         with zero3_weights_gathered(model, gather_zero3_weights) as gathered:
             weights = "gathered once" if gathered else "layer by layer" if _shards_weights(module) else "whole"
-            outputs = generate(
-                module,
-                tokenizer,
-                [prompts[i] for i in mine.indices],
+            options = dict(
                 batch_size=batch_size,
                 max_new_tokens=budget,
                 synced_gpus=world_size > 1 and weights == "layer by layer",
                 **generation_kwargs,
             )
+            if processor is None:
+                outputs = generate(module, tokenizer, [prompts[i] for i in mine.indices], **options)
+            else:
+                outputs = generate_with_images(
+                    module,
+                    processor,
+                    [prompts[i] for i in mine.indices],
+                    [samples[i].images for i in mine.indices],
+                    bounds=image_bounds,
+                    wheres=[samples[i].where for i in mine.indices],
+                    **options,
+                )
         generation_time = time.perf_counter() - generation_start
     scored = [
         (i, _prediction(i, samples[i], prompts[i], task, out.text, out.num_tokens, out.stopped))
@@ -160,6 +182,20 @@ def evaluate(
         peak_accelerator_bytes=None if None in accelerator else max(accelerator),
         peak_host_rss_bytes=max(host),
     )
+
+
+def _prompts(tokenizer: PreTrainedTokenizerBase, samples: list[Sample], images: bool) -> list[str]:
+    """Each sample's conversation rendered up to the generation prompt; a vision-language model's with each image
+    written as its template writes an image part, as training renders it (``hf_lora_ds.data.dataset``)."""
+    image_text = template_image_text(tokenizer) if images else None
+    return [
+        tokenizer.apply_chat_template(
+            with_image_text(s.prompt, image_text) if image_text else s.prompt,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for s in samples
+    ]
 
 
 def score_predictions(

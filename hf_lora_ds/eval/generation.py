@@ -12,6 +12,10 @@ along the sequence that padding between the prefix and a row's own tokens would 
 to 0.06 on the tiny hybrid families), and transformers cannot copy its prefix cache for a batch: its prompts are
 batched only with prompts of equal length, unpadded and without a shared prefix, or one by one where every rank must
 make the same number of calls (``synced_gpus``).
+
+A vision-language model's prompts go through its processor (``generate_with_images``), which expands each image into
+its tokens and makes its pixels: batched where the expanded prompts are of one length (images of one size and prompts
+of one length: no padding, so every family's outputs equal one-by-one generation), one by one otherwise.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_lora_ds.data.dataset import TemplateError, render_samples
 from hf_lora_ds.model.layer_kinds import sequence_mixers
+from hf_lora_ds.vision.images import load_image
+from hf_lora_ds.vision.resolution import PixelBounds
 
-__all__ = ["Generation", "generate", "stop_token_ids", "length_order"]
+__all__ = ["Generation", "generate", "generate_with_images", "stop_token_ids", "length_order"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,82 @@ def generate(
             _causal_lm(model).set_output_embeddings(head)
         model.train(was_training)
     return results  # type: ignore[return-value]
+
+
+def generate_with_images(
+    model: Any,
+    processor: ProcessorMixin,
+    prompts: Sequence[str],
+    images: Sequence[Sequence[Any]],
+    *,
+    bounds: PixelBounds | None = None,
+    wheres: Sequence[str] | None = None,
+    batch_size: int = 32,
+    max_new_tokens: int = 64,
+    synced_gpus: bool = False,
+    **generation_kwargs: Any,
+) -> list[Generation]:
+    """Complete rendered ``prompts`` of a vision-language model, each with its ``images`` (``ImageRef``s in the order
+    the prompt writes them), greedily unless ``generation_kwargs`` say otherwise, and return them in input order.
+
+    Images are loaded within ``bounds`` (None: the defaults), as training loads them. The processor expands each
+    prompt's images into their tokens; prompts whose expansions are of one length (and image count) are batched,
+    unpadded, the others go one by one: padding would move a row's image positions in some families' rotary or
+    attention schemes. With ``synced_gpus`` every rank makes one call per prompt, as ``generate`` does for a model
+    that cannot be padded. An image that cannot be read names ``wheres[i]``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    tokenizer = processor.tokenizer
+    wheres = list(wheres) if wheres is not None else [f"prompt {i}" for i in range(len(prompts))]
+    bounds = bounds or PixelBounds()
+    pictures = [[bounds.apply(load_image(ref, where)) for ref in refs] for refs, where in zip(images, wheres)]
+    encoded = [_processed(processor, [prompt], [row]) for prompt, row in zip(prompts, pictures)]
+    stops = stop_token_ids(tokenizer, model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    options = dict(
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops, pad_token_id=pad_id, use_cache=True
+    )
+    options.update(generation_kwargs)
+    # One batch per (expanded length, image count), longest first: rows of a batch need no padding.
+    shapes = [(inputs["input_ids"].shape[1], len(row)) for inputs, row in zip(encoded, pictures)]
+    keys = {shape: k for k, shape in enumerate(sorted(set(shapes), reverse=True))}
+    order = sorted(range(len(prompts)), key=lambda i: keys[shapes[i]])
+    results: list[Generation | None] = [None] * len(prompts)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), _attention_kernel_unwrapped(model):
+            for rows in _batches(order, [keys[s] for s in shapes], 1 if synced_gpus else batch_size, True):
+                alone = len(rows) == 1
+                inputs = _on_model(
+                    encoded[rows[0]] if alone else _processed(processor, *_batch(rows, prompts, pictures)), model
+                )
+                with _root_parameters_gathered(model):
+                    output = model.generate(**inputs, synced_gpus=synced_gpus, **options)
+                for i, tokens in zip(rows, output[:, inputs["input_ids"].shape[1] :].tolist()):
+                    results[i] = _decode(tokenizer, tokens, stops)
+    finally:
+        model.train(was_training)
+    return results  # type: ignore[return-value]
+
+
+def _processed(processor: ProcessorMixin, prompts: list[str], pictures: list[list[Any]]) -> dict[str, torch.Tensor]:
+    """The processor's tensors for ``prompts`` and their images (none for a batch of text prompts)."""
+    images = pictures if any(pictures) else None
+    return dict(processor(text=prompts, images=images, return_tensors="pt"))
+
+
+def _on_model(inputs: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
+    """``inputs`` on the model's device, the pixels in the model's dtype (a bf16 model takes bf16 pixels)."""
+    dtype = getattr(model, "dtype", None)
+    return {
+        key: value.to(model.device, dtype=dtype) if value.is_floating_point() and dtype else value.to(model.device)
+        for key, value in inputs.items()
+    }
+
+
+def _batch(rows: list[int], prompts: Sequence[str], pictures: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
+    return [prompts[i] for i in rows], [pictures[i] for i in rows]
 
 
 def _batches(order: list[int], lengths: Sequence[int], batch_size: int, equal_lengths: bool) -> list[list[int]]:

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hf_lora_ds.data.formats import to_messages
+from hf_lora_ds.data.formats import to_conversation, to_messages
 from hf_lora_ds.data.records import DataError
+from hf_lora_ds.data.records.content_parts import IMAGE_MARK
 
 __all__ = [
     "Verdict",
@@ -38,12 +39,15 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Sample:
-    """One eval record split into what the model sees and what it is judged against."""
+    """One eval record split into what the model sees and what it is judged against; ``images``: the prompt's images
+    in the order ``IMAGE_MARK`` stands in its text (``hf_lora_ds.data.formats.images``), for a vision-language
+    model."""
 
     prompt: list[dict[str, str]]
     reference: str
     target: Any = None
     where: str = "record"
+    images: tuple[Any, ...] = ()
 
 
 class Task:
@@ -55,16 +59,24 @@ class Task:
     name: str = ""
     max_new_tokens: int | None = None
 
-    def sample(self, record: Any, *, system_prompt: str | None = None, where: str = "record") -> Sample:
-        """Validate ``record`` and split off its final assistant turn as the reference."""
-        messages = to_messages(record, system_prompt, where)
+    def sample(
+        self, record: Any, *, system_prompt: str | None = None, where: str = "record", images: bool = False
+    ) -> Sample:
+        """Validate ``record`` and split off its final assistant turn as the reference. ``images``: whether the
+        model takes images (then the record's images are the sample's; else a record with images is refused)."""
+        messages, pictures = _conversation(record, system_prompt, where, images)
         if messages[-1]["role"] != "assistant":
             raise DataError(
                 f"{where}: field 'messages': the last turn is {messages[-1]['role']!r}; an eval record must end with "
                 "the assistant turn to score against"
             )
         prompt, reference = messages[:-1], messages[-1]["content"]
-        return Sample(prompt, reference, self.target(prompt, reference, where), where)
+        if images and IMAGE_MARK in reference:
+            raise DataError(
+                f"{where}: field 'messages': the last turn, the answer to score against, holds an image; images go "
+                "in the prompt's turns"
+            )
+        return Sample(prompt, reference, self.target(prompt, reference, where), where, tuple(pictures))
 
     def target(self, prompt: list[dict[str, str]], reference: str, where: str) -> Any:
         """What :meth:`score` compares against; raise ``DataError`` naming ``where`` if the record cannot be scored."""
@@ -72,6 +84,16 @@ class Task:
 
     def score(self, output: str, sample: Sample) -> Verdict:
         raise NotImplementedError(f"{type(self).__name__} must implement score(output, sample) -> Verdict")
+
+
+def _conversation(record: Any, system_prompt: str | None, where: str, images: bool) -> tuple[list[dict], list]:
+    """The record's messages and, for a model that takes images, its images in mark order."""
+    if not images:
+        return to_messages(record, system_prompt, where), []
+    conversation = to_conversation(record, where, system_prompt, images=True)
+    if conversation["messages"] is None:  # plain text: to_messages refuses it, naming the record
+        return to_messages(record, system_prompt, where), []
+    return conversation["messages"], conversation["images"]
 
 
 class ExactMatchTask(Task):

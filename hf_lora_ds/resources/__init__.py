@@ -1,7 +1,7 @@
 """What the package ships besides code: DeepSpeed, FSDP2 and Accelerate configs, Qwen2.5 model configs, the demo model
 and data. They live inside the package so that a ``pip install`` (not only a clone) has them; the repository's top-level
 ``ds_configs/``, ``fsdp_configs/``, ``accelerate_configs/``, ``examples/model_configs/`` and ``data/tiny-qwen2-sum``,
-``data/sum_to_x`` are links to these folders, so every file has one source.
+``data/sum_to_x``, ``data/tiny-vlm``, ``data/shapes`` are links to these folders, so every file has one source.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ __all__ = [
     "DEMO_MODEL",
     "DEMO_DATA",
     "DEMO_ARGUMENTS",
+    "VISION_DEMO_MODEL",
+    "VISION_DEMO_DATA",
 ]
 
 RESOURCES = Path(__file__).resolve().parent
@@ -26,6 +28,10 @@ FSDP_CONFIGS = RESOURCES / "fsdp_configs"
 MODEL_CONFIGS = RESOURCES / "model_configs"
 DEMO_MODEL = RESOURCES / "demo" / "tiny-qwen2-sum"
 DEMO_DATA = RESOURCES / "demo" / "sum_to_x"
+# The vision demo (scripts/build_tiny_vlm.py, scripts/make_shapes.py): a tiny Qwen2.5-VL-shaped model, and
+# "Which colour is the square?" records with their PNGs.
+VISION_DEMO_MODEL = RESOURCES / "demo" / "tiny-vlm"
+VISION_DEMO_DATA = RESOURCES / "demo" / "shapes"
 
 # The demo run: every argument of run_sft.py, the audit and the planner that the user leaves out takes these values,
 # so any flag changes only its own part of the job.

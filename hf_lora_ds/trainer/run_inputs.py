@@ -94,7 +94,8 @@ def prepare_run_inputs(
     eval_data = _eval_data(eval_dataset if eval_dataset is not None else args.eval_file, args)
     eval_records = list(eval_data.records) if eval_data else None  # generated from, so held whole: keep it small
     if eval_records:
-        load_samples(eval_records, task, args.system_prompt)  # every record checked as its task reads it
+        # every record checked as its task reads it (with its images, for a vision-language model)
+        load_samples(eval_records, task, args.system_prompt, images=processor is not None)
     # With --eval_strategy, Trainer's evaluations report the loss on the eval set and the callback below its accuracy.
     evaluating = args.eval_strategy != "no" and (eval_data is not None or eval_dataset is not None)
     memory = next((cb for cb in callbacks if isinstance(cb, MemoryTraceCallback)), None)
@@ -109,7 +110,9 @@ def prepare_run_inputs(
     if evaluating and eval_records:
         options = run_eval_options(args)
         made.append(
-            AnswerAccuracyCallback(_need(tokenizer), eval_records, task, predictions_dir=args.output_dir, **options)
+            AnswerAccuracyCallback(
+                processor or _need(tokenizer), eval_records, task, predictions_dir=args.output_dir, **options
+            )
         )
     eval_tokenized = eval_dataset if eval_data is None else None  # a tokenized set as it is
     if evaluating and eval_data is not None:
