@@ -29,13 +29,14 @@ SIZE = 64
 
 
 def draw_square(rng: random.Random, colour: str) -> Image.Image:
-    """A ``SIZE`` x ``SIZE`` grey image with sparse noise and one ``colour`` square, 14 to 30 pixels a side."""
+    """A ``SIZE`` x ``SIZE`` grey image with sparse noise and one ``colour`` square, 36 to 56 pixels a side
+    (the random frozen tower of the bundled base passes a smaller square's colour on too faintly to learn in a demo)."""
     image = Image.new("RGB", (SIZE, SIZE), (128, 128, 128))
     draw = ImageDraw.Draw(image)
     for _ in range(40):  # specks, so no two backgrounds are alike
         x, y, shade = rng.randrange(SIZE), rng.randrange(SIZE), rng.randrange(96, 161)
         draw.point((x, y), fill=(shade, shade, shade))
-    side = rng.randint(14, 30)
+    side = rng.randint(36, 56)
     left, top = rng.randint(0, SIZE - side), rng.randint(0, SIZE - side)
     draw.rectangle((left, top, left + side - 1, top + side - 1), fill=COLOURS[colour])
     return image

@@ -44,9 +44,13 @@ DEMO_FLAGS = [
     "--eval_task",
     "exact_match",
     "--learning_rate",
-    "1e-2",
+    "3e-3",
     "--max_steps",
-    "60",
+    "120",
+    "--per_device_train_batch_size",
+    "16",
+    "--train_projector",
+    "full",
 ]
 
 
@@ -85,7 +89,8 @@ def test_documented_command_parses_to_the_demo(tmp_path, monkeypatch):
     assert Path(args.model_name_or_path).resolve() == VISION_DEMO_MODEL
     assert Path(args.train_file).resolve() == VISION_DEMO_DATA / "train.jsonl"
     assert Path(args.eval_file).resolve() == VISION_DEMO_DATA / "eval.jsonl"
-    assert (args.eval_task, args.learning_rate, args.max_steps) == ("exact_match", 1e-2, 60)
+    assert (args.eval_task, args.learning_rate, args.max_steps) == ("exact_match", 3e-3, 120)
+    assert (args.per_device_train_batch_size, args.train_projector) == (16, "full")
 
 
 def test_bundled_base_is_the_text_base_on_text(base, processor):
@@ -152,9 +157,6 @@ def test_eval_images_keep_the_runs_pixel_bounds(base, processor, monkeypatch):
     assert calls[0]["image_grid_thw"].tolist() == [[1, 2, 2]] * 2
 
 
-@pytest.mark.skipif(
-    not ADAPTER_DIR.exists(), reason="no adapter committed: the demo command does not reach the target yet"
-)
 def test_tuned_adapter_answers_from_the_image(base, tuned, processor):
     """Base ~0, the demo's adapter >= 0.9; with every record shown one red square's image, only the red records
     stay right: the answers come from each record's own pixels."""
