@@ -4,7 +4,6 @@ the model, not the collator's; and the collator's per-token keys and pixels are 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm, tiny_image
+from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm
 from hf_lora_ds.data.batches.collator import padded_collator
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.vision.collator import VisionCollator
+from tests.vision.conftest import image_folder, write_conversations
 
 FAMILIES = VLM_FAMILIES + MORE_VLM_FAMILIES
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
@@ -44,10 +44,8 @@ CONVERSATIONS = [
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("vision_batches")
-    (root / "img").mkdir()
-    for seed, (name, (width, height)) in enumerate(SIZES.items()):
-        tiny_image(seed, max(width, height)).resize((width, height)).save(root / "img" / name)
-    (root / "records.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
+    image_folder(root, SIZES)
+    write_conversations(root, CONVERSATIONS)
     return root
 
 

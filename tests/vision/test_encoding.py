@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm, tiny_image
+from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.errors import UserError
+from tests.vision.conftest import image_folder
 
 FAMILIES = VLM_FAMILIES + MORE_VLM_FAMILIES
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}  # different sizes: different token counts
@@ -118,9 +119,7 @@ def write(root: Path, name: str, records: list[dict]) -> Path:
 def root(tmp_path_factory) -> Path:
     """A data folder: images under img/ (paths in the records are relative to the data file) and the records."""
     root = tmp_path_factory.mktemp("vision_data")
-    (root / "img").mkdir()
-    for seed, (name, (width, height)) in enumerate(SIZES.items()):
-        tiny_image(seed, max(width, height)).resize((width, height)).save(root / "img" / name)
+    image_folder(root, SIZES)
     write(root, "records.jsonl", [record for record, _ in CASES])
     return root
 

@@ -6,7 +6,6 @@ model's own rope index per sample, and the 1-D positions in front so attention k
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,13 @@ import torch
 from PIL import Image
 from transformers import DataCollatorWithFlattening
 
-from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm, tiny_image
+from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm
 from hf_lora_ds.data.batches.packing import PackedCollator, PackedDataset
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.packing import packed_rope_index
+from tests.vision.conftest import image_folder, write_conversations
 
 QWEN_VL = tuple(family for family in VLM_FAMILIES + MORE_VLM_FAMILIES if family.startswith("qwen"))
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
@@ -48,10 +48,8 @@ CONVERSATIONS = [
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("vision_packing")
-    (root / "img").mkdir()
-    for seed, (name, (width, height)) in enumerate(SIZES.items()):
-        tiny_image(seed, max(width, height)).resize((width, height)).save(root / "img" / name)
-    (root / "records.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
+    image_folder(root, SIZES)
+    write_conversations(root, CONVERSATIONS)
     return root
 
 
