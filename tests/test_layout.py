@@ -43,6 +43,7 @@ LAYERS: list[dict[str, list[str]]] = [
             "hf_lora_ds.vision.encoding",
             "hf_lora_ds.vision.collator",
             "hf_lora_ds.vision.packing",
+            "hf_lora_ds.vision.token_count",
         ],
         "model": ["hf_lora_ds.model", "hf_lora_ds.vision.modules", "hf_lora_ds.vision.processor"],
     },
