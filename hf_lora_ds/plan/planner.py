@@ -61,23 +61,34 @@ class SequenceProfile:
     longest_first: tuple[int, ...]
     most_supervised_first: tuple[int, ...]
     known: bool = True
+    # A vision-language model's data: each image's tokens, largest first. The lengths above already hold them; the
+    # count per image is what the vision tower sees at once.
+    image_tokens_first: tuple[int, ...] = ()
 
     @classmethod
-    def from_samples(cls, lengths: Iterable[int], supervised: Iterable[int]) -> SequenceProfile:
-        return cls(tuple(sorted(lengths, reverse=True)), tuple(sorted(supervised, reverse=True)))
+    def from_samples(
+        cls, lengths: Iterable[int], supervised: Iterable[int], image_tokens: Iterable[int] = ()
+    ) -> SequenceProfile:
+        return cls(
+            tuple(sorted(lengths, reverse=True)),
+            tuple(sorted(supervised, reverse=True)),
+            image_tokens_first=tuple(sorted(image_tokens, reverse=True)),
+        )
 
     @classmethod
     def unknown(cls, max_length: int) -> SequenceProfile:
         return cls((max_length,), (max_length,), known=False)
 
     def line(self) -> str:
-        """What the plan knows of the data: ``data: 2520 samples, longest 57 tokens, ...``."""
+        """What the plan knows of the data: ``data: 2520 samples, longest 57 tokens, ...``, and a vision-language
+        model's images: ``; images: 320, at most 4 tokens each, 1280 in all``."""
         if not self.known:
             return f"data: not tokenized here (no tokenizer): every sample taken as {self.longest_first[0]} tokens"
+        images = self.image_tokens_first
         return (
             f"data: {len(self.longest_first)} samples, longest {self.longest_first[0]} tokens, at most "
             f"{self.most_supervised_first[0]} supervised"
-        )
+        ) + (f"; images: {len(images)}, at most {images[0]} tokens each, {sum(images)} in all" if images else "")
 
     def worst_batch(self, batch_size: int, padding_free: bool, packed_length: int | None = None) -> BatchShape:
         """The micro-batch that needs the most memory: the longest samples together (length grouping puts them

@@ -40,6 +40,8 @@ from hf_lora_ds.plan.planner import (
     shipped_configs,
 )
 from hf_lora_ds.plan.table import plan_line
+from hf_lora_ds.vision.images import image_size
+from hf_lora_ds.vision.token_count import ImageTokens
 
 __all__ = [
     "PlanArguments",
@@ -122,9 +124,19 @@ def parse_memory(text: str, flag: str) -> int:
 
 
 def profile_from_dataset(dataset) -> SequenceProfile:
-    """Lengths and supervised-token counts of a ``ChatSFTDataset`` (after truncation and dropping)."""
+    """Lengths and supervised-token counts of a ``ChatSFTDataset`` (after truncation and dropping), and with a
+    processor, each image's tokens."""
     table = dataset.samples.with_format(None)
-    return SequenceProfile.from_samples(table["length"], table["num_supervised"])
+    return SequenceProfile.from_samples(table["length"], table["num_supervised"], _image_tokens(dataset, table))
+
+
+def _image_tokens(dataset, table) -> list[int]:
+    """Each image's tokens, from its size in the file's header and the processor's rule (hf_lora_ds.vision.token_count):
+    no image is decoded to plan."""
+    if (vision := dataset.encoder.vision) is None:
+        return []
+    count = ImageTokens.of(vision)
+    return [count(*image_size(ref, "the training data")) for shown in table["images"] for ref in shown]
 
 
 def sequence_profile(args: SFTTrainingArguments) -> SequenceProfile:
