@@ -214,9 +214,10 @@ def test_a_dense_first_layer_s_mlp_adapters_are_counted_under_explicit_targets(
     assert shape.first_layer_activation_bytes > without_mlp.first_layer_activation_bytes
 
 
-# A real forward through Gated DeltaNet's torch path saved 16,384 bytes (a 64 x 64 fp32 block) more or less by what had
-# run before it in the process: that family's count is held within 1%, the others' exactly.
-@pytest.mark.parametrize(("family", "within"), [("qwen3_next", 0.01), ("lfm2", 0.001), ("nemotron_h", 0.001)])
+# A real forward through Gated DeltaNet's torch path saved one or two 16,384-byte blocks (64 x 64 fp32) more or less by
+# what had run before it in the process (a full suite: 32,769 bytes, 1.5%): that family's count is held within 2%
+# (three copies of its second layer were 22% over), the others' exactly.
+@pytest.mark.parametrize(("family", "within"), [("qwen3_next", 0.02), ("lfm2", 0.001), ("nemotron_h", 0.001)])
 def test_a_hybrid_s_further_layers_are_each_counted_as_their_kind(family, within, qwen_style_tokenizer):
     """Four layers in the model's own pattern, the second unlike others (attention first, then linear attention or a
     short convolution, alternating; Nemotron-H: Mamba, attention, MLP, experts): the plan equals a real forward,
