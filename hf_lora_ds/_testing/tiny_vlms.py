@@ -244,39 +244,24 @@ _IDEFICS_TOKENS = ("<image>", "<fake_token_around_image>", "<global-img>", "<end
 # A 64 x 64 image stays 64 x 64 (an image's pixel count is clamped to 28*28 .. 64*64 and rounded to the patches).
 _QWEN_PIXELS = {"min_pixels": 28 * 28, "max_pixels": 64 * 64, "merge_size": 2, "temporal_patch_size": 2}
 
+
+def _qwen_family(processor_class: type[ProcessorMixin], patch_size: int, config: Callable) -> _Family:
+    """A Qwen-VL family: ChatML turns, its vision tokens, the PIL image processor at ``patch_size``."""
+    return _Family(
+        processor_class,
+        lambda: Qwen2VLImageProcessorPil(patch_size=patch_size, **_QWEN_PIXELS),
+        config,
+        eos="<|im_end|>",
+        named_tokens=_QWEN_TOKENS,
+        turn_tokens=_CHATML_TURNS,
+    )
+
+
 _FAMILIES: dict[str, _Family] = {
-    "qwen2_5_vl": _Family(
-        Qwen2_5_VLProcessor,
-        lambda: Qwen2VLImageProcessorPil(patch_size=14, **_QWEN_PIXELS),
-        _qwen2_vl_config,
-        eos="<|im_end|>",
-        named_tokens=_QWEN_TOKENS,
-        turn_tokens=_CHATML_TURNS,
-    ),
-    "qwen2_vl": _Family(
-        Qwen2VLProcessor,
-        lambda: Qwen2VLImageProcessorPil(patch_size=14, **_QWEN_PIXELS),
-        _qwen2_vl_config,
-        eos="<|im_end|>",
-        named_tokens=_QWEN_TOKENS,
-        turn_tokens=_CHATML_TURNS,
-    ),
-    "qwen3_vl": _Family(
-        Qwen3VLProcessor,
-        lambda: Qwen2VLImageProcessorPil(patch_size=16, **_QWEN_PIXELS),
-        _qwen3_vl_config,
-        eos="<|im_end|>",
-        named_tokens=_QWEN_TOKENS,
-        turn_tokens=_CHATML_TURNS,
-    ),
-    "qwen3_vl_moe": _Family(
-        Qwen3VLProcessor,
-        lambda: Qwen2VLImageProcessorPil(patch_size=16, **_QWEN_PIXELS),
-        _qwen3_vl_moe_config,
-        eos="<|im_end|>",
-        named_tokens=_QWEN_TOKENS,
-        turn_tokens=_CHATML_TURNS,
-    ),
+    "qwen2_5_vl": _qwen_family(Qwen2_5_VLProcessor, 14, _qwen2_vl_config),
+    "qwen2_vl": _qwen_family(Qwen2VLProcessor, 14, _qwen2_vl_config),
+    "qwen3_vl": _qwen_family(Qwen3VLProcessor, 16, _qwen3_vl_config),
+    "qwen3_vl_moe": _qwen_family(Qwen3VLProcessor, 16, _qwen3_vl_moe_config),
     "smolvlm": _Family(
         SmolVLMProcessor,
         _idefics_image_processor(SmolVLMImageProcessorPil),

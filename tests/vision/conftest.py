@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hf_lora_ds._testing.tiny_vlms import tiny_image
+from hf_lora_ds._testing.tiny_vlms import build_tiny_vlm, tiny_image
+from hf_lora_ds.data.dataset import ChatSFTDataset
 
 
 def image_folder(root: Path, sizes: dict[str, tuple[int, int]]) -> Path:
@@ -20,3 +21,11 @@ def write_conversations(root: Path, conversations: list[list[dict]], name: str =
     """``conversations`` as ``{"messages": ...}`` records, a line each, in ``root / name``."""
     (root / name).write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
     return root / name
+
+
+def family_and_records(family: str, root: Path) -> tuple:
+    """``(model, processor, dataset)``: a tiny model of ``family`` and ``root / "records.jsonl"`` tokenized with its
+    processor, cached under ``root``."""
+    model, processor = build_tiny_vlm(family)
+    records = str(root / "records.jsonl")
+    return model, processor, ChatSFTDataset(records, processor.tokenizer, processor=processor, cache_dir=root / "cache")

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm
+from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES
 from hf_lora_ds.data.batches.collator import padded_collator
-from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.vision.collator import VisionCollator
-from tests.vision.conftest import image_folder, write_conversations
+from tests.vision.conftest import family_and_records, image_folder, write_conversations
 
 FAMILIES = VLM_FAMILIES + MORE_VLM_FAMILIES
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
@@ -58,10 +58,7 @@ def built(root):
 
     def get(family: str):
         if family not in _BUILT:
-            model, processor = build_tiny_vlm(family)
-            dataset = ChatSFTDataset(
-                str(root / "records.jsonl"), processor.tokenizer, processor=processor, cache_dir=root / "cache"
-            )
+            model, processor, dataset = family_and_records(family, root)
             _BUILT[family] = model.eval(), processor, dataset
         return _BUILT[family]
 

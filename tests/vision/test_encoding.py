@@ -19,7 +19,7 @@ from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.errors import UserError
-from tests.vision.conftest import image_folder
+from tests.vision.conftest import family_and_records, image_folder
 
 FAMILIES = VLM_FAMILIES + MORE_VLM_FAMILIES
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}  # different sizes: different token counts
@@ -133,10 +133,7 @@ def built(root):
 
     def get(family: str):
         if family not in _BUILT:
-            _, processor = build_tiny_vlm(family)
-            dataset = ChatSFTDataset(
-                str(root / "records.jsonl"), processor.tokenizer, processor=processor, cache_dir=root / "cache"
-            )
+            _, processor, dataset = family_and_records(family, root)
             _BUILT[family] = processor, dataset
         return _BUILT[family]
 

@@ -15,11 +15,11 @@ from transformers import DataCollatorWithFlattening
 
 from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build_tiny_vlm
 from hf_lora_ds.data.batches.packing import PackedCollator, PackedDataset
-from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
+from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.packing import packed_rope_index
-from tests.vision.conftest import image_folder, write_conversations
+from tests.vision.conftest import family_and_records, image_folder, write_conversations
 
 QWEN_VL = tuple(family for family in VLM_FAMILIES + MORE_VLM_FAMILIES if family.startswith("qwen"))
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
@@ -62,12 +62,9 @@ def built(root):
 
     def get(family: str):
         if family not in _BUILT:
-            model, processor = build_tiny_vlm(family)
+            model, processor, dataset = family_and_records(family, root)
             model.set_attn_implementation("sdpa")
             model.eval()
-            dataset = ChatSFTDataset(
-                str(root / "records.jsonl"), processor.tokenizer, processor=processor, cache_dir=root / "cache"
-            )
             with torch.no_grad():
                 alone = [model(**own(processor, m, root), use_cache=False).logits[0] for m in CONVERSATIONS]
             _BUILT[family] = model, processor, dataset, alone
