@@ -158,7 +158,9 @@ class ImageEncoding:
         image's: its pixels would then not match its tokens."""
         return np.bincount(cut_samples[np.isin(cut_ids, self.image_ids)], minlength=count) > 0
 
-    def expand(self, text: str, ids: Sequence[int], labels: Sequence[int], images: list, where: str):
+    def expand(
+        self, text: str, ids: Sequence[int], labels: Sequence[int], images: list, where: str
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The processor's ids for ``text`` with ``images`` and their labels (``expanded_labels``); an error names
         the record."""
         pictures = [self.load(image, where) for image in images]
