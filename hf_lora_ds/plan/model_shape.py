@@ -4,7 +4,7 @@ frozen and trainable parameter counts and the largest module are counted, not de
 
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
 every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's fp32 adapters
-cast their inputs, RMSNorm upcasts). Their difference is what each further layer adds (the first layer saves less: its
+cast their inputs, RMSNorm upcasts, and a 16-bit run without DeepSpeed autocasts: ``_AutocastMatmuls``). Their difference is what each further layer adds (the first layer saves less: its
 input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused kernels,
 flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta
 device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 
 import torch
+import torch.nn.functional as F
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
+from torch.overrides import TorchFunctionMode
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_utils import set_zero3_state
@@ -99,8 +102,9 @@ def measure_model_shape(
     ``train_lora_a`` False: LoRA-FA, whose A is frozen (no gradient, no optimizer state). ``lora``'s
     initialisation is read for what its data pass holds (``init_pass_bytes``); the shapes are PEFT's default's.
 
-    PEFT keeps adapters in fp32 under a 16-bit base, so every adapted layer saves an fp32 copy of its input;
-    DeepSpeed casts all parameters to the compute dtype (``adapters_in_compute_dtype``), and those copies go.
+    PEFT keeps adapters in fp32 under a 16-bit base and casts each adapted layer's input to fp32; the run's autocast
+    casts it back for the adapter's matmuls, which save that 16-bit copy. DeepSpeed casts all parameters to the
+    compute dtype and does not autocast (``adapters_in_compute_dtype``): those copies go.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
     key = (
         config.to_json_string(),
@@ -311,9 +315,35 @@ def _saved_activation_bytes(
     input_ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     # A ready 4-D mask: transformers would otherwise inspect the (meta) positions for packed sequences.
     causal_mask = torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device="meta")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
+    autocast = _AutocastMatmuls(dtype) if dtype.itemsize == 2 and not adapters_in_compute_dtype else nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), autocast:
         decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
     return sum(storages.values()), max(storages.values(), default=0)
+
+
+class _AutocastMatmuls(TorchFunctionMode):
+    """Autocast's casts on the meta device, which has no autocast of its own: the matmuls' floating inputs (weights
+    too) in the compute dtype, as CUDA's and the CPU's autocast run them. What differs from a 16-bit forward without
+    it is LoRA's: the fp32 adapters' matmuls save a 16-bit copy of their input instead of PEFT's fp32 one."""
+
+    _MATMULS = frozenset({F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, F.conv1d})
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._MATMULS:
+            args = tuple(self._cast(arg) for arg in args)
+            kwargs = {key: self._cast(value) for key, value in kwargs.items()}
+        return func(*args, **kwargs)
+
+    def _cast(self, value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != self.dtype:
+            return value.to(self.dtype)
+        return value
 
 
 class _FusedAttention(torch.autograd.Function):

@@ -68,6 +68,27 @@ def test_saved_activations_equal_a_real_forward_with_eager_attention(qwen_style_
     assert shape.backward_working_bytes == 8 * 4 * 24 * 24 * 4  # eager: 8 fp32 score matrices of 4 heads
 
 
+def test_a_16_bit_run_is_counted_as_its_autocast_saves_and_a_deepspeed_one_without(qwen_style_tokenizer):
+    """Trainer autocasts a bf16 run: PEFT's fp32 adapters then save a bf16 copy of each input, not an fp32 one (the
+    count without autocast over-planned a GPU run's activations by 18%). DeepSpeed casts the adapters and does not
+    autocast."""
+    torch.manual_seed(0)
+    base = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3).to(torch.bfloat16)
+    base.set_attn_implementation("eager")
+    real = get_peft_model(base, lora())
+    shape = measure_model_shape(base.config, lora(), torch.bfloat16, seq_len=24, attn_implementation="eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = real_saved_bytes(real, 24)
+    assert shape.activation_bytes(1, gradient_checkpointing=False) == autocast + shape.backward_working_bytes
+    assert autocast < real_saved_bytes(real, 24)  # the fp32 copies autocast does without
+
+    real.to(torch.bfloat16)
+    deepspeed = measure_model_shape(
+        base.config, lora(), torch.bfloat16, 24, attn_implementation="eager", adapters_in_compute_dtype=True
+    )
+    assert deepspeed.activation_bytes(1, False) == real_saved_bytes(real, 24) + deepspeed.backward_working_bytes
+
+
 def test_gradient_checkpointing_keeps_layer_inputs_and_one_layer():
     config = load_model_config(str(MODEL_CONFIGS / "qwen2.5-0.5b-instruct"))
     shape = measure_model_shape(config, lora(8), torch.bfloat16, seq_len=256)
