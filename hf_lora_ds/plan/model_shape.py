@@ -4,7 +4,8 @@ frozen and trainable parameter counts and the largest module are counted, not de
 
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
 every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's fp32 adapters
-cast their inputs, RMSNorm upcasts, and a 16-bit run without DeepSpeed autocasts: ``_AutocastMatmuls``). Their difference is what each further layer adds (the first layer saves less: its
+cast their inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, and dropout on a GPU keeps a one-byte
+mask: ``_RunDeviceOps``). Their difference is what each further layer adds (the first layer saves less: its
 input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused kernels,
 flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta
 device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 
@@ -96,6 +96,7 @@ def measure_model_shape(
     quantization: str | None = None,
     adapters_in_compute_dtype: bool = False,
     train_lora_a: bool = True,
+    on_accelerator: bool = False,
 ) -> ModelShape:
     """Count parameters and saved activations for ``seq_len`` tokens of one sample. ``quantization`` is ``"4bit"``,
     ``"8bit"`` or None; quantized bases are counted with bitsandbytes' storage of their linear layers.
@@ -104,7 +105,8 @@ def measure_model_shape(
 
     PEFT keeps adapters in fp32 under a 16-bit base and casts each adapted layer's input to fp32; the run's autocast
     casts it back for the adapter's matmuls, which save that 16-bit copy. DeepSpeed casts all parameters to the
-    compute dtype and does not autocast (``adapters_in_compute_dtype``): those copies go.
+    compute dtype and does not autocast (``adapters_in_compute_dtype``): those copies go. ``on_accelerator``: the
+    run's dropout is CUDA's fused kernel, which saves a bool mask where the CPU's saves one in the input's dtype.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
     key = (
         config.to_json_string(),
@@ -115,13 +117,22 @@ def measure_model_shape(
         quantization,
         adapters_in_compute_dtype,
         train_lora_a,
+        on_accelerator,
     )
     if key not in _MEASURED:
         # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
         # LoRA initialisation of the run that plans (run_sft seeds before it plans).
         with torch.random.fork_rng(devices=[]):
             _MEASURED[key] = _measure(
-                config, lora, dtype, seq_len, attn_implementation, quantization, adapters_in_compute_dtype, train_lora_a
+                config,
+                lora,
+                dtype,
+                seq_len,
+                attn_implementation,
+                quantization,
+                adapters_in_compute_dtype,
+                train_lora_a,
+                on_accelerator,
             )
     return _MEASURED[key]
 
@@ -135,6 +146,7 @@ def _measure(
     quantization: str | None,
     adapters_in_compute_dtype: bool,
     train_lora_a: bool,
+    on_accelerator: bool,
 ) -> ModelShape:
     init = lora_init_from_peft(lora.init_lora_weights)
     lora = shape_config(lora)
@@ -146,9 +158,13 @@ def _measure(
     weight_bytes = sum(_stored_bytes(name, p, dtype, quantization) for name, p in frozen)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
 
+    # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
+    autocast = dtype.itemsize == 2 and not adapters_in_compute_dtype
+    ops = _RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator)
+
     def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
         return _saved_activation_bytes(
-            measured, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype
+            measured, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype, ops
         )
 
     one, largest_saved = saved(config, 1)
@@ -291,6 +307,7 @@ def _saved_activation_bytes(
     seq_len: int,
     layers: int,
     adapters_in_compute_dtype: bool,
+    ops: _RunDeviceOps,
 ) -> tuple[int, int]:
     """Bytes autograd keeps for backward over a training forward of the decoder (no LM head: the logits are a term
     of their own), one sample of ``seq_len`` tokens, and the largest tensor among them. Views of one storage count
@@ -315,35 +332,46 @@ def _saved_activation_bytes(
     input_ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     # A ready 4-D mask: transformers would otherwise inspect the (meta) positions for packed sequences.
     causal_mask = torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device="meta")
-    # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
-    autocast = _AutocastMatmuls(dtype) if dtype.itemsize == 2 and not adapters_in_compute_dtype else nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), autocast:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), ops:
         decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
     return sum(storages.values()), max(storages.values(), default=0)
 
 
-class _AutocastMatmuls(TorchFunctionMode):
-    """Autocast's casts on the meta device, which has no autocast of its own: the matmuls' floating inputs (weights
-    too) in the compute dtype, as CUDA's and the CPU's autocast run them. What differs from a 16-bit forward without
-    it is LoRA's: the fp32 adapters' matmuls save a 16-bit copy of their input instead of PEFT's fp32 one."""
+class _RunDeviceOps(TorchFunctionMode):
+    """What the run's device does that the meta device does not, for the tensors autograd saves.
+
+    ``autocast_dtype``: autocast's casts, which the meta device has none of: the matmuls' floating inputs (weights
+    too) in that dtype. What differs from a 16-bit forward without it is LoRA's: the fp32 adapters' matmuls save a
+    16-bit copy of their input instead of PEFT's fp32 one. ``fused_dropout``: CUDA's dropout is ``native_dropout``,
+    which saves a bool mask; elsewhere (the CPU, meta) it multiplies by a noise tensor in the input's dtype and keeps
+    that: a fp32 adapter input's mask is 4 bytes an element on the CPU and 1 on a GPU."""
 
     _MATMULS = frozenset({F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, F.conv1d})
 
-    def __init__(self, dtype: torch.dtype):
+    def __init__(self, autocast_dtype: torch.dtype | None, fused_dropout: bool):
         super().__init__()
-        self.dtype = dtype
+        self.autocast_dtype, self.fused_dropout = autocast_dtype, fused_dropout
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self._MATMULS:
+        if func in self._MATMULS and self.autocast_dtype is not None:
             args = tuple(self._cast(arg) for arg in args)
             kwargs = {key: self._cast(value) for key, value in kwargs.items()}
+        if func is F.dropout and self.fused_dropout:
+            return _fused_dropout(*args, **kwargs)
         return func(*args, **kwargs)
 
     def _cast(self, value):
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != self.dtype:
-            return value.to(self.dtype)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != self.autocast_dtype:
+            return value.to(self.autocast_dtype)
         return value
+
+
+def _fused_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    """``F.dropout`` as CUDA runs it (ATen's ``dropout`` takes ``native_dropout`` for a CUDA input with 0 < p < 1)."""
+    if not training or not 0 < p < 1:
+        return input
+    return torch.native_dropout(input, p, True)[0]
 
 
 class _FusedAttention(torch.autograd.Function):

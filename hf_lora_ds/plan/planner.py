@@ -257,6 +257,7 @@ def _model_shapes(settings: PlanSettings) -> dict[bool, ModelShape]:
             settings.quantization,
             adapters_in_compute_dtype=under_deepspeed,
             train_lora_a=settings.lora_optimizer != "lorafa",
+            on_accelerator=settings.on_accelerator,
         )
     return shapes
 

@@ -23,3 +23,24 @@ def test_prediction_within_30_percent_of_max_memory_allocated(shape, checkpointi
     predicted = (row["device_bytes"] - outside) / 2**20
     measured = measure(spec, model_dir, train_file, "none", checkpointing, tmp_path, on_gpu=True)
     assert 0.7 <= predicted / measured <= 1.3, f"predicted {predicted:.0f} MiB, measured {measured:.0f} MiB: {row}"
+
+
+def test_saved_activations_equal_a_cuda_autocast_forward(qwen_style_tokenizer):
+    """The planner's meta count for a GPU run (autocast, CUDA's fused dropout) against what autograd keeps in a
+    real bf16 forward on CUDA under autocast, LoRA's adapters in fp32."""
+    import torch
+    from peft import get_peft_model
+
+    from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
+    from hf_lora_ds.plan.model_shape import measure_model_shape
+    from tests.plan.test_model_shape import lora, real_saved_bytes
+
+    base = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=64, num_hidden_layers=3).to("cuda", torch.bfloat16)
+    base.set_attn_implementation("eager")
+    real = get_peft_model(base, lora())
+    shape = measure_model_shape(
+        base.config, lora(), torch.bfloat16, 32, attn_implementation="eager", on_accelerator=True
+    )
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = real_saved_bytes(real, 32, device="cuda")
+    assert shape.activation_bytes(1, gradient_checkpointing=False) == expected + shape.backward_working_bytes

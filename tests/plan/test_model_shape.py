@@ -25,8 +25,8 @@ def lora(rank: int = 4) -> LoraConfig:
     return LoraConfig(r=rank, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def real_saved_bytes(model: torch.nn.Module, seq_len: int) -> int:
-    """What autograd really keeps for backward in a CPU training forward of the decoder (parameters excluded)."""
+def real_saved_bytes(model: torch.nn.Module, seq_len: int, device: str = "cpu") -> int:
+    """What autograd really keeps for backward in a training forward of the decoder (parameters excluded)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -38,7 +38,9 @@ def real_saved_bytes(model: torch.nn.Module, seq_len: int) -> int:
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model.get_base_model().get_decoder()(input_ids=torch.ones(1, seq_len, dtype=torch.long), use_cache=False)
+        model.get_base_model().get_decoder()(
+            input_ids=torch.ones(1, seq_len, dtype=torch.long, device=device), use_cache=False
+        )
     return sum(storages.values())
 
 
@@ -87,6 +89,35 @@ def test_a_16_bit_run_is_counted_as_its_autocast_saves_and_a_deepspeed_one_witho
         base.config, lora(), torch.bfloat16, 24, attn_implementation="eager", adapters_in_compute_dtype=True
     )
     assert deepspeed.activation_bytes(1, False) == real_saved_bytes(real, 24) + deepspeed.backward_working_bytes
+
+
+class NativeDropout(torch.nn.Module):
+    """Dropout as ATen runs it for a CUDA input (``native_dropout``, a bool mask), here on the CPU."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.native_dropout(x, self.p, self.training)[0]
+
+
+def test_a_gpu_run_s_dropout_keeps_a_bool_mask(qwen_style_tokenizer):
+    """On a GPU each LoRA dropout keeps a one-byte mask; the CPU's keeps its noise in the fp32 input's dtype, which
+    the planner counted for GPU runs too (a third of a Qwen2.5-0.5B layer's saved bytes)."""
+    torch.manual_seed(0)
+    base = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3).to(torch.bfloat16)
+    base.set_attn_implementation("eager")
+    real = get_peft_model(base, lora())
+    for module in real.modules():
+        if isinstance(module, LoraLayer):
+            module.lora_dropout["default"] = NativeDropout(0.1)
+    gpu = measure_model_shape(base.config, lora(), torch.bfloat16, 24, attn_implementation="eager", on_accelerator=True)
+    cpu = measure_model_shape(base.config, lora(), torch.bfloat16, 24, attn_implementation="eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = real_saved_bytes(real, 24)
+    assert gpu.activation_bytes(1, gradient_checkpointing=False) == expected + gpu.backward_working_bytes
+    assert gpu.activation_bytes(1, False) < cpu.activation_bytes(1, False)
 
 
 def test_gradient_checkpointing_keeps_layer_inputs_and_one_layer():
