@@ -302,6 +302,29 @@ def package_logger_as_a_library_user_has_it():
 
 
 @pytest.fixture
+def varlen_attention_cleared():
+    """``varlen_attn``, taken out of transformers' registry after the test (a run loading its model registers it:
+    hf_lora_ds.model.varlen_attention), so no later test sees the name."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from hf_lora_ds.config.batching import VARLEN_ATTENTION
+
+    yield VARLEN_ATTENTION
+    ALL_ATTENTION_FUNCTIONS._local_mapping.pop(VARLEN_ATTENTION, None)
+
+
+@pytest.fixture
+def varlen_attention(varlen_attention_cleared):
+    """``varlen_attn`` registered as a run loading a text model registers it."""
+    from transformers import PretrainedConfig
+
+    from hf_lora_ds.model.varlen_attention import register_varlen_attention
+
+    register_varlen_attention(PretrainedConfig())
+    return varlen_attention_cleared
+
+
+@pytest.fixture
 def package_log(caplog):
     """What the package logs (info and up) as a library user who asks for it sees it; ``read()`` returns the messages
     since the last read, a line each (a message may hold several)."""

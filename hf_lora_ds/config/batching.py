@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["Batching", "ResolvedBatching", "is_flash_attention", "resolve_batching"]
+__all__ = ["VARLEN_ATTENTION", "Batching", "ResolvedBatching", "is_flash_attention", "resolve_batching"]
+
+# torch's own FlashAttention-2 varlen kernel behind transformers' attention interface: hf_lora_ds.model.varlen_attention
+VARLEN_ATTENTION = "varlen_attn"
 
 Batching = Literal["auto", "padded", "padding_free", "packed"]
 ResolvedBatching = Literal["padded", "padding_free", "packed"]
@@ -13,8 +16,8 @@ ResolvedBatching = Literal["padded", "padding_free", "packed"]
 
 def is_flash_attention(attn_implementation: str | None) -> bool:
     """Whether the kernel is a flash-attention one: its varlen path reads sequence boundaries from the position ids
-    of one flattened row, without a mask."""
-    return "flash" in (attn_implementation or "")
+    (or, for ``varlen_attn``, the batch's ``cu_seq_lens``) of one flattened row, without a mask."""
+    return "flash" in (attn_implementation or "") or attn_implementation == VARLEN_ATTENTION
 
 
 def resolve_batching(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hf_lora_ds.config.batching import is_flash_attention
+from hf_lora_ds.config.batching import VARLEN_ATTENTION, is_flash_attention
 from hf_lora_ds.config.deepspeed import deepspeed_config_file, load_deepspeed_config
 from hf_lora_ds.config.zero_settings import ZeroSettings
 from hf_lora_ds.errors import UserError
@@ -80,6 +80,13 @@ def check_engine_fields(args: SFTTrainingArguments) -> None:
         raise UserError(
             f"--attn_implementation {attention} with {flag}: Ulysses discards the attention mask this "
             "kernel needs; use sdpa (the default) or flash_attention_2"
+        )
+    if attention == VARLEN_ATTENTION:
+        # Ulysses shards the flattened row after the collator computed cu_seq_lens for the whole of it, and no run has
+        # shown its all-to-all around this kernel keeping the samples apart.
+        raise UserError(
+            f"--attn_implementation {attention} with {flag}: Ulysses is not proven with torch's varlen kernel; "
+            "use flash_attention_2 (or sdpa with --batching padded)"
         )
     if args.batching in ("packed", "padding_free") and not is_flash_attention(attention):
         # UlyssesSPAttentionHF drops the block-diagonal mask transformers builds from restarting position_ids and runs

@@ -34,7 +34,11 @@ class ModelArguments:
     )
     attn_implementation: str | None = field(
         default=None,
-        metadata={"help": "Attention kernel: 'sdpa', 'eager' or 'flash_attention_2'. None: transformers' pick."},
+        metadata={
+            "help": "Attention kernel: 'sdpa', 'eager', 'flash_attention_2' or 'varlen_attn' (torch's own "
+            "FlashAttention-2 varlen kernel, no flash_attn install: CUDA in bf16/fp16, padding-free or packed "
+            "batches, text models). None: transformers' pick."
+        },
     )
     experts_implementation: Literal["auto", "grouped_mm", "batched_mm", "eager"] = field(
         default="auto",

@@ -33,6 +33,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from hf_lora_ds.config.batching import VARLEN_ATTENTION
 from hf_lora_ds.data.dataset import TemplateError, render_samples
 from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.vision.images import load_image
@@ -116,7 +117,7 @@ def generate(
     model.eval()
     head = _swap_in_chunked_head(model) if not synced_gpus else None
     try:
-        with torch.no_grad(), _attention_kernel_unwrapped(model):
+        with torch.no_grad(), _attention_kernel_unwrapped(model), _generation_kernel(model):
             prefix_cache = _prefix_cache(model, prefix) if prefix else None
             for rows in _batches(order, lengths, 1 if unpadded and synced_gpus else batch_size, unpadded):
                 own = [encoded[i][len(prefix) :] for i in rows]
@@ -271,6 +272,22 @@ def _attention_kernel_unwrapped(model: Any) -> Iterator[None]:
         yield
     finally:
         overrides[kernel] = wrapper
+
+
+@contextmanager
+def _generation_kernel(model: Any) -> Iterator[None]:
+    """A model trained with ``varlen_attn`` generates under sdpa: that kernel reads the sample bounds of padding-free
+    batches, and generation's batches are left-padded with a KV cache and carry none. Put back for training."""
+    causal_lm = _causal_lm(model)
+    kernel = getattr(causal_lm.config, "_attn_implementation", None)
+    if kernel != VARLEN_ATTENTION:
+        yield
+        return
+    causal_lm.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        causal_lm.set_attn_implementation(kernel)
 
 
 def _causal_lm(model: Any) -> torch.nn.Module:

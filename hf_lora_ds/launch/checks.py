@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.config.arguments import check_fsdp_config_path
+from hf_lora_ds.config.batching import VARLEN_ATTENTION
 from hf_lora_ds.config.data import join_sources
 from hf_lora_ds.data.formats import FormatOptions
 from hf_lora_ds.data.sources import DATA_SUFFIXES, parse_sources
@@ -131,7 +132,8 @@ def _check_names(args: SFTTrainingArguments) -> None:
     attention = args.attn_implementation
     if attention and "/" not in attention:  # "org/repo" is a Hub attention kernel
         kernels = [name for name in ALL_ATTENTION_FUNCTIONS.valid_keys() if not name.startswith("hf_lora_ds")]
-        _one_of("attn_implementation", [attention], ["eager", *kernels])  # not the planner's stand-in
+        # not the planner's stand-in; varlen_attn is registered when its model loads (hf_lora_ds.model.varlen_attention)
+        _one_of("attn_implementation", [attention], ["eager", VARLEN_ATTENTION, *kernels])
     _one_of("eval_task", [args.eval_task], available_tasks())
 
 

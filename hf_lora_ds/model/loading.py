@@ -16,10 +16,12 @@ from transformers import (
 )
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.config.batching import VARLEN_ATTENTION
 from hf_lora_ds.model.experts_kernel import choose_experts_implementation, use_experts_kernel
 from hf_lora_ds.model.gguf_import import gguf_config, model_source, plain_model
 from hf_lora_ds.model.quantization import prepare_quantized_model, quantized_layers_line, quantized_load_kwargs
 from hf_lora_ds.model.source import hub_load_errors, load_model_config
+from hf_lora_ds.model.varlen_attention import register_varlen_attention
 from hf_lora_ds.vision.modules import auto_model_class
 from hf_lora_ds.vision.processor import load_processor
 
@@ -51,6 +53,8 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     source, source_kwargs = model_source(args.model_name_or_path, args.gguf_file)
     with hub_load_errors(args.model_name_or_path):
         config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
+        if args.attn_implementation == VARLEN_ATTENTION:
+            register_varlen_attention(config)
         model = auto_model_class(config).from_pretrained(
             source,
             dtype=args.torch_dtype,

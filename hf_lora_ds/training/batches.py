@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase, ProcessorMixin
 from transformers.utils import logging
 
 from hf_lora_ds.config import SFTTrainingArguments
-from hf_lora_ds.config.batching import ResolvedBatching, is_flash_attention, resolve_batching
+from hf_lora_ds.config.batching import VARLEN_ATTENTION, ResolvedBatching, is_flash_attention, resolve_batching
 from hf_lora_ds.data.batches.collator import SupervisedPositionsCollator, build_collator, check_model_batching
 from hf_lora_ds.data.batches.packing import PackedDataset, training_samples
 from hf_lora_ds.data.dataset import ChatSFTDataset
@@ -47,12 +47,15 @@ def settle_batching(args: SFTTrainingArguments, model: torch.nn.Module | None = 
 
 def boundary_keys(batching: ResolvedBatching, model: torch.nn.Module) -> tuple[str, ...]:
     """What packed or padding-free batches must carry for ``model``'s non-attention layers to keep their samples
-    apart (hf_lora_ds.model.packed_boundaries); the one-line refusal where they cannot."""
+    apart (hf_lora_ds.model.packed_boundaries), and for ``varlen_attn``, which reads ``cu_seq_lens`` rather than the
+    position ids; the one-line refusal where they cannot."""
     if batching == "padded":
         return ()
     keys = packed_batch_keys(model)
     if keys is None:
         raise UserError(packing_refusal(batching, model))
+    if getattr(model.config, "_attn_implementation", None) == VARLEN_ATTENTION and "cu_seq_lens_q" not in keys:
+        keys = (*keys, "cu_seq_lens_q")
     return keys
 
 

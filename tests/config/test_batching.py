@@ -15,6 +15,7 @@ from hf_lora_ds.config.batching import is_flash_attention, resolve_batching
         ("auto", "eager", "padded"),
         ("auto", "flash_attention_2", "padding_free"),
         ("auto", "flash_attention_3", "padding_free"),
+        ("auto", "varlen_attn", "padding_free"),
         ("packed", "sdpa", "packed"),
         ("padded", "flash_attention_2", "padded"),
         ("padding_free", None, "padding_free"),
@@ -28,9 +29,9 @@ def test_auto_is_padding_free_with_flash_attention_only(batching, attention, res
 def test_the_attention_kind():
     assert [
         name
-        for name in (None, "sdpa", "eager", "flash_attention_2", "kernels-community/flash-attn")
+        for name in (None, "sdpa", "eager", "flash_attention_2", "kernels-community/flash-attn", "varlen_attn")
         if is_flash_attention(name)
-    ] == ["flash_attention_2", "kernels-community/flash-attn"]
+    ] == ["flash_attention_2", "kernels-community/flash-attn", "varlen_attn"]
 
 
 def test_the_run_s_arguments_hold_batching_resolved(tmp_path):

@@ -44,6 +44,10 @@ def values(**changes):
             r"--attn_implementation paged\|sdpa with",
         ),
         ({"deepspeed": "stage2", "sequence_parallel_size": 2, "batching": "packed"}, "--batching packed with"),
+        (
+            {"deepspeed": "stage2", "sequence_parallel_size": 2, "attn_implementation": "varlen_attn"},
+            "--attn_implementation varlen_attn with --sequence_parallel_size 2: Ulysses is not proven",
+        ),
         ({"deepspeed": "stage2", "sequence_parallel_size": 2, "batching": "padding_free"}, "--batching padding_free"),
     ],
 )

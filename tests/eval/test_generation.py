@@ -7,6 +7,7 @@ import importlib
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 
 from hf_lora_ds._testing.tiny_hybrids import HYBRID_FAMILIES, build_tiny_hybrid
 from hf_lora_ds.eval import generate, stop_token_ids
@@ -61,6 +62,19 @@ def test_batched_equals_one_by_one(varied_model, qwen_style_tokenizer, sum_recor
         assert g.stopped == (tokens[-1] == tokenizer.eos_token_id)
         expected = tokenizer.decode(tokens[:-1] if g.stopped else tokens, skip_special_tokens=False)
         assert g.text == expected
+
+
+def test_a_model_trained_with_varlen_attention_generates_under_sdpa(
+    varied_model, qwen_style_tokenizer, sum_records, varlen_attention
+):
+    """``varlen_attn`` reads the bounds of padding-free batches, which generation's left-padded, cached batches do
+    not carry: generation runs the same weights under sdpa, and the model gets its training kernel back."""
+    prompts = render(qwen_style_tokenizer, sum_records)
+    expected = generate(varied_model, qwen_style_tokenizer, prompts, batch_size=5, max_new_tokens=8)
+    peft_model = get_peft_model(varied_model, LoraConfig(r=2, target_modules=["q_proj"]))
+    peft_model.get_base_model().set_attn_implementation(varlen_attention)
+    assert generate(peft_model, qwen_style_tokenizer, prompts, batch_size=5, max_new_tokens=8) == expected
+    assert peft_model.get_base_model().config._attn_implementation == varlen_attention
 
 
 def test_the_shared_prefix_is_computed_once_and_each_row_computes_its_own_tokens(

@@ -77,6 +77,22 @@ def test_auto_settles_on_padded_for_a_hybrid_and_stays_padding_free_for_attentio
     assert args.batching == "padding_free"
 
 
+@pytest.mark.parametrize("batching", ["padding_free", "packed"])
+def test_varlen_attention_gets_the_sample_bounds_in_one_row(
+    batching, tiny_model, qwen_style_tokenizer, dataset, varlen_attention
+):
+    """``varlen_attn`` reads ``cu_seq_lens`` and the maxima (as Python ints), not the position ids; padded batches
+    carry none (the kernel refuses them)."""
+    tiny_model.set_attn_implementation(varlen_attention)
+    collator = prepare_batches(_args(batching), tiny_model, dataset, None, None, qwen_style_tokenizer)[2]
+    features = [dataset[i] for i in range(3)] if batching == "padding_free" else [PackedDataset(dataset, 128)[0]]
+    batch = collator(features)
+    assert batch["input_ids"].shape[0] == 1 and batch["cu_seq_lens_q"].tolist()[-1] == batch["input_ids"].shape[1]
+    assert isinstance(batch["max_length_q"], int) and isinstance(batch["max_length_k"], int)
+    padded = prepare_batches(_args("padded"), tiny_model, dataset, None, None, qwen_style_tokenizer)[2]
+    assert "cu_seq_lens_q" not in padded(features if batching == "padding_free" else [dataset[0]])
+
+
 def test_packed_batches_carry_the_boundaries_a_hybrid_s_kernels_read(qwen_style_tokenizer, dataset):
     """Where the kernels take boundaries (hf_lora_ds.model.packed_boundaries), the packed rows come as one row with
     the ``seq_idx`` and ``cu_seq_lens`` of their samples, as DataCollatorWithFlattening makes them."""
