@@ -49,8 +49,12 @@ from speed import (  # noqa: E402  (found on the path above)
     GPU_WINDOWS,
     TINY_SHAPES,
     TINY_WINDOWS,
+    VARIANT_SHAPES,
+    VARIANTS,
     common_args,
+    shape_row,
     speed_worker,
+    variant_skips,
 )
 
 RUN_SFT = REPO / "run_sft.py"
@@ -299,34 +303,64 @@ class Acceptance:
         """bench/gpu/speed.py's worker, one process per shape: a CUDA crash ends that shape only."""
         figures: dict = {"shapes": {}}
         for group in [[name] for name in self.options.shapes]:
-            argv = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--worker",
-                "speed",
-                "--work",
-                str(self.work),
-                "--out",
-                str(self.out),
-                "--device",
-                self.options.device,
-                "--shapes",
-                *group,
-                *(["--tiny"] if self.options.tiny else []),
-            ]
-            left = budget - (time.monotonic() - self._stage_started)
-            try:
-                found = json.loads(self.command(f"speed {' '.join(group)}", argv, left).strip().splitlines()[-1])
-            except StageError as err:
-                figures["shapes"].update({name: {"error": str(err)[-3000:]} for name in group})
-                continue
-            figures["windows"] = found["windows"]
-            figures["shapes"].update(found["shapes"])
+            found = self._speed_worker(group, budget, figures["shapes"])
+            if found:
+                figures["windows"] = found["windows"]
+                figures["shapes"].update(found["shapes"])
+        self._speed_variants(budget, figures["shapes"])
         rows = [shape.get("row", {}) for shape in figures["shapes"].values()]
         figures["ok"] = bool(rows) and all(row.get("over_trl_default") and row.get("over_trl_fastest") for row in rows)
         first = figures["shapes"].get(self.options.shapes[0], {}).get("hf_lora_ds", {})
         figures["ok"] = figures["ok"] and bool(first.get("peak_memory_mib"))  # the plan stage compares it
         return figures
+
+    def _speed_variants(self, budget: float, shapes: dict) -> None:
+        """The second pass: the package's kernel variants on VARIANT_SHAPES, after every shape's comparison with
+        TRL, each shape's row then with the variants' ratios to the default. Skipped as a whole on the CPU."""
+        skips = variant_skips(self.on_cpu, self.options.tiny)
+        for name, shape in shapes.items():
+            if not skips and budget - (time.monotonic() - self._stage_started) < 30:
+                skips = {variant: {"skipped": "the speed stage's budget was spent"} for variant in VARIANTS}
+            if skips or name not in VARIANT_SHAPES:
+                shape.update(
+                    skips or {v: {"skipped": f"variants run on {', '.join(VARIANT_SHAPES)}"} for v in VARIANTS}
+                )
+            elif found := self._speed_worker([name], budget, None, variants=True):
+                shape.update({k: v for k, v in found["shapes"][name].items() if k in VARIANTS})
+            else:
+                shape.update(
+                    {variant: {"error": "the variants' worker failed (see stages.log)"} for variant in VARIANTS}
+                )
+            if "row" in shape:
+                shape["row"] = shape_row(shape)
+
+    def _speed_worker(
+        self, group: list[str], budget: float, failed: dict | None, variants: bool = False
+    ) -> dict | None:
+        """One worker process's JSON for ``group``'s shapes; None when it failed (recorded into ``failed``)."""
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "speed",
+            "--work",
+            str(self.work),
+            "--out",
+            str(self.out),
+            "--device",
+            self.options.device,
+            "--shapes",
+            *group,
+            *(["--tiny"] if self.options.tiny else []),
+            *(["--variants"] if variants else []),
+        ]
+        left = budget - (time.monotonic() - self._stage_started)
+        try:
+            return json.loads(self.command(f"speed {' '.join(group)}", argv, left).strip().splitlines()[-1])
+        except StageError as err:
+            if failed is not None:
+                failed.update({name: {"error": str(err)[-3000:]} for name in group})
+            return None
 
     def zero3(self, budget: float) -> dict:
         from hf_lora_ds.resources import DEEPSPEED_CONFIGS
@@ -599,14 +633,16 @@ def markdown_table(results: dict) -> str:
 
 
 def speed_table(shapes: dict) -> list[str]:
-    """Steady-state supervised tokens/s, MFU and device busy fraction of each trainer, and the package's ratios."""
+    """Steady-state supervised tokens/s, MFU and device busy fraction of each trainer, the package's ratios, and each
+    kernel variant's with its ratio to the package's default run."""
     lines = [
-        "| shape | trainer | supervised tokens/s | MFU | device busy | step ms | hf_lora_ds / this |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| shape | trainer | supervised tokens/s | MFU | device busy | step ms | hf_lora_ds / this "
+        "| this / hf_lora_ds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, shape in shapes.items():
         if "row" not in shape:  # the shape's worker failed as a whole
-            lines.append(f"| {name} | - | {(shape.get('error') or '-').splitlines()[0][:200]} | | | | |")
+            lines.append(f"| {name} | - | {(shape.get('error') or '-').splitlines()[0][:200]} | | | | | |")
             continue
         row = shape["row"]
         for trainer, ratio in (
@@ -623,7 +659,23 @@ def speed_table(shapes: dict) -> list[str]:
             )
             if error:
                 figures = f"{error.splitlines()[0][:150].replace('|', '/')} | | |"
-            lines.append(f"| {name} | {trainer} | {figures} | {_fmt(row.get(ratio)) if ratio else ''} |")
+            lines.append(f"| {name} | {trainer} | {figures} | {_fmt(row.get(ratio)) if ratio else ''} | |")
+        lines += _variant_lines(name, shape)
+    return lines
+
+
+def _variant_lines(name: str, shape: dict) -> list[str]:
+    lines = []
+    for variant in (variant for variant in VARIANTS if variant in shape):
+        found, r = shape[variant], shape["row"].get(variant, {})
+        why = found.get("skipped") and f"skipped: {found['skipped']}" or found.get("error")
+        figures = (
+            f"{why.splitlines()[0][:150].replace('|', '/')} | | |"
+            if why
+            else f"{_fmt(r.get('supervised_tokens_per_second'), 4)} | {_fmt(r.get('mfu'))} | - | "
+            f"{_fmt(r.get('step_ms'), 4)}"
+        )
+        lines.append(f"| {name} | {variant} | {figures} | | {_fmt(r.get('over_hf_lora_ds'))} |")
     return lines
 
 
@@ -727,6 +779,7 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
         help="start no stage after this many seconds (default: 450 on cuda, 1800 on cpu)",
     )
     parser.add_argument("--worker", choices=("build", "speed"), help=argparse.SUPPRESS)
+    parser.add_argument("--variants", action="store_true", help=argparse.SUPPRESS)  # the speed worker's second pass
     options = parser.parse_args(argv)
     if options.shapes is None:
         options.shapes = [shape.name for shape in (TINY_SHAPES if options.tiny else GPU_SHAPES)]
@@ -742,7 +795,12 @@ def main(argv: list[str] | None = None) -> int:
         workers: dict[str, Callable[[], dict]] = {
             "build": lambda: build_worker(Path(options.work), options.tiny, options.device),
             "speed": lambda: speed_worker(
-                Path(options.work), Path(options.out), options.shapes, options.tiny, options.device == "cpu"
+                Path(options.work),
+                Path(options.out),
+                options.shapes,
+                options.tiny,
+                options.device == "cpu",
+                options.variants,
             ),
         }
         print(json.dumps(workers[options.worker](), default=str), flush=True)

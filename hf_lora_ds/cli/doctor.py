@@ -42,7 +42,7 @@ REQUIRED = ("torch", "transformers", "peft", "accelerate", "datasets", "safetens
 OPTIONAL = {
     "bitsandbytes": "--load_in_4bit / --load_in_8bit (QLoRA)",
     "flash_attn": "--attn_implementation flash_attention_2",
-    "liger_kernel": "--use_liger_kernel",
+    "liger_kernel": "--use_liger_kernel (pip install 'hf_lora_ds[liger]'; CUDA)",
     "swanlab": "--report_to swanlab",
 }
 TRAIN_STEPS = 6
@@ -116,6 +116,9 @@ class Doctor:
         self.check("cpu", ("torch",), _cpu)
         self.check("accelerators", ("torch",), _accelerators)
         self.check("attention", ("torch",), _attention)
+        self.check(
+            "kernels", ("torch", "hf_lora_ds"), importlib.import_module("hf_lora_ds.cli.doctor_kernels").default_kernels
+        )
         self.section("distributed")
         self.check("torch.distributed", ("torch",), _distributed)
         self.check("deepspeed ops", ("torch", "deepspeed"), _deepspeed_ops)

@@ -22,6 +22,8 @@ _SUMMARY_KEYS = (
     "total_flos",
     "throughput/flops_per_token",
     "throughput/peak_tflops_per_device",
+    "engine",
+    "kernels",
 )
 _MEMORY_KINDS = ("gpu", "gpu_reserved", "cpu")
 
@@ -64,11 +66,11 @@ def _load_json(path: Path) -> Any:
 
 def _run_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
     """Run-level numbers, the latest value of each: Trainer's summary, ``throughput/run_*``, the samples per
-    data source (``data/samples/*``) and the engine the run used (hf_lora_ds.callbacks.engine_line)."""
+    data source (``data/samples/*``) and the engine and kernels the run used (hf_lora_ds.callbacks.engine_line)."""
     summary: dict[str, Any] = {}
     for entry in log_history:
         for key, value in entry.items():
-            if key in _SUMMARY_KEYS or key.startswith(("throughput/run_", "data/samples/")) or key == "engine":
+            if key in _SUMMARY_KEYS or key.startswith(("throughput/run_", "data/samples/")):
                 summary[key] = value
     return summary
 

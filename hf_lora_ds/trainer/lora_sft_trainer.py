@@ -40,9 +40,12 @@ from hf_lora_ds.trainer.final_adapter import finish_final_adapter
 from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
 from hf_lora_ds.training.batches import prepare_batches, with_supervised_positions
 from hf_lora_ds.training.checkpoints import lost_ranks, resolve_resume_checkpoint, save_failures
+from hf_lora_ds.training.compile import check_torch_compile, compiled_regions, without_whole_model_compile
 from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, sharded_on_cpu, shards_on_cpu
+from hf_lora_ds.training.liger import check_liger, liger_patches_restored
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
+from hf_lora_ds.training.loss_head import full_logits_reason as full_logits_reason_of
 from hf_lora_ds.training.nonfinite import NonFiniteGuard, ends_window
 from hf_lora_ds.training.preemption import Preemption
 from hf_lora_ds.training.sequence_parallel import (
@@ -94,8 +97,10 @@ class LoraSFTTrainer(Trainer):
         lora_config: LoraConfig | None = None,
         **trainer_kwargs: Any,
     ):
+        check_torch_compile(args)
         inputs = prepare_run_inputs(model, args, train_dataset, eval_dataset, processing_class, list(callbacks or []))
         model, self.eval_records, self.task, self.resume = inputs.model, inputs.eval_records, inputs.task, inputs.resume
+        check_liger(args, model)
         trainer_kwargs.update(
             train_dataset=inputs.train_dataset,
             eval_dataset=inputs.eval_dataset,
@@ -137,7 +142,7 @@ class LoraSFTTrainer(Trainer):
         logger.info(trainable_parameters_line(self.model))
         # Models that take a boolean logits_to_keep pass the head's rows on flattened: the head can pick them itself.
         self._position_mask = accepts_position_mask(self.model)
-        full_logits_reason = self._full_logits_reason()
+        full_logits_reason = full_logits_reason_of(self)
         self.supervised_logits_only = full_logits_reason is None
         self._fused_head_loss: bool | None = None  # None until a forward shows the model returns the head's loss as is
         self.supervised_in_forward: int | None = None  # the supervised tokens of the forward under way, if known
@@ -167,6 +172,11 @@ class LoraSFTTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         self.fsdp_on_cpu = shards_on_cpu(self)
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_on_cpu
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        """--torch_compile compiles the decoder layers in place during ``train()`` (hf_lora_ds.training.compile), not
+        the whole model through accelerate."""
+        return without_whole_model_compile(super()._build_accelerator_args(**kwargs))
 
     def _set_signature_columns_if_needed(self) -> None:
         """The forward's arguments and the samples' images, which Trainer would drop before the collator's pixels."""
@@ -209,8 +219,10 @@ class LoraSFTTrainer(Trainer):
         trimmed = deepspeed_startup_trimmed() if self.is_deepspeed_enabled else nullcontext()
         sharded = sharded_on_cpu(self) if self.fsdp_on_cpu else nullcontext()
         signals = self.preemption.handling_signals() if self.preemption else nullcontext()
+        liger = liger_patches_restored() if self.args.use_liger_kernel else nullcontext()
+        compiled = compiled_regions(self.model, self.args) if self.args.torch_compile else nullcontext()
         try:  # lost_ranks: a rank killed in a save is one line
-            with signals, lost_ranks(self.args.output_dir), trimmed, sharded:
+            with signals, lost_ranks(self.args.output_dir), trimmed, sharded, liger, compiled:
                 result = super().train(resume.checkpoint, *args, **kwargs)
             if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
                 signal_number, checkpoint = self.preemption.signal_received, f"checkpoint-{self.state.global_step}"
@@ -404,23 +416,6 @@ class LoraSFTTrainer(Trainer):
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         batch_size = self.args.train_batch_size * self.args.gradient_accumulation_steps
         return LengthGroupedEpochSampler(batch_size, dataset.lengths, seed)
-
-    def _full_logits_reason(self) -> str | None:
-        """Why the loss must come from full logits here, or None when the supervised-position loss applies."""
-        if not self.args.supervised_logits_only:
-            return "--supervised_logits_only False"
-        liger = self.args.liger_kernel_config or {}
-        if self.args.use_liger_kernel and liger.get("fused_linear_cross_entropy", True):
-            # Liger replaces the forward with one that fuses head and loss in chunks: no full logits either way.
-            return "--use_liger_kernel's fused linear cross-entropy computes the loss without full logits"
-        if self.label_smoother is not None or self.compute_loss_func is not None:
-            return "label smoothing or compute_loss_func computes its own loss from the logits"
-        if not self._position_mask and fused_head(self.model) is None:
-            return (
-                f"{type(self.model.get_base_model()).__name__}.forward takes no boolean logits_to_keep mask and "
-                "its LM head is not a plain bias-free nn.Linear"
-            )
-        return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Check every adapter Trainer writes (final and checkpoints): under ZeRO-3 a missing gather saves

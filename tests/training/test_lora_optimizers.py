@@ -39,6 +39,7 @@ def test_loraplus_puts_b_at_the_ratio(model, tmp_path, ratio, expected):
     optimizer = create_lora_optimizer(model, _args(tmp_path, "loraplus", ratio))
     assert _rates(model, optimizer) == {"lora_A": {1e-3}, "lora_B": {1e-3 * expected}}
     assert isinstance(optimizer, torch.optim.AdamW)  # Trainer's own --optim, with its settings
+    assert optimizer.defaults["fused"]  # transformers 5's default adamw_torch_fused, on the CPU too
     assert all(group["betas"] == (0.9, 0.95) for group in optimizer.param_groups)
     assert {group["weight_decay"] for group in optimizer.param_groups if group["params"]} == {0.1}
 

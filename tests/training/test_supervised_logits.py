@@ -25,6 +25,7 @@ from hf_lora_ds.data.batches.packing import PackedDataset
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.training import fused_head_loss
+from hf_lora_ds.training.loss_head import full_logits_reason
 from hf_lora_ds.training.supervised_logits import accepts_position_mask, supervised_cross_entropy
 
 TURNS = [
@@ -350,9 +351,9 @@ def test_liger_fused_cross_entropy_takes_precedence(tiny64, qwen_style_tokenizer
     the trainer leaves the loss to it. With that kernel switched off, the supervised path applies again."""
     trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True)
     trainer.args.use_liger_kernel = True  # set after init: liger-kernel itself is not installed on CPU test machines
-    assert "fused linear cross-entropy" in trainer._full_logits_reason()
+    assert "fused linear cross-entropy" in full_logits_reason(trainer)
     trainer.args.liger_kernel_config = {"fused_linear_cross_entropy": False, "rms_norm": True}
-    assert trainer._full_logits_reason() is None
+    assert full_logits_reason(trainer) is None
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
