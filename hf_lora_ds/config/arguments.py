@@ -83,7 +83,12 @@ class SFTTrainingArguments(
             )
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
+        non_blocking_asked = not _non_blocking_unset(self.accelerator_config)
         super().__post_init__()
+        if self.dataloader_pin_memory and not non_blocking_asked:
+            # A blocking copy to the device synchronises its stream: the host would wait for the last step's kernels
+            # at every batch tensor instead of queueing the next step's.
+            self.accelerator_config.non_blocking = True
         self.engine = engine_of(self)  # with DeepSpeed's config as TrainingArguments filled it in
 
     @classmethod
@@ -160,6 +165,13 @@ def check_fsdp_config_path(args: SFTTrainingArguments) -> None:
     """An --fsdp_config that is no file, named with the shipped one."""
     if args.fsdp and isinstance(args.fsdp_config, str) and not os.path.isfile(args.fsdp_config):
         raise MissingPathError(f"--fsdp_config {args.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
+
+
+def _non_blocking_unset(accelerator_config: Any) -> bool:
+    """Whether ``--accelerator_config`` leaves ``non_blocking`` to the defaults (not given, or a dict without it)."""
+    return accelerator_config is None or (
+        isinstance(accelerator_config, dict) and "non_blocking" not in accelerator_config
+    )
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

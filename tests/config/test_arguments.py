@@ -134,6 +134,18 @@ def test_no_pinned_memory_without_an_accelerator(train_file, tmp_path, monkeypat
     assert pinned_memory_helps(use_cpu=False) and not pinned_memory_helps(use_cpu=True)
 
 
+def test_batches_reach_an_accelerator_without_a_synchronising_copy(train_file, tmp_path, monkeypatch):
+    """Pinned batches are copied to the device asynchronously (accelerate's non_blocking), unless
+    --accelerator_config says otherwise; on the CPU nothing is pinned and nothing changes."""
+    common = ["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)]
+    assert parse(common).accelerator_config.non_blocking is False
+    monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: torch.device("cuda"))
+    assert parse(common).accelerator_config.non_blocking is True
+    user = parse([*common, "--accelerator_config", '{"non_blocking": false}']).accelerator_config
+    assert user.non_blocking is False
+    assert parse([*common, "--dataloader_pin_memory", "false"]).accelerator_config.non_blocking is False
+
+
 @pytest.mark.gpu
 def test_auto_dtype_on_a_cuda_device(train_file, tmp_path):
     """On a real GPU: bf16 weights and bf16 training where the device supports it, float32 with --use_cpu."""
