@@ -116,9 +116,7 @@ class Doctor:
         self.check("cpu", ("torch",), _cpu)
         self.check("accelerators", ("torch",), _accelerators)
         self.check("attention", ("torch",), _attention)
-        self.check(
-            "kernels", ("torch", "hf_lora_ds"), importlib.import_module("hf_lora_ds.cli.doctor_kernels").default_kernels
-        )
+        self.check("kernels", (*REQUIRED, "hf_lora_ds"), _kernels)
         self.section("distributed")
         self.check("torch.distributed", ("torch",), _distributed)
         self.check("deepspeed ops", ("torch", "deepspeed"), _deepspeed_ops)
@@ -223,6 +221,11 @@ def _accelerators() -> Iterator[tuple[str, str]]:
                 f"sm_{props.major}{props.minor}, bf16 {'yes' if bf16 else 'no: --dtype auto trains in float32'}"
             ),
         )
+
+
+def _kernels() -> Iterator[tuple[str, str]]:
+    """Imported when the check runs: it reads the trainer's modules, which need every required package."""
+    return importlib.import_module("hf_lora_ds.cli.doctor_kernels").default_kernels()
 
 
 def _attention() -> Iterator[tuple[str, str]]:
