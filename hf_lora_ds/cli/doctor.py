@@ -116,7 +116,8 @@ class Doctor:
         self.check("cpu", ("torch",), _cpu)
         self.check("accelerators", ("torch",), _accelerators)
         self.check("attention", ("torch",), _attention)
-        self.check("kernels", (*REQUIRED, "hf_lora_ds"), _kernels)
+        kernels = "hf_lora_ds.cli.doctor_kernels"  # imported when the check runs: it needs every required package
+        self.check("kernels", (*REQUIRED, "hf_lora_ds"), lambda: importlib.import_module(kernels).default_kernels())
         self.section("distributed")
         self.check("torch.distributed", ("torch",), _distributed)
         self.check("deepspeed ops", ("torch", "deepspeed"), _deepspeed_ops)
@@ -221,11 +222,6 @@ def _accelerators() -> Iterator[tuple[str, str]]:
                 f"sm_{props.major}{props.minor}, bf16 {'yes' if bf16 else 'no: --dtype auto trains in float32'}"
             ),
         )
-
-
-def _kernels() -> Iterator[tuple[str, str]]:
-    """Imported when the check runs: it reads the trainer's modules, which need every required package."""
-    return importlib.import_module("hf_lora_ds.cli.doctor_kernels").default_kernels()
 
 
 def _attention() -> Iterator[tuple[str, str]]:

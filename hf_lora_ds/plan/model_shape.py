@@ -5,7 +5,7 @@ frozen and trainable parameter counts and the largest module are counted, not de
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
 every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's fp32 adapters
 cast their inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, and dropout on a GPU keeps a one-byte
-mask: ``_RunDeviceOps``). Their difference is what each further layer adds (the first layer saves less: its
+mask: ``RunDeviceOps``). Their difference is what each further layer adds (the first layer saves less: its
 input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused kernels,
 flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta
 device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
@@ -25,17 +25,16 @@ from dataclasses import dataclass
 from functools import cache
 
 import torch
-import torch.nn.functional as F
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
-from torch.overrides import TorchFunctionMode
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
+from hf_lora_ds.plan.run_device_ops import RunDeviceOps
 from hf_lora_ds.vision.modules import auto_model_class
 
 __all__ = [
@@ -160,7 +159,7 @@ def _measure(
 
     # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
     autocast = dtype.itemsize == 2 and not adapters_in_compute_dtype
-    ops = _RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator)
+    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator)
 
     def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
         return _saved_activation_bytes(
@@ -307,7 +306,7 @@ def _saved_activation_bytes(
     seq_len: int,
     layers: int,
     adapters_in_compute_dtype: bool,
-    ops: _RunDeviceOps,
+    ops: RunDeviceOps,
 ) -> tuple[int, int]:
     """Bytes autograd keeps for backward over a training forward of the decoder (no LM head: the logits are a term
     of their own), one sample of ``seq_len`` tokens, and the largest tensor among them. Views of one storage count
@@ -335,43 +334,6 @@ def _saved_activation_bytes(
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), ops:
         decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
     return sum(storages.values()), max(storages.values(), default=0)
-
-
-class _RunDeviceOps(TorchFunctionMode):
-    """What the run's device does that the meta device does not, for the tensors autograd saves.
-
-    ``autocast_dtype``: autocast's casts, which the meta device has none of: the matmuls' floating inputs (weights
-    too) in that dtype. What differs from a 16-bit forward without it is LoRA's: the fp32 adapters' matmuls save a
-    16-bit copy of their input instead of PEFT's fp32 one. ``fused_dropout``: CUDA's dropout is ``native_dropout``,
-    which saves a bool mask; elsewhere (the CPU, meta) it multiplies by a noise tensor in the input's dtype and keeps
-    that: a fp32 adapter input's mask is 4 bytes an element on the CPU and 1 on a GPU."""
-
-    _MATMULS = frozenset({F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, F.conv1d})
-
-    def __init__(self, autocast_dtype: torch.dtype | None, fused_dropout: bool):
-        super().__init__()
-        self.autocast_dtype, self.fused_dropout = autocast_dtype, fused_dropout
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in self._MATMULS and self.autocast_dtype is not None:
-            args = tuple(self._cast(arg) for arg in args)
-            kwargs = {key: self._cast(value) for key, value in kwargs.items()}
-        if func is F.dropout and self.fused_dropout:
-            return _fused_dropout(*args, **kwargs)
-        return func(*args, **kwargs)
-
-    def _cast(self, value):
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != self.autocast_dtype:
-            return value.to(self.autocast_dtype)
-        return value
-
-
-def _fused_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-    """``F.dropout`` as CUDA runs it (ATen's ``dropout`` takes ``native_dropout`` for a CUDA input with 0 < p < 1)."""
-    if not training or not 0 < p < 1:
-        return input
-    return torch.native_dropout(input, p, True)[0]
 
 
 class _FusedAttention(torch.autograd.Function):
