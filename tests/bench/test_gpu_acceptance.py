@@ -47,8 +47,17 @@ def test_the_cpu_dry_run_passes_every_stage(tmp_path):
     assert stages["zero3"]["adapter"]["tensors"] > 0 and stages["zero3"]["adapter"]["empty_tensors"] == 0
     for trainer in ("hf_lora_ds", "zero3"):
         assert stages["plan"][trainer]["predicted_mib"] > 0 and stages["plan"][trainer]["measured_mib"] > 0
+    # the suite's gpu tests, collected from every listed file and all skipped here (no CUDA), under 20 s
+    gpu_tests = stages["gpu_tests"]
+    assert gpu_tests["counts"]["skipped"] >= len(run_acceptance.GPU_TEST_FILES), gpu_tests
+    assert gpu_tests["counts"] | {"skipped": 0} == {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    assert gpu_tests["problems"] == [] and gpu_tests["skip_reasons"] == {
+        "needs a CUDA device": gpu_tests["counts"]["skipped"]
+    }
+    assert gpu_tests["seconds"] < 20 * 2  # about 7 s on an idle 2-core machine; room for a busy one
     table = (out / "gpu_acceptance.md").read_text()
     assert all(f"| {stage} | ok |" in table for stage in run_acceptance.STAGES), table
+    assert f"| gpu_tests | ok | 0 passed, 0 failed, 0 errors, {gpu_tests['counts']['skipped']} skipped" in table
     assert f"| {first} | trl_fastest |" in table and f"| {first} | hf_lora_ds |" in table
     assert "doctor: this machine trains LoRA runs" in (out / "doctor.txt").read_text()
     assert f"===== {first}-hf_lora_ds" in (out / "profiles.txt").read_text()
@@ -145,6 +154,49 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="1"
+ failures="1" skipped="1" tests="5"><testcase classname="" name="tests.plan.test_gpu" file="tests/plan/test_gpu.py"
+ time="0.000"><error message="collection failure">ImportError while importing test module
+E   ModuleNotFoundError: No module named 'swanlab'</error></testcase>
+<testcase classname="tests.model.test_varlen_attention" name="test_gpu_varlen[None]"
+ file="tests/model/test_varlen_attention.py" line="135" time="0.5"/>
+<testcase classname="tests.model.test_varlen_attention" name="test_gpu_varlen[64]"
+ file="tests/model/test_varlen_attention.py" line="135" time="0.4">
+<failure message="AssertionError: Tensor-likes are not close!&#10;Mismatched elements: 3 / 8 (37.5%)">long traceback
+E   AssertionError: Tensor-likes are not close!</failure></testcase>
+<testcase classname="tests.callbacks.test_memory.TestPeaks" name="test_peak"
+ file="tests/callbacks/test_memory.py" line="87" time="0.1"/>
+<testcase classname="tests.training.test_supervised_logits" name="test_gpu_liger"
+ file="tests/training/test_supervised_logits.py" line="382" time="0.0"><skipped type="pytest.skip"
+ message="liger-kernel is not installed">tests/training/test_supervised_logits.py:385: liger-kernel is not
+ installed</skipped></testcase></testsuite></testsuites>
+"""
+
+
+def test_the_gpu_tests_junit_xml_gives_counts_and_each_failure_with_its_node_id(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT, encoding="utf-8")
+    found = run_acceptance.junit_results(path)
+    assert found["counts"] == {"passed": 2, "failed": 1, "skipped": 1, "errors": 1}
+    assert found["problems"] == [
+        {
+            "id": "tests/plan/test_gpu.py",
+            "outcome": "errors",
+            "message": "collection failure\nModuleNotFoundError: No module named 'swanlab'",
+        },
+        {
+            "id": "tests/model/test_varlen_attention.py::test_gpu_varlen[64]",
+            "outcome": "failed",
+            "message": "AssertionError: Tensor-likes are not close!\nMismatched elements: 3 / 8 (37.5%)",
+        },
+    ]
+    assert found["skip_reasons"] == {"liger-kernel is not installed": 1}
+    row = run_acceptance._figures("gpu_tests", {**found, "ok": False})
+    assert row.startswith("2 passed, 1 failed, 1 errors, 1 skipped; errors: tests/plan/test_gpu.py: collection")
+    assert "failed: tests/model/test_varlen_attention.py::test_gpu_varlen[64]: AssertionError: Tensor-likes" in row
+    assert "|" not in row
 
 
 def test_the_plan_is_compared_with_the_allocated_peak_less_what_the_allocator_never_sees():
