@@ -8,6 +8,7 @@ import json
 import sys
 from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,8 @@ from tests.e2e.launching import LAUNCH_TIMEOUT_S, REPO, run
 
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 import run_acceptance  # noqa: E402
+
+pytest_plugins = ["pytester"]
 
 SCRIPT = REPO / "bench" / "gpu" / "run_acceptance.py"
 DRY_RUN_TIMEOUT_S = LAUNCH_TIMEOUT_S - 60
@@ -210,3 +213,42 @@ def test_the_plan_is_compared_with_the_allocated_peak_less_what_the_allocator_ne
     assert entry["within_20_percent"] and entry["predicted_reserved_mib"] == 960
     assert entry["reserved_predicted_over_measured"] == pytest.approx(0.8)
     assert run_acceptance.plan_against("none", None, {}, False) == {"config": "none", "measured_mib": None}
+
+
+def test_the_budget_plugin_runs_slow_tests_last_and_skips_what_the_budget_cannot_hold(pytester, monkeypatch):
+    """bench/gpu/pytest_budget.py, in this process: the slow test, first by the conftest's order (as tests/conftest.py
+    orders them), runs after the others; each test's timeout is what is left less the margin; once the budget is
+    spent (the plugin's clock moved on by a test) the next test is skipped, saying so."""
+    import bench.gpu.pytest_budget as plugin
+
+    monkeypatch.setattr(plugin, "time", SimpleNamespace(now=1000.0, time=lambda: plugin.time.now))
+    pytester.makeconftest(
+        """
+        def pytest_configure(config):
+            config.addinivalue_line("markers", "slow: starts processes")
+        def pytest_collection_modifyitems(items):
+            items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+        import bench.gpu.pytest_budget as plugin
+        order = []
+        @pytest.mark.slow
+        def test_slow():
+            order.append("slow")
+        def test_quick(request):
+            order.append("quick")
+            assert request.node.get_closest_marker("timeout").args == (30.0,)  # --timeout 30 under the 40 s left
+        def test_spends_the_budget(request):
+            assert order == ["quick"] and request.node.get_closest_marker("timeout").args == (30.0,)
+            plugin.time.now += 40 - plugin.SHORTEST_S + 0.1
+        """
+    )
+    stop_at = 1000 + plugin.MARGIN_S + 40
+    done = pytester.runpytest_inprocess(
+        "-p", "bench.gpu.pytest_budget", "--stop_at", str(stop_at), "--timeout", "30", "-rA", "-o", "addopts="
+    )
+    done.assert_outcomes(passed=2, skipped=1)
+    done.stdout.fnmatch_lines(["SKIPPED * the gpu_tests stage's budget was spent"])
