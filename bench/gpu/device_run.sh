@@ -8,7 +8,7 @@
 # that ends every stage by DEADLINE_S seconds (420: each stage's budget is cut to what is left), under a hard
 # LIMIT_S that leaves the device tool's 600 s limit and the session's 15 minutes room for one partial rerun. The
 # results land in $OUT, at most 8 files as the tool brings back: gpu_acceptance.json and .md, doctor.txt,
-# stages.log, profiles.json, profiles.txt and run.log.
+# stages.log, profiles.json, profiles.txt and run.log (the gpu_tests stage's junit XML stays in the work folder).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu_acceptance}

@@ -18,7 +18,10 @@ included when it failed; the order puts what the issue asks first, so a deadline
    and for 4, against the measured peak (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` during
    training; host RSS on the CPU);
 6. ``demo``: run_sft's defaults (the bundled tiny model, sum-to-x) on the device: answer accuracy before -> after
-   (the CPU reference is 0.000 -> >= 0.98).
+   (the CPU reference is 0.000 -> >= 0.98);
+7. ``gpu_tests``: the suite's ``@pytest.mark.gpu`` tests (skipped wherever there is no CUDA device, CI included), in
+   one pytest process with what is left of the run (bench/gpu/pytest_budget.py keeps it inside its budget): the
+   counts, and each failed test's id with its error's first lines, read from its junit XML.
 
     python3 bench/gpu/run_acceptance.py --out DIR                     # on the GPU machine (bench/gpu/README.md)
     python3 bench/gpu/run_acceptance.py --out DIR --device cpu --tiny # the dry run (tests/bench/test_gpu_acceptance.py)
@@ -58,11 +61,25 @@ from speed import (  # noqa: E402  (found on the path above)
 )
 
 RUN_SFT = REPO / "run_sft.py"
-STAGES = ("doctor", "build", "speed", "zero3", "plan", "demo")
+STAGES = ("doctor", "build", "speed", "zero3", "plan", "demo", "gpu_tests")
 # Seconds each stage may take on one GPU (the expected times are about half); the whole run stops starting stages
 # past --deadline_s.
-BUDGET_S = {"doctor": 90, "build": 90, "speed": 300, "zero3": 150, "plan": 90, "demo": 120}
+BUDGET_S = {"doctor": 90, "build": 90, "speed": 300, "zero3": 150, "plan": 90, "demo": 120, "gpu_tests": 90}
 NEEDS = {"speed": "build", "zero3": "build", "plan": "build"}
+# The files with @pytest.mark.gpu tests (tests/conftest.py skips them where CUDA is absent). Each collects, with
+# tests/conftest.py, from the GPU machine's own packages (machine_packages.txt) and the wheel set alone: checked in
+# an interpreter that saw nothing else (tests/bench/test_gpu_wheels.py's view plus the set's packages): no swanlab,
+# bitsandbytes, gguf, num2words or liger-kernel is needed to collect them (the liger test skips without it).
+GPU_TEST_FILES = (
+    "tests/model/test_varlen_attention.py",
+    "tests/model/test_packed_boundaries.py",
+    "tests/config/test_arguments.py",
+    "tests/training/test_supervised_logits.py",
+    "tests/training/test_host_reads.py",
+    "tests/callbacks/test_memory.py",
+    "tests/plan/test_gpu.py",  # slow: a run_sft and a planner process a test; pytest_budget.py runs them last
+)
+GPU_TEST_TIMEOUT_S = 60  # a test's own (pytest-timeout), cut to what is left of the stage's budget
 _LAUNCH_VARIABLES = (
     "RANK",
     "LOCAL_RANK",
@@ -157,6 +174,7 @@ class Acceptance:
             "speed": self.speed,
             "zero3": self.zero3,
             "plan": self.plan,
+            "gpu_tests": self.gpu_tests,
         }
         for name in self.options.stages:
             record: dict = {}
@@ -189,9 +207,12 @@ class Acceptance:
         )
         return 1 if failed else 0
 
-    def command(self, name: str, argv: list[str], timeout: float, stdout_only: bool = False) -> str:
+    def command(
+        self, name: str, argv: list[str], timeout: float, stdout_only: bool = False, ok_codes: tuple[int, ...] = (0,)
+    ) -> str:
         """Run ``argv`` with ``timeout``; its output goes to stages.log and is returned (``stdout_only``: without
-        stderr, for a command that prints JSON there). Raises StageError with the output's tail."""
+        stderr, for a command that prints JSON there). Raises StageError with the output's tail when it times out or
+        exits with a code not in ``ok_codes``."""
         env = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
         env.update(TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         if self.on_cpu:  # on a shared 2-core machine two OpenMP threads per process ran the demo's steps ~9x slower
@@ -216,7 +237,7 @@ class Acceptance:
             text, errors = out.read(), err.read()
         with open(self.stage_log, "a", encoding="utf-8") as stage_log:
             stage_log.write(f"\n===== {name}: {' '.join(argv)}\n{errors}{text}\n===== exit {code}\n")
-        if code != 0:
+        if code not in ok_codes:
             why = f"timed out after {timeout:.0f} s" if code is None else f"exited {code}"
             raise StageError(f"{name} {why}; output tail:\n{(errors + text)[-4000:]}")
         return text
@@ -419,6 +440,96 @@ class Acceptance:
             )
             figures[stage] = plan_against(config, row, measured[stage], self.on_cpu)
         return figures
+
+    def gpu_tests(self, budget: float) -> dict:
+        """The ``gpu``-marked tests in one pytest process (setup.cfg's addopts left out: no xdist workers, no
+        durations), ended by the budget less 5 s (pytest_budget.py) so that its junit XML is written; exit 1 (tests
+        failed) is a result, read from the XML in the work folder ($OUT brings back 8 files, 7 in use)."""
+        folder = self.work / "gpu_tests"
+        folder.mkdir(parents=True, exist_ok=True)
+        junit = folder / "junit.xml"
+        junit.unlink(missing_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-o",
+            "addopts=",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "bench.gpu.pytest_budget",
+            "--stop_at",
+            f"{time.time() + budget - 5:.1f}",
+            "--timeout",
+            str(GPU_TEST_TIMEOUT_S),
+            "-m",
+            "gpu",
+            "--junitxml",
+            str(junit),
+            "-o",
+            "junit_family=xunit1",  # the file and line of each test: its node id back
+            "--continue-on-collection-errors",  # a file that fails to import there leaves the others' tests
+            "--basetemp",
+            str(folder / "tmp"),
+            *GPU_TEST_FILES,
+        ]
+        text = self.command("gpu_tests", argv, budget, ok_codes=(0, 1))
+        figures = junit_results(junit)
+        summary = [line for line in text.splitlines() if line.strip()]
+        figures["last_line"] = summary[-1].strip("= ") if summary else ""
+        figures["ok"] = figures["counts"]["failed"] == 0 and figures["counts"]["errors"] == 0
+        return figures
+
+
+def junit_results(path: Path, lines: int = 6) -> dict:
+    """pytest's junit XML (``junit_family=xunit1``): the counts (under ``counts``: a stage record's own ``skipped``
+    says why the stage did not run), each failed or errored test's node id with the first ``lines`` of its error,
+    and how many were skipped for each reason."""
+    import xml.etree.ElementTree as ElementTree
+
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    problems: list[dict] = []
+    skip_reasons: dict[str, int] = {}
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        node_id = _node_id(case)
+        outcomes = {child.tag: child for child in case if child.tag in ("failure", "error", "skipped")}
+        for tag, key in (("failure", "failed"), ("error", "errors")):
+            if tag in outcomes:
+                counts[key] += 1
+                problems.append({"id": node_id, "outcome": key, "message": _first_lines(outcomes[tag], lines)})
+        if "failure" in outcomes or "error" in outcomes:
+            continue
+        if "skipped" in outcomes:
+            counts["skipped"] += 1
+            reason = outcomes["skipped"].get("message") or ""
+            skip_reasons[reason] = skip_reasons.get(reason, 0) + 1
+        else:
+            counts["passed"] += 1
+    return {"counts": counts, "problems": problems, "skip_reasons": skip_reasons}
+
+
+def _first_lines(found, lines: int) -> str:
+    """A failure's or error's message (pytest's one for the crash), then the ``E`` lines of its traceback that the
+    message does not already hold (a collection error's message is only "collection failure")."""
+    message = (found.get("message") or "").strip()
+    raised = [line[1:].strip() for line in (found.text or "").splitlines() if line.startswith("E ")]
+    kept = [*message.splitlines(), *(line for line in raised if line and line not in message)]
+    return "\n".join(kept[:lines])[:1000]
+
+
+def _node_id(case) -> str:
+    """A testcase's pytest node id: its file, the classes its classname adds to the file's module, its name."""
+    classname, name, file = case.get("classname", ""), case.get("name", ""), case.get("file")
+    if not file:
+        return "::".join(part for part in (classname, name) if part)
+    if not classname:  # a collection error: the file's module is its name
+        return file
+    module = file.removesuffix(".py").replace("/", ".")
+    classes = classname[len(module) + 1 :].split(".") if classname.startswith(module + ".") else []
+    return "::".join([file, *classes, name])
 
 
 def plan_against(config: str, row: dict | None, measured: dict, on_cpu: bool) -> dict:
@@ -734,6 +845,15 @@ def _figures(name: str, r: dict) -> str:
         if "adapter" in r:
             text += f"; adapter {r['adapter']['tensors']} tensors, {r['adapter']['empty_tensors']} empty"
         return text
+    if name == "gpu_tests":
+        counts = r.get("counts", {})
+        text = ", ".join(f"{counts.get(key)} {key}" for key in ("passed", "failed", "errors", "skipped"))
+        for problem in r.get("problems", []):
+            text += (
+                f"; {problem['outcome']}: {problem['id']}: {' '.join((problem['message'] or '-').splitlines())[:160]}"
+            )
+        text += "".join(f"; skipped {count}: {reason[:100]}" for reason, count in r.get("skip_reasons", {}).items())
+        return text[:800].replace("|", "/").replace("\n", " ")
     if name == "plan":
         return "; ".join(
             f"{stage} ({e.get('config')}): allocated predicted {_fmt(e.get('predicted_mib'), 4)} MiB vs measured "

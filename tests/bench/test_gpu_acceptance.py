@@ -8,6 +8,7 @@ import json
 import sys
 from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,8 @@ from tests.e2e.launching import LAUNCH_TIMEOUT_S, REPO, run
 
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 import run_acceptance  # noqa: E402
+
+pytest_plugins = ["pytester"]
 
 SCRIPT = REPO / "bench" / "gpu" / "run_acceptance.py"
 DRY_RUN_TIMEOUT_S = LAUNCH_TIMEOUT_S - 60
@@ -47,8 +50,17 @@ def test_the_cpu_dry_run_passes_every_stage(tmp_path):
     assert stages["zero3"]["adapter"]["tensors"] > 0 and stages["zero3"]["adapter"]["empty_tensors"] == 0
     for trainer in ("hf_lora_ds", "zero3"):
         assert stages["plan"][trainer]["predicted_mib"] > 0 and stages["plan"][trainer]["measured_mib"] > 0
+    # the suite's gpu tests, collected from every listed file and all skipped here (no CUDA), under 20 s
+    gpu_tests = stages["gpu_tests"]
+    assert gpu_tests["counts"]["skipped"] >= len(run_acceptance.GPU_TEST_FILES), gpu_tests
+    assert gpu_tests["counts"] | {"skipped": 0} == {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    assert gpu_tests["problems"] == [] and gpu_tests["skip_reasons"] == {
+        "needs a CUDA device": gpu_tests["counts"]["skipped"]
+    }
+    assert gpu_tests["seconds"] < 20 * 2  # about 7 s on an idle 2-core machine; room for a busy one
     table = (out / "gpu_acceptance.md").read_text()
     assert all(f"| {stage} | ok |" in table for stage in run_acceptance.STAGES), table
+    assert f"| gpu_tests | ok | 0 passed, 0 failed, 0 errors, {gpu_tests['counts']['skipped']} skipped" in table
     assert f"| {first} | trl_fastest |" in table and f"| {first} | hf_lora_ds |" in table
     assert "doctor: this machine trains LoRA runs" in (out / "doctor.txt").read_text()
     assert f"===== {first}-hf_lora_ds" in (out / "profiles.txt").read_text()
@@ -147,6 +159,49 @@ def _alive(pid: int) -> bool:
         return False
 
 
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="1"
+ failures="1" skipped="1" tests="5"><testcase classname="" name="tests.plan.test_gpu" file="tests/plan/test_gpu.py"
+ time="0.000"><error message="collection failure">ImportError while importing test module
+E   ModuleNotFoundError: No module named 'swanlab'</error></testcase>
+<testcase classname="tests.model.test_varlen_attention" name="test_gpu_varlen[None]"
+ file="tests/model/test_varlen_attention.py" line="135" time="0.5"/>
+<testcase classname="tests.model.test_varlen_attention" name="test_gpu_varlen[64]"
+ file="tests/model/test_varlen_attention.py" line="135" time="0.4">
+<failure message="AssertionError: Tensor-likes are not close!&#10;Mismatched elements: 3 / 8 (37.5%)">long traceback
+E   AssertionError: Tensor-likes are not close!</failure></testcase>
+<testcase classname="tests.callbacks.test_memory.TestPeaks" name="test_peak"
+ file="tests/callbacks/test_memory.py" line="87" time="0.1"/>
+<testcase classname="tests.training.test_supervised_logits" name="test_gpu_liger"
+ file="tests/training/test_supervised_logits.py" line="382" time="0.0"><skipped type="pytest.skip"
+ message="liger-kernel is not installed">tests/training/test_supervised_logits.py:385: liger-kernel is not
+ installed</skipped></testcase></testsuite></testsuites>
+"""
+
+
+def test_the_gpu_tests_junit_xml_gives_counts_and_each_failure_with_its_node_id(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT, encoding="utf-8")
+    found = run_acceptance.junit_results(path)
+    assert found["counts"] == {"passed": 2, "failed": 1, "skipped": 1, "errors": 1}
+    assert found["problems"] == [
+        {
+            "id": "tests/plan/test_gpu.py",
+            "outcome": "errors",
+            "message": "collection failure\nModuleNotFoundError: No module named 'swanlab'",
+        },
+        {
+            "id": "tests/model/test_varlen_attention.py::test_gpu_varlen[64]",
+            "outcome": "failed",
+            "message": "AssertionError: Tensor-likes are not close!\nMismatched elements: 3 / 8 (37.5%)",
+        },
+    ]
+    assert found["skip_reasons"] == {"liger-kernel is not installed": 1}
+    row = run_acceptance._figures("gpu_tests", {**found, "ok": False})
+    assert row.startswith("2 passed, 1 failed, 1 errors, 1 skipped; errors: tests/plan/test_gpu.py: collection")
+    assert "failed: tests/model/test_varlen_attention.py::test_gpu_varlen[64]: AssertionError: Tensor-likes" in row
+    assert "|" not in row
+
+
 def test_the_plan_is_compared_with_the_allocated_peak_less_what_the_allocator_never_sees():
     from hf_lora_ds.plan.estimate import ALLOCATOR_RESERVE_ITEM, CUDA_CONTEXT_ITEM
 
@@ -158,3 +213,42 @@ def test_the_plan_is_compared_with_the_allocated_peak_less_what_the_allocator_ne
     assert entry["within_20_percent"] and entry["predicted_reserved_mib"] == 960
     assert entry["reserved_predicted_over_measured"] == pytest.approx(0.8)
     assert run_acceptance.plan_against("none", None, {}, False) == {"config": "none", "measured_mib": None}
+
+
+def test_the_budget_plugin_runs_slow_tests_last_and_skips_what_the_budget_cannot_hold(pytester, monkeypatch):
+    """bench/gpu/pytest_budget.py, in this process: the slow test, first by the conftest's order (as tests/conftest.py
+    orders them), runs after the others; each test's timeout is what is left less the margin; once the budget is
+    spent (the plugin's clock moved on by a test) the next test is skipped, saying so."""
+    import bench.gpu.pytest_budget as plugin
+
+    monkeypatch.setattr(plugin, "time", SimpleNamespace(now=1000.0, time=lambda: plugin.time.now))
+    pytester.makeconftest(
+        """
+        def pytest_configure(config):
+            config.addinivalue_line("markers", "slow: starts processes")
+        def pytest_collection_modifyitems(items):
+            items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+        import bench.gpu.pytest_budget as plugin
+        order = []
+        @pytest.mark.slow
+        def test_slow():
+            order.append("slow")
+        def test_quick(request):
+            order.append("quick")
+            assert request.node.get_closest_marker("timeout").args == (30.0,)  # --timeout 30 under the 40 s left
+        def test_spends_the_budget(request):
+            assert order == ["quick"] and request.node.get_closest_marker("timeout").args == (30.0,)
+            plugin.time.now += 40 - plugin.SHORTEST_S + 0.1
+        """
+    )
+    stop_at = 1000 + plugin.MARGIN_S + 40
+    done = pytester.runpytest_inprocess(
+        "-p", "bench.gpu.pytest_budget", "--stop_at", str(stop_at), "--timeout", "30", "-rA", "-o", "addopts="
+    )
+    done.assert_outcomes(passed=2, skipped=1)
+    done.stdout.fnmatch_lines(["SKIPPED * the gpu_tests stage's budget was spent"])
