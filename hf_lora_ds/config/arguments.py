@@ -28,7 +28,7 @@ from hf_lora_ds.config.model import ModelArguments, check_model_fields
 from hf_lora_ds.config.naming import named_as_given
 from hf_lora_ds.config.quantization import QuantizationArguments, check_quantization_fields
 from hf_lora_ds.config.ranges import check_ranges
-from hf_lora_ds.config.reliability import ReliabilityArguments
+from hf_lora_ds.config.reliability import ReliabilityArguments, resolve_nan_inf_filter
 from hf_lora_ds.config.reporting import ReportingArguments, check_reporting_fields
 from hf_lora_ds.config.vision import VisionArguments, check_vision_fields
 from hf_lora_ds.devices import auto_dtype
@@ -75,6 +75,7 @@ class SFTTrainingArguments(
             if isinstance(self.deepspeed, str):  # transformers reads a file or base64 text, not a short name
                 self.deepspeed = deepspeed_config_path(self.deepspeed)
             self.lora_start = parse_lora_init(self.lora_init)
+            resolve_nan_inf_filter(self)
         self.batching_asked = self.batching
         self.batching = resolve_batching(self.batching, self.attn_implementation)  # what the planner and trainer read
         if self.sequence_parallel_size > 1:  # the kernel is pinned again once the model is loaded (LoraSFTTrainer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ReliabilityArguments"]
+__all__ = ["ReliabilityArguments", "resolve_nan_inf_filter"]
 
 
 @dataclass
@@ -18,6 +18,16 @@ class ReliabilityArguments:
             "help": "A NaN or infinite training loss or gradient norm: 'stop' the run before its update, naming the "
             "step, the samples of the batch and the last complete checkpoint; or 'skip' the step (no update from "
             "that batch on any rank) and go on, counting skips as nonfinite_skipped in the training logs."
+        },
+    )
+
+    # Trainer's filter reads every micro-batch's loss on the host (a device sync each): resolve_nan_inf_filter.
+    logging_nan_inf_filter: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Trainer's filter of NaN/inf losses from the logged loss. Default: on with --on_nonfinite skip "
+            "(which reads every loss anyway; the dropped step's loss stays out of the log), off with stop, which "
+            "ends the run before such a step's update (the filter would make the host wait for the GPU every step)."
         },
     )
 
@@ -38,3 +48,9 @@ class ReliabilityArguments:
             "that every rank finished writing (a fresh start when there is none)."
         },
     )
+
+
+def resolve_nan_inf_filter(args: ReliabilityArguments) -> None:
+    """``--logging_nan_inf_filter`` by ``--on_nonfinite`` where not given."""
+    if args.logging_nan_inf_filter is None:
+        args.logging_nan_inf_filter = args.on_nonfinite == "skip"

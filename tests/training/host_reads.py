@@ -30,10 +30,11 @@ READING_FUNCTIONS = ("equal", "nonzero", "masked_select", "is_nonzero")
 ON_THE_PACKAGE_S_BEHALF = ("slice_logits_to_keep",)
 
 
-def _caller_in_package() -> str | None:
+def _caller(everyone: bool) -> str | None:
     """``file:line`` of the innermost frame outside torch (and this module) when it is the package's (or reads on
-    its behalf), else None: Trainer's and the model's own reads are theirs."""
-    frame = sys._getframe(2)
+    its behalf), else None: Trainer's and the model's own reads are theirs. ``everyone``: theirs too, as
+    ``parent/file:line``."""
+    frame = sys._getframe(3)
     while frame is not None and (frame.f_code.co_filename.startswith(TORCH) or frame.f_code.co_filename == __file__):
         frame = frame.f_back
     if frame is None or _collating(frame):
@@ -41,7 +42,8 @@ def _caller_in_package() -> str | None:
     if frame.f_code.co_name in ON_THE_PACKAGE_S_BEHALF:
         return f"transformers {frame.f_code.co_name}"
     if not frame.f_code.co_filename.startswith(PACKAGE):
-        return None
+        path = Path(frame.f_code.co_filename)
+        return f"{path.parent.name}/{path.name}:{frame.f_lineno}" if everyone else None
     return f"{Path(frame.f_code.co_filename).relative_to(PACKAGE)}:{frame.f_lineno}"
 
 
@@ -60,22 +62,24 @@ def _is_mask(index: Any) -> bool:
 
 
 class HostReads:
-    """Calls counted per ``where`` (``file:line`` of the package) for the current ``step``; ``reads[step]``."""
+    """Calls counted per ``where`` (``file:line`` of the package; of any code with ``everyone``) for the current
+    ``step``; ``reads[step]``."""
 
-    def __init__(self) -> None:
-        self.step = 0
+    def __init__(self, everyone: bool = False) -> None:
+        self.step, self.everyone = 0, everyone
         self.reads: dict[int, Counter[str]] = {}
 
     def count(self, what: str) -> None:
-        where = _caller_in_package()
+        where = _caller(self.everyone)
         if where is not None:
             self.reads.setdefault(self.step, Counter())[f"{where} {what}"] += 1
 
 
 @contextmanager
-def counting_host_reads() -> Iterator[HostReads]:
-    """Within the block every reading call the package makes is counted in the yielded ``HostReads``."""
-    reads = HostReads()
+def counting_host_reads(everyone: bool = False) -> Iterator[HostReads]:
+    """Within the block every reading call the package makes (``everyone``: any code outside the DataLoader's
+    collation) is counted in the yielded ``HostReads``."""
+    reads = HostReads(everyone)
     with _ReadingCalls(reads):
         yield reads
 

@@ -4,6 +4,7 @@ last checkpoint; with ``on_nonfinite="skip"`` the step is dropped (no update) an
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -160,6 +161,8 @@ def test_skip_mode_drops_the_step_and_counts_it(poisoned, tiny_model, qwen_style
         4: 1,
     }
     assert next(entry for entry in history if "train_loss" in entry)["nonfinite_skipped"] == 1
+    # Trainer's NaN filter is on in skip mode: the dropped step's loss does not reach the logged one.
+    assert all(math.isfinite(entry[key]) for entry in history for key in ("loss", "train_loss") if key in entry)
 
 
 def test_run_sft_reports_it_as_one_line(tiny_model_dir, tmp_path, capsys):
