@@ -298,19 +298,13 @@ class Acceptance:
             figures["meets_cpu_reference"] = after >= 0.98
         return figures
 
+    def worker_argv(self, worker: str, *flags: str) -> list[str]:
+        """This script as one of its workers, on this run's work folder, device and size."""
+        where = ["--work", str(self.work), "--device", self.options.device, *(["--tiny"] if self.options.tiny else [])]
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", worker, *where, *flags]
+
     def build(self, budget: float) -> dict:
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            "build",
-            "--work",
-            str(self.work),
-            "--device",
-            self.options.device,
-            *(["--tiny"] if self.options.tiny else []),
-        ]
-        text = self.command("build", argv, budget)
+        text = self.command("build", self.worker_argv("build"), budget)
         return json.loads(text.strip().splitlines()[-1])
 
     def run_args(self) -> list[str]:
@@ -359,22 +353,9 @@ class Acceptance:
         self, group: list[str], budget: float, failed: dict | None, variants: bool = False
     ) -> dict | None:
         """One worker process's JSON for ``group``'s shapes; None when it failed (recorded into ``failed``)."""
-        argv = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            "speed",
-            "--work",
-            str(self.work),
-            "--out",
-            str(self.out),
-            "--device",
-            self.options.device,
-            "--shapes",
-            *group,
-            *(["--tiny"] if self.options.tiny else []),
-            *(["--variants"] if variants else []),
-        ]
+        argv = self.worker_argv(
+            "speed", "--out", str(self.out), "--shapes", *group, *(["--variants"] if variants else [])
+        )
         left = budget - (time.monotonic() - self._stage_started)
         try:
             return json.loads(self.command(f"speed {' '.join(group)}", argv, left).strip().splitlines()[-1])

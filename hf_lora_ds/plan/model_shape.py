@@ -107,9 +107,7 @@ def measure_model_shape(
     compute dtype and does not autocast (``adapters_in_compute_dtype``): those copies go. ``on_accelerator``: the
     run's dropout is CUDA's fused kernel, which saves a bool mask where the CPU's saves one in the input's dtype.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
-    key = (
-        config.to_json_string(),
-        repr(lora),
+    settings = (
         dtype,
         seq_len,
         attn_implementation,
@@ -118,21 +116,12 @@ def measure_model_shape(
         train_lora_a,
         on_accelerator,
     )
+    key = (config.to_json_string(), repr(lora), *settings)
     if key not in _MEASURED:
         # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
         # LoRA initialisation of the run that plans (run_sft seeds before it plans).
         with torch.random.fork_rng(devices=[]):
-            _MEASURED[key] = _measure(
-                config,
-                lora,
-                dtype,
-                seq_len,
-                attn_implementation,
-                quantization,
-                adapters_in_compute_dtype,
-                train_lora_a,
-                on_accelerator,
-            )
+            _MEASURED[key] = _measure(config, lora, *settings)
     return _MEASURED[key]
 
 
