@@ -49,7 +49,19 @@ def register_varlen_attention(config: PretrainedConfig) -> None:
     not proven with this kernel."""
     if vision_model_class(config) is not None:
         raise UserError(f"{_FLAG}: vision-language models are not supported; use sdpa or flash_attention_2")
+    _check_config(config.get_text_config())
     ALL_ATTENTION_FUNCTIONS[VARLEN_ATTENTION] = varlen_attention_forward
+
+
+def _check_config(text: PretrainedConfig) -> None:
+    """What the config says the layers do that this kernel cannot, refused at loading (before any step); the
+    forward's checks (``_check_supported``) catch what a config does not name."""
+    if getattr(text, "attn_logit_softcapping", None):
+        raise UserError(f"{_FLAG}: this model softcaps its attention logits or has attention sinks; use eager")
+    if getattr(text, "attention_dropout", 0.0):
+        raise UserError(
+            f"{_FLAG}: the model's attention_dropout ({text.attention_dropout}) is not applied by this kernel; use sdpa"
+        )
 
 
 def varlen_attention_forward(

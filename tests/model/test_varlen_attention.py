@@ -188,6 +188,17 @@ def test_a_vision_language_model_is_refused_and_a_text_model_registered(varlen_a
     assert varlen_attention not in type(ALL_ATTENTION_FUNCTIONS)._global_mapping  # the process's overrides only
 
 
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [("attn_logit_softcapping", "softcaps its attention logits"), ("attention_dropout", "attention_dropout (0.1)")],
+)
+def test_a_config_the_kernel_cannot_run_is_refused_at_loading(field, message, varlen_attention):
+    config = AutoConfig.for_model("qwen2", **{field: 0.1})
+    with pytest.raises(UserError, match="^--attn_implementation varlen_attn") as refused:
+        register_varlen_attention(config)
+    assert message in str(refused.value)
+
+
 def test_a_float32_model_is_refused_on_cuda_and_autocast_activations_cast():
     from hf_lora_ds.model.varlen_attention import _half_precision
 
