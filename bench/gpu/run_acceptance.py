@@ -61,11 +61,20 @@ from speed import (  # noqa: E402  (found on the path above)
 )
 
 RUN_SFT = REPO / "run_sft.py"
-STAGES = ("doctor", "build", "speed", "zero3", "plan", "demo", "gpu_tests")
+STAGES = ("doctor", "build", "speed", "zero3", "plan", "demo", "variants", "gpu_tests")
 # Seconds each stage may take on one GPU (the expected times are about half); the whole run stops starting stages
 # past --deadline_s.
-BUDGET_S = {"doctor": 90, "build": 90, "speed": 300, "zero3": 150, "plan": 90, "demo": 120, "gpu_tests": 90}
-NEEDS = {"speed": "build", "zero3": "build", "plan": "build"}
+BUDGET_S = {
+    "doctor": 90,
+    "build": 90,
+    "speed": 300,
+    "zero3": 150,
+    "plan": 90,
+    "demo": 120,
+    "variants": 150,
+    "gpu_tests": 90,
+}
+NEEDS = {"speed": "build", "zero3": "build", "plan": "build", "variants": "build"}
 # The files with @pytest.mark.gpu tests (tests/conftest.py skips them where CUDA is absent). Each collects, with
 # tests/conftest.py, from the GPU machine's own packages (machine_packages.txt) and the wheel set alone: checked in
 # an interpreter that saw nothing else (tests/bench/test_gpu_wheels.py's view plus the set's packages): no swanlab,
@@ -174,6 +183,7 @@ class Acceptance:
             "speed": self.speed,
             "zero3": self.zero3,
             "plan": self.plan,
+            "variants": self.variants,
             "gpu_tests": self.gpu_tests,
         }
         for name in self.options.stages:
@@ -322,20 +332,32 @@ class Acceptance:
             if found:
                 figures["windows"] = found["windows"]
                 figures["shapes"].update(found["shapes"])
-        self._speed_variants(budget, figures["shapes"])
         rows = [shape.get("row", {}) for shape in figures["shapes"].values()]
         figures["ok"] = bool(rows) and all(row.get("over_trl_default") and row.get("over_trl_fastest") for row in rows)
         first = figures["shapes"].get(self.options.shapes[0], {}).get("hf_lora_ds", {})
         figures["ok"] = figures["ok"] and bool(first.get("peak_memory_mib"))  # the plan stage compares it
         return figures
 
+    def variants(self, budget: float) -> dict:
+        """The package's kernel variants on VARIANT_SHAPES, a stage after those the issue's goals read (speed, zero3,
+        plan, demo) so that a deadline cuts variants first. Each goes into the speed stage's shape, whose row then
+        gives its ratio to the default run (a run without the speed stage records the variants' own figures only).
+        Skipped as a whole on the CPU."""
+        measured = self.results["stages"].get("speed", {}).get("shapes", {})
+        shapes = {name: measured.get(name, {}) for name in self.options.shapes}
+        self._speed_variants(budget, shapes)
+        found = {name: {v: shape[v] for v in VARIANTS if v in shape} for name, shape in shapes.items()}
+        if "shapes" in self.results["stages"].get("speed", {}):
+            measured.update({name: shape for name, shape in shapes.items() if name in measured})
+        return {"shapes": found, "ok": not any("error" in run for runs in found.values() for run in runs.values())}
+
     def _speed_variants(self, budget: float, shapes: dict) -> None:
-        """The second pass: the package's kernel variants on VARIANT_SHAPES, after every shape's comparison with
-        TRL, each shape's row then with the variants' ratios to the default. Skipped as a whole on the CPU."""
+        """Each variant of each shape in VARIANT_SHAPES, the shape's row (where it has one) then with the variants'
+        ratios to the default."""
         skips = variant_skips(self.on_cpu, self.options.tiny)
         for name, shape in shapes.items():
             if not skips and budget - (time.monotonic() - self._stage_started) < 30:
-                skips = {variant: {"skipped": "the speed stage's budget was spent"} for variant in VARIANTS}
+                skips = {variant: {"skipped": "the variants stage's budget was spent"} for variant in VARIANTS}
             if skips or name not in VARIANT_SHAPES:
                 shape.update(
                     skips or {v: {"skipped": f"variants run on {', '.join(VARIANT_SHAPES)}"} for v in VARIANTS}
@@ -818,6 +840,15 @@ def _figures(name: str, r: dict) -> str:
             )
             + " (the speed table below)"
         )
+    if name == "variants":
+        return (
+            "; ".join(
+                f"{shape} {variant}: {run.get('skipped') or (run.get('error') or '').splitlines()[0][:80] or 'ran'}"
+                for shape, runs in r.get("shapes", {}).items()
+                for variant, run in runs.items()
+            )[:800].replace("|", "/")
+            + " (the speed table below)"
+        )
     if name == "zero3":
         text = (
             f"{_fmt(r.get('supervised_tokens_per_second'))} supervised tokens/s, MFU {_fmt(r.get('mfu'))}, "
@@ -880,7 +911,7 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
         help="start no stage after this many seconds (default: 450 on cuda, 1800 on cpu)",
     )
     parser.add_argument("--worker", choices=("build", "speed"), help=argparse.SUPPRESS)
-    parser.add_argument("--variants", action="store_true", help=argparse.SUPPRESS)  # the speed worker's second pass
+    parser.add_argument("--variants", action="store_true", help=argparse.SUPPRESS)  # the variants stage's worker
     options = parser.parse_args(argv)
     if options.shapes is None:
         options.shapes = [shape.name for shape in (TINY_SHAPES if options.tiny else GPU_SHAPES)]

@@ -77,8 +77,8 @@ VARIANTS = {
     "hf_lora_ds_liger_flce": (["--use_liger_kernel", "true"], True),
     "hf_lora_ds_compile": (["--torch_compile", "true"], False),
 }
-# Run in a second pass after every shape's three trainers, so a deadline cuts variants, never the comparison with
-# TRL: on two shapes (padding-free chats and the 1.5B packed rows), with fewer timed steps.
+# Run by run_acceptance.py's variants stage, after the stages the goals read, so a deadline cuts variants,
+# never the comparison with TRL or the planner's check: on two shapes (chats and the 1.5B packed rows), fewer steps.
 VARIANT_SHAPES = ("chats", "1.5b-packed")
 VARIANT_WINDOWS = Windows(warmup=3, timed=6, profiled=1)
 

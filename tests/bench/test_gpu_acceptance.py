@@ -16,6 +16,7 @@ from tests.e2e.launching import LAUNCH_TIMEOUT_S, REPO, run
 
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 import run_acceptance  # noqa: E402
+import speed  # noqa: E402
 
 pytest_plugins = ["pytester"]
 
@@ -50,6 +51,10 @@ def test_the_cpu_dry_run_passes_every_stage(tmp_path):
     assert stages["zero3"]["adapter"]["tensors"] > 0 and stages["zero3"]["adapter"]["empty_tensors"] == 0
     for trainer in ("hf_lora_ds", "zero3"):
         assert stages["plan"][trainer]["predicted_mib"] > 0 and stages["plan"][trainer]["measured_mib"] > 0
+    # the kernel variants: a stage after plan and demo, each recorded in the speed stage's shape (skipped on the CPU)
+    variants = stages["variants"]["shapes"][first]
+    assert set(variants) == set(speed.VARIANTS) and all("skipped" in run for run in variants.values()), variants
+    assert all(shapes[first][variant] == run for variant, run in variants.items())
     # the suite's gpu tests, collected from every listed file and all skipped here (no CUDA), under 20 s
     gpu_tests = stages["gpu_tests"]
     assert gpu_tests["counts"]["skipped"] >= len(run_acceptance.GPU_TEST_FILES), gpu_tests
