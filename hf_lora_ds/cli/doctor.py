@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Finding", "main", "cli"]
+__all__ = ["Finding", "main", "cli", "installed"]
 
 # What every run imports: a failure here is a failure of the run. DeepSpeed too: the planner checks the shipped
 # DeepSpeed configs against DeepSpeed's own schema before every run, with or without --deepspeed.
@@ -167,7 +167,7 @@ def _required_module(module: str) -> Iterator[tuple[str, str]]:
     yield "ok", version
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
     """Whether ``module`` can be imported, without importing it (importing bitsandbytes or swanlab takes seconds)."""
     try:
         return importlib.util.find_spec(module) is not None
@@ -176,7 +176,7 @@ def _installed(module: str) -> bool:
 
 
 def _optional_module(module: str, used_by: str) -> Iterator[tuple[str, str]]:
-    if not _installed(module):
+    if not installed(module):
         yield "info", f"not installed; needed by {used_by}"
         return
     yield "ok", _version(module.replace("_", "-"))

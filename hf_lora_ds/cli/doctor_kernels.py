@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 import torch
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from hf_lora_ds.callbacks.kernels_line import kernels_line
+from hf_lora_ds.cli.doctor import installed
 from hf_lora_ds.config.batching import resolve_batching
 from hf_lora_ds.training.loss_head import FUSED_HEAD
 
@@ -36,15 +36,11 @@ def default_kernels() -> Iterator[tuple[str, str]]:
 def faster_options() -> str:
     """flash_attn, liger_kernel and torch's varlen attention: each with whether it works on this machine."""
     sm80 = torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] >= 8
-    varlen = importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    varlen = installed("torch.nn.attention.varlen")
     options = {
-        "--attn_implementation flash_attention_2": _installed("flash_attn") and sm80,
-        "--use_liger_kernel": _installed("liger_kernel") and torch.cuda.is_available(),
+        "--attn_implementation flash_attention_2": installed("flash_attn") and sm80,
+        "--use_liger_kernel": installed("liger_kernel") and torch.cuda.is_available(),
         "--attn_implementation varlen_attn": varlen and sm80,
         "--torch_compile": True,
     }
     return ", ".join(f"{flag} {'yes' if ok else 'no'}" for flag, ok in options.items())
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None

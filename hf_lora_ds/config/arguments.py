@@ -84,7 +84,7 @@ class SFTTrainingArguments(
             )
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
-        non_blocking_asked = not _non_blocking_unset(self.accelerator_config)
+        non_blocking_asked = _non_blocking_given(self.accelerator_config)
         super().__post_init__()
         if self.dataloader_pin_memory and not non_blocking_asked:
             # A blocking copy to the device synchronises its stream: the host would wait for the last step's kernels
@@ -168,11 +168,11 @@ def check_fsdp_config_path(args: SFTTrainingArguments) -> None:
         raise MissingPathError(f"--fsdp_config {args.fsdp_config}: no such file (e.g. fsdp_configs/fsdp2.json)")
 
 
-def _non_blocking_unset(accelerator_config: Any) -> bool:
-    """Whether ``--accelerator_config`` leaves ``non_blocking`` to the defaults (not given, or a dict without it)."""
-    return accelerator_config is None or (
-        isinstance(accelerator_config, dict) and "non_blocking" not in accelerator_config
-    )
+def _non_blocking_given(accelerator_config: Any) -> bool:
+    """Whether ``--accelerator_config`` sets ``non_blocking``: a dict with the key, or a config file, read as it is."""
+    if isinstance(accelerator_config, dict):
+        return "non_blocking" in accelerator_config
+    return accelerator_config is not None
 
 
 def pinned_memory_helps(use_cpu: bool) -> bool:

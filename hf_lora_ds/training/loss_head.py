@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from transformers import Trainer
 
+from hf_lora_ds.training.liger import liger_ops
 from hf_lora_ds.training.supervised_logits import fused_head
 
 __all__ = ["FULL_LOGITS", "FUSED_HEAD", "LIGER_HEAD", "SUPERVISED_ROWS", "full_logits_reason", "loss_head"]
@@ -45,4 +46,4 @@ def loss_head(trainer: Trainer) -> str:
 
 
 def _liger_head(args) -> bool:
-    return bool(args.use_liger_kernel and (args.liger_kernel_config or {}).get("fused_linear_cross_entropy", True))
+    return "fused_linear_cross_entropy" in liger_ops(args)
