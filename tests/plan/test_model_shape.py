@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -25,8 +27,8 @@ def lora(rank: int = 4) -> LoraConfig:
     return LoraConfig(r=rank, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-def real_saved_bytes(model: torch.nn.Module, seq_len: int, device: str = "cpu") -> int:
-    """What autograd really keeps for backward in a training forward of the decoder (parameters excluded)."""
+def saved_bytes(model: torch.nn.Module, forward: Callable[[], Any]) -> int:
+    """What autograd really keeps for backward over ``forward()``, ``model`` training (its parameters excluded)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -38,10 +40,14 @@ def real_saved_bytes(model: torch.nn.Module, seq_len: int, device: str = "cpu") 
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model.get_base_model().get_decoder()(
-            input_ids=torch.ones(1, seq_len, dtype=torch.long, device=device), use_cache=False
-        )
+        forward()
     return sum(storages.values())
+
+
+def real_saved_bytes(model: torch.nn.Module, seq_len: int, device: str = "cpu") -> int:
+    """What autograd really keeps for backward in a training forward of the decoder (parameters excluded)."""
+    input_ids = torch.ones(1, seq_len, dtype=torch.long, device=device)
+    return saved_bytes(model, lambda: model.get_base_model().get_decoder()(input_ids=input_ids, use_cache=False))
 
 
 def test_counts_equal_a_real_peft_model(qwen_style_tokenizer):

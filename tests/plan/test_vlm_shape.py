@@ -13,6 +13,7 @@ from hf_lora_ds.model.lora import wrap_with_lora
 from hf_lora_ds.plan.model_shape import measure_model_shape
 from hf_lora_ds.vision.encoding import ImageEncoding
 from hf_lora_ds.vision.modules import TOWER, vision_parts
+from tests.plan.test_model_shape import saved_bytes
 
 
 def _lora() -> LoraConfig:
@@ -21,19 +22,7 @@ def _lora() -> LoraConfig:
 
 def _saved_by_a_training_forward(model: torch.nn.Module, batch: dict) -> int:
     """Bytes autograd keeps over a real forward of the whole model (tower included), parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model.get_base_model().model(**batch, use_cache=False)
-    return sum(storages.values())
+    return saved_bytes(model, lambda: model.get_base_model().model(**batch, use_cache=False))
 
 
 @pytest.mark.parametrize("family", VLM_FAMILIES)

@@ -1,8 +1,11 @@
-"""What the vision tests share: a folder of tiny images of given sizes, and records that refer to them."""
+"""What the vision tests share: a folder of tiny images of given sizes, records that refer to them, and each family's
+model and records built once for a test module."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from hf_lora_ds._testing.tiny_vlms import build_tiny_vlm, tiny_image
@@ -29,3 +32,9 @@ def family_and_records(family: str, root: Path) -> tuple:
     model, processor = build_tiny_vlm(family)
     records = str(root / "records.jsonl")
     return model, processor, ChatSFTDataset(records, processor.tokenizer, processor=processor, cache_dir=root / "cache")
+
+
+def once_per_family(build: Callable[[str], tuple]) -> Callable[[str], tuple]:
+    """``build(family)``, each family's built once: a module fixture returns this, and what it built goes with the
+    fixture at the module's end."""
+    return cache(build)

@@ -15,7 +15,7 @@ from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES
 from hf_lora_ds.data.batches.collator import padded_collator
 from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.vision.collator import VisionCollator
-from tests.vision.conftest import family_and_records, image_folder, write_conversations
+from tests.vision.conftest import family_and_records, image_folder, once_per_family, write_conversations
 
 FAMILIES = VLM_FAMILIES + MORE_VLM_FAMILIES
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
@@ -49,21 +49,15 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-_BUILT: dict[str, tuple] = {}
-
-
 @pytest.fixture(scope="module")
 def built(root):
     """``family -> (model in eval mode, processor, dataset of CONVERSATIONS)``, each built once for the module."""
 
-    def get(family: str):
-        if family not in _BUILT:
-            model, processor, dataset = family_and_records(family, root)
-            _BUILT[family] = model.eval(), processor, dataset
-        return _BUILT[family]
+    def build(family: str) -> tuple:
+        model, processor, dataset = family_and_records(family, root)
+        return model.eval(), processor, dataset
 
-    yield get
-    _BUILT.clear()
+    return once_per_family(build)
 
 
 def alone(processor, messages: list[dict], root: Path) -> dict:

@@ -19,7 +19,7 @@ from hf_lora_ds._testing.tiny_vlms import MORE_VLM_FAMILIES, VLM_FAMILIES, build
 from hf_lora_ds.data.dataset import IGNORE_INDEX, ChatSFTDataset, TemplateError
 from hf_lora_ds.data.records import DataError
 from hf_lora_ds.errors import UserError
-from tests.vision.conftest import family_and_records, image_folder
+from tests.vision.conftest import family_and_records, image_folder, once_per_family
 
 FAMILIES = VLM_FAMILIES + MORE_VLM_FAMILIES
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}  # different sizes: different token counts
@@ -124,21 +124,10 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-_BUILT: dict[str, tuple] = {}
-
-
 @pytest.fixture(scope="module")
 def built(root):
     """``family -> (processor, dataset of CASES)``, each built once for the module."""
-
-    def get(family: str):
-        if family not in _BUILT:
-            _, processor, dataset = family_and_records(family, root)
-            _BUILT[family] = processor, dataset
-        return _BUILT[family]
-
-    yield get
-    _BUILT.clear()
+    return once_per_family(lambda family: family_and_records(family, root)[1:])
 
 
 def expected_labels(tokenizer, ids: np.ndarray, answers: list[str], lead: str) -> np.ndarray:

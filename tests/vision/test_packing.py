@@ -19,7 +19,7 @@ from hf_lora_ds.data.dataset import IGNORE_INDEX
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.vision.collator import VisionCollator
 from hf_lora_ds.vision.packing import packed_rope_index
-from tests.vision.conftest import family_and_records, image_folder, write_conversations
+from tests.vision.conftest import family_and_records, image_folder, once_per_family, write_conversations
 
 QWEN_VL = tuple(family for family in VLM_FAMILIES + MORE_VLM_FAMILIES if family.startswith("qwen"))
 SIZES = {"a.png": (64, 64), "b.png": (48, 80), "c.png": (96, 64)}
@@ -53,25 +53,19 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-_BUILT: dict[str, tuple] = {}
-
-
 @pytest.fixture(scope="module")
 def built(root):
     """``family -> (model, processor, dataset, each conversation's logits alone)``, built once for the module."""
 
-    def get(family: str):
-        if family not in _BUILT:
-            model, processor, dataset = family_and_records(family, root)
-            model.set_attn_implementation("sdpa")
-            model.eval()
-            with torch.no_grad():
-                alone = [model(**own(processor, m, root), use_cache=False).logits[0] for m in CONVERSATIONS]
-            _BUILT[family] = model, processor, dataset, alone
-        return _BUILT[family]
+    def build(family: str) -> tuple:
+        model, processor, dataset = family_and_records(family, root)
+        model.set_attn_implementation("sdpa")
+        model.eval()
+        with torch.no_grad():
+            alone = [model(**own(processor, m, root), use_cache=False).logits[0] for m in CONVERSATIONS]
+        return model, processor, dataset, alone
 
-    yield get
-    _BUILT.clear()
+    return once_per_family(build)
 
 
 def own(processor, messages: list[dict], root: Path) -> dict:
