@@ -26,6 +26,9 @@ from PIL import Image, ImageDraw
 from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's hf_lora_ds, also when not installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/throughput.py's run settings
+
+from throughput import common_args as text_common_args  # noqa: E402
 
 from hf_lora_ds import IGNORE_INDEX, LoraSFTTrainer, SFTTrainingArguments  # noqa: E402
 from hf_lora_ds._testing.tiny_vlms import build_tiny_vlm  # noqa: E402
@@ -63,21 +66,8 @@ def make_records(n: int, seed: int, image_dir: Path) -> list[dict]:
 
 
 def common_args(output_dir: str, batch_size: int) -> dict:
-    return dict(
-        output_dir=output_dir,
-        num_train_epochs=1,
-        per_device_train_batch_size=batch_size,
-        learning_rate=1e-4,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        remove_unused_columns=False,
-    )
+    """bench/throughput.py's settings, with the images column kept for the collator."""
+    return {**text_common_args(output_dir, batch_size), "remove_unused_columns": False}
 
 
 def make_trainer(variant: str, model, processor, records: list[dict], workdir: str, batch_size: int):
