@@ -19,6 +19,7 @@ from hf_lora_ds.model.layer_kinds import sequence_mixers
 from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.lora_coverage import MIXER_KINDS, lora_coverage
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
+from tests.trainer.test_run_inputs import arguments
 
 RECORDS = [{"instruction": f"{x}=", "output": f"{x - 3} + 3"} for x in range(10, 26)]
 MOE_HYBRIDS = ("qwen3_next", "granitemoehybrid", "nemotron_h", "jamba")
@@ -34,14 +35,7 @@ def logits(model) -> torch.Tensor:
 def test_each_family_trains_with_the_defaults_and_its_adapter_reloads_and_merges(
     family, qwen_style_tokenizer, tmp_path
 ):
-    args = SFTTrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        report_to="none",
-        save_strategy="no",
-    )
+    args = arguments(tmp_path)
     model = build_tiny_hybrid(family, qwen_style_tokenizer)
     dataset = ChatSFTDataset(RECORDS, qwen_style_tokenizer, cache_dir=tmp_path)
     trainer = LoraSFTTrainer(model, args, train_dataset=dataset, processing_class=qwen_style_tokenizer)

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from hf_lora_ds._testing.tiny_vlms import VLM_FAMILIES, save_tiny_vlm, tiny_image
-from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
 from hf_lora_ds.vision.modules import LANGUAGE_MODEL, vision_parts
 from hf_lora_ds.vision.processor import load_processor
+from tests.trainer.test_run_inputs import arguments
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +39,7 @@ def image_records(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("family", VLM_FAMILIES)
 def test_each_family_trains_with_the_defaults_on_image_records(family, image_records, tmp_path):
     base = save_tiny_vlm(family, tmp_path / "base")
-    args = SFTTrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=3,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        report_to="none",
-        save_strategy="no",
-        eval_file="",
-    )
+    args = arguments(tmp_path, max_steps=3, eval_file="")
     trainer = LoraSFTTrainer(str(base), args, train_dataset=image_records)
     image_ids = torch.as_tensor(trainer.train_dataset.encoder.vision.image_ids)
     for sample in trainer.train_dataset:
