@@ -14,6 +14,10 @@ Generation (left padding, a KV cache, no bounds) runs under sdpa (hf_lora_ds.eva
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import inspect
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -42,14 +46,16 @@ class Bounds(NamedTuple):
     max_length_k: int
 
 
-def register_varlen_attention(config: PretrainedConfig) -> None:
-    """Make ``varlen_attn`` a name transformers accepts, for a run whose model loads with it. The entry goes into
-    the shared registry's per-process overrides (where DeepSpeed puts its Ulysses wrapper), not the class-wide map.
-    A vision-language model is refused: its tower's bidirectional attention and Qwen-VL's (4, B, L) positions are
-    not proven with this kernel."""
+def register_varlen_attention(config: PretrainedConfig, device: torch.device | str) -> None:
+    """Make ``varlen_attn`` a name transformers accepts, for a run whose model loads with it on ``device``. The entry
+    goes into the shared registry's per-process overrides (where DeepSpeed puts its Ulysses wrapper), not the
+    class-wide map. A vision-language model is refused: its tower's bidirectional attention and Qwen-VL's (4, B, L)
+    positions are not proven with this kernel; so is a CUDA run on a torch without the kernel."""
     if vision_model_class(config) is not None:
         raise UserError(f"{_FLAG}: vision-language models are not supported; use sdpa or flash_attention_2")
     _check_config(config.get_text_config())
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        raise UserError(f"{_FLAG}: torch {torch.__version__} has no torch.nn.attention.varlen (2.10 has); use sdpa")
     ALL_ATTENTION_FUNCTIONS[VARLEN_ATTENTION] = varlen_attention_forward
 
 
@@ -98,8 +104,7 @@ def flash_varlen(
     scaling: float | None,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """The CUDA path: (T, H, D) tokens through ``varlen_attn``. A window (-1, 0) is what it takes for causal; a
-    sliding window of W keys (transformers: ``kv_idx > q_idx - W``) is W - 1 to the left. FlashAttention needs one
+    """The CUDA path: (T, H, D) tokens through ``varlen_attn``, causal within each sample. FlashAttention needs one
     head dim for query and value: a narrower value (MLA) is padded and the output cropped, as transformers' flash
     path does."""
     from torch.nn.attention.varlen import varlen_attn
@@ -107,20 +112,40 @@ def flash_varlen(
     value_dim = v.shape[-1]
     if value_dim != q.shape[-1]:
         v = F.pad(v, (0, q.shape[-1] - value_dim))
-    window = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
+    options = _kernel_options(_keywords(varlen_attn), q, k, scaling, sliding_window)
     out = varlen_attn(
-        q,
-        k,
-        v,
-        bounds.cu_seq_lens_q,
-        bounds.cu_seq_lens_k,
-        bounds.max_length_q,
-        bounds.max_length_k,
-        scale=scaling,
-        window_size=window,
-        enable_gqa=q.shape[1] != k.shape[1],
+        q, k, v, bounds.cu_seq_lens_q, bounds.cu_seq_lens_k, bounds.max_length_q, bounds.max_length_k, **options
     )
     return out[..., :value_dim]
+
+
+@functools.cache
+def _keywords(kernel: Any) -> frozenset[str]:
+    """The keyword arguments the kernel takes, read once (the forward of every layer asks)."""
+    return frozenset(inspect.signature(kernel).parameters)
+
+
+def _kernel_options(
+    keywords: frozenset[str], q: torch.Tensor, k: torch.Tensor, scaling: float | None, sliding_window: int | None
+) -> dict[str, Any]:
+    """The causal window, scale and GQA in the keywords this torch's ``varlen_attn`` takes: torch 2.10 has
+    ``is_causal`` and no window, 2.11 a window and a scale, 2.13 ``enable_gqa`` too (before it FlashAttention takes
+    fewer key than query heads as they are). A window (-1, 0) is causal; a sliding window of W keys (transformers:
+    ``kv_idx > q_idx - W``) is W - 1 to the left."""
+    options: dict[str, Any] = {}
+    if "window_size" in keywords:
+        options["window_size"] = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
+    elif sliding_window is None:
+        options["is_causal"] = True
+    else:
+        raise UserError(f"{_FLAG}: torch {torch.__version__}'s varlen_attn has no sliding window (2.11 has); use sdpa")
+    if "scale" in keywords:
+        options["scale"] = scaling
+    elif scaling is not None and not math.isclose(scaling, q.shape[-1] ** -0.5):
+        raise UserError(f"{_FLAG}: torch {torch.__version__}'s varlen_attn takes no attention scale; use sdpa")
+    if "enable_gqa" in keywords:
+        options["enable_gqa"] = q.shape[1] != k.shape[1]
+    return options
 
 
 def per_sample_sdpa(

@@ -5,8 +5,11 @@ what it cannot do refused in one line."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
+import torch.nn.attention.varlen
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, PretrainedConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -22,6 +25,7 @@ from hf_lora_ds.model.varlen_attention import (
 )
 from hf_lora_ds.training.batches import boundary_keys
 
+REAL_VARLEN_ATTN = torch.nn.attention.varlen.varlen_attn
 SAMPLES = [list(range(5, 16)), list(range(20, 24)), list(range(30, 37))]  # 11, 4 and 7 tokens
 
 
@@ -119,8 +123,65 @@ def test_the_cuda_call_on_the_meta_device(kv_heads, window):
     assert out.shape == (22, 4, 16) and out.dtype == torch.bfloat16
     [args] = [args for func, args in spy.calls if func is torch.ops.torch_attn._varlen_attn.default]
     max_q, max_k, is_causal, scale, window_size, *gqa = args[5:11]  # the dispatcher drops a trailing default
-    assert (max_q, max_k, scale, gqa == [True]) == (11, 11, 0.25, kv_heads != 4)
+    takes_gqa = "enable_gqa" in inspect.signature(REAL_VARLEN_ATTN).parameters  # torch 2.13 on; 2.11's FA2 as is
+    assert (max_q, max_k, scale, gqa == [True]) == (11, 11, 0.25, kv_heads != 4 and takes_gqa)
     assert (is_causal, window_size) == ((True, [-1, 0]) if window is None else (False, [window - 1, 0]))
+
+
+def torch_2_11_varlen_attn(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+):
+    """torch 2.11's keywords (the GPU machine's torch; 2.13 added ``enable_gqa``), on to this torch's kernel."""
+    gqa = query.shape[1] != key.shape[1]
+    takes_gqa = "enable_gqa" in inspect.signature(REAL_VARLEN_ATTN).parameters
+    return REAL_VARLEN_ATTN(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size,
+        **({"enable_gqa": gqa} if takes_gqa else {}),
+    )  # fmt: skip
+
+
+def test_the_cuda_call_takes_what_an_older_torch_s_kernel_takes(monkeypatch):
+    """torch 2.11's varlen_attn has no ``enable_gqa`` (2.13 added it): a GQA model's call must not pass it."""
+    monkeypatch.setattr(torch.nn.attention.varlen, "varlen_attn", torch_2_11_varlen_attn)
+    q = torch.empty(22, 4, 16, device="meta", dtype=torch.bfloat16)
+    kv = torch.empty(22, 2, 16, device="meta", dtype=torch.bfloat16)
+    assert flash_varlen(q, kv, kv, bounds([11, 4, 7], "meta"), 0.25, 3).shape == (22, 4, 16)
+
+
+TORCH_2_10 = frozenset({"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "is_causal", "return_aux"})
+
+
+@pytest.mark.parametrize(
+    ("scaling", "window", "options"),
+    [(None, None, {"is_causal": True}), (0.25, None, {"is_causal": True}), (0.5, None, "takes no attention scale"),
+     (None, 3, "has no sliding window")],
+    ids=["default-scale", "the-default-scale-given", "another-scale", "sliding-window"],
+)  # fmt: skip
+def test_a_kernel_without_window_or_scale_is_called_causal_or_refused(scaling, window, options):
+    """torch 2.10's varlen_attn: causal by ``is_causal``; what it cannot do (a scale other than 1/sqrt(d), a sliding
+    window) refused in one line rather than run as something else."""
+    from hf_lora_ds.model.varlen_attention import _kernel_options
+
+    q, k = torch.empty(5, 4, 16, device="meta"), torch.empty(5, 2, 16, device="meta")
+    if isinstance(options, dict):
+        assert _kernel_options(TORCH_2_10, q, k, scaling, window) == options
+    else:
+        with pytest.raises(UserError, match=f"^--attn_implementation varlen_attn: torch .*'s varlen_attn {options}"):
+            _kernel_options(TORCH_2_10, q, k, scaling, window)
+
+
+def test_a_cuda_run_on_a_torch_without_the_kernel_is_refused_at_loading(monkeypatch, varlen_attention_cleared):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "torch.nn.attention.varlen" else real_find_spec(name, *a),
+    )
+    register_varlen_attention(PretrainedConfig(), "cpu")  # the CPU path needs only sdpa
+    with pytest.raises(UserError, match=r"has no torch.nn.attention.varlen \(2.10 has\); use sdpa$"):
+        register_varlen_attention(PretrainedConfig(), torch.device("cuda", 1))
 
 
 def test_a_narrower_value_is_padded_for_the_kernel_and_cropped():
@@ -182,8 +243,8 @@ def test_a_vision_language_model_is_refused_and_a_text_model_registered(varlen_a
 
     vlm = AutoConfig.for_model("qwen2_vl")
     with pytest.raises(UserError, match="varlen_attn: vision-language models are not supported"):
-        register_varlen_attention(vlm)
-    register_varlen_attention(PretrainedConfig())
+        register_varlen_attention(vlm, "cpu")
+    register_varlen_attention(PretrainedConfig(), "cpu")
     assert ALL_ATTENTION_FUNCTIONS[varlen_attention] is varlen_attention_forward
     assert varlen_attention not in type(ALL_ATTENTION_FUNCTIONS)._global_mapping  # the process's overrides only
 
@@ -195,7 +256,7 @@ def test_a_vision_language_model_is_refused_and_a_text_model_registered(varlen_a
 def test_a_config_the_kernel_cannot_run_is_refused_at_loading(field, message, varlen_attention):
     config = AutoConfig.for_model("qwen2", **{field: 0.1})
     with pytest.raises(UserError, match="^--attn_implementation varlen_attn") as refused:
-        register_varlen_attention(config)
+        register_varlen_attention(config, "cpu")
     assert message in str(refused.value)
 
 
