@@ -12,9 +12,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["auto_dtype", "device_memory_api", "free_device_memory"]
+__all__ = ["auto_dtype", "available_accelerator", "device_memory_api", "free_device_memory"]
 
 logger = logging.getLogger(__name__)
+
+
+def available_accelerator() -> torch.device | None:
+    """The accelerator this process can use, None where there is none. ``current_accelerator()`` alone names the
+    backend torch was built for: PyPI's Linux torch, a CUDA build, says cuda on a machine without a GPU."""
+    return torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
 
 
 def device_memory_api() -> Any:

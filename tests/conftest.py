@@ -314,13 +314,24 @@ def varlen_attention_cleared():
 
 
 @pytest.fixture
+def accelerator_seen(monkeypatch):
+    """Call it with a device to make torch report it as this process's usable accelerator (None: no accelerator)."""
+
+    def see(device: torch.device | None) -> None:
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args, **kwargs: device)
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: device is not None)
+
+    return see
+
+
+@pytest.fixture
 def varlen_attention(varlen_attention_cleared):
     """``varlen_attn`` registered as a run loading a text model registers it."""
     from transformers import PretrainedConfig
 
     from hf_lora_ds.model.varlen_attention import register_varlen_attention
 
-    register_varlen_attention(PretrainedConfig())
+    register_varlen_attention(PretrainedConfig(), "cpu")
     return varlen_attention_cleared
 
 

@@ -3,6 +3,8 @@ import types
 import torch
 
 from hf_lora_ds import devices
+from hf_lora_ds.config.arguments import pinned_memory_helps
+from hf_lora_ds.launch import world
 
 
 def _fake_api(raises: bool = False) -> types.SimpleNamespace:
@@ -27,6 +29,17 @@ def test_falls_back_to_cuda_on_a_torch_without_accelerator_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     assert devices.device_memory_api() is torch.cuda
+
+
+def test_a_cuda_build_without_a_gpu_has_no_accelerator(accelerator_seen, monkeypatch):
+    """PyPI's Linux torch is a CUDA build: its ``current_accelerator()`` says cuda on a machine without a GPU (torch
+    2.11 seen), where pinned batches, nccl or an FSDP offload to a device would follow."""
+    accelerator_seen(torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert devices.available_accelerator() is None
+    assert not world.has_distributed_accelerator() and not pinned_memory_helps(use_cpu=False)
+    accelerator_seen(torch.device("cuda"))
+    assert devices.available_accelerator() == torch.device("cuda") and world.has_distributed_accelerator()
 
 
 def test_none_without_accelerator_or_statistics(monkeypatch):

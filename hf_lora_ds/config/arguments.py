@@ -31,7 +31,7 @@ from hf_lora_ds.config.ranges import check_ranges
 from hf_lora_ds.config.reliability import ReliabilityArguments, resolve_nan_inf_filter
 from hf_lora_ds.config.reporting import ReportingArguments, check_reporting_fields
 from hf_lora_ds.config.vision import VisionArguments, check_vision_fields
-from hf_lora_ds.devices import auto_dtype
+from hf_lora_ds.devices import auto_dtype, available_accelerator
 from hf_lora_ds.errors import MissingPathError, UserError
 
 __all__ = [
@@ -177,4 +177,4 @@ def _non_blocking_given(accelerator_config: Any) -> bool:
 
 def pinned_memory_helps(use_cpu: bool) -> bool:
     """Pinned host memory only speeds copies to an accelerator: with none (or ``--use_cpu``) it does nothing."""
-    return not use_cpu and torch.accelerator.current_accelerator() is not None
+    return not use_cpu and available_accelerator() is not None

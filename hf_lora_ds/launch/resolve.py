@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-import torch
 import yaml
 from transformers import HfArgumentParser
 from transformers.utils import logging
@@ -32,6 +31,7 @@ from hf_lora_ds.config.fsdp import fsdp_settings
 from hf_lora_ds.config.naming import from_command_line, named_as_given
 from hf_lora_ds.config.quantization import quantization_flag
 from hf_lora_ds.config.zero_settings import ZeroSettings
+from hf_lora_ds.devices import available_accelerator
 from hf_lora_ds.distributed import launcher_world_size
 from hf_lora_ds.errors import MissingPathError, UserError, one_line
 from hf_lora_ds.launch.accelerate_launch import adopt_accelerate_launch
@@ -166,7 +166,7 @@ def _check_fsdp(values: SFTTrainingArguments) -> None:
     settings = fsdp_settings(values.fsdp_config)
     if str(settings.get("version", 2)) != "2":
         raise UserError(f"--fsdp_config version {settings['version']}: hf_lora_ds runs FSDP2 (version 2) only")
-    if settings.get("cpu_offload") and torch.accelerator.current_accelerator() is None:
+    if settings.get("cpu_offload") and available_accelerator() is None:
         raise UserError(
             "FSDP cpu_offload moves parameters from an accelerator to host memory, and this machine "
             "has none: drop cpu_offload (fsdp_configs/fsdp2.json)"

@@ -16,6 +16,7 @@ import torch
 from transformers import TrainingArguments
 
 from hf_lora_ds.config import SFTTrainingArguments
+from hf_lora_ds.devices import available_accelerator
 from hf_lora_ds.distributed import WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
 
 __all__ = [
@@ -47,7 +48,7 @@ def has_distributed_accelerator() -> bool:
 
     MPS counts as none: accelerate has no multi-process MPS backend, so a multi-rank launch there must run on CPU.
     """
-    accelerator = torch.accelerator.current_accelerator()
+    accelerator = available_accelerator()
     return accelerator is not None and accelerator.type != "mps"
 
 

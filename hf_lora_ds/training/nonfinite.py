@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from transformers import TrainerState, TrainingArguments
 
+from hf_lora_ds.devices import available_accelerator
 from hf_lora_ds.distributed import gather_from_ranks, process_group_exists
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.training.checkpoints import find_latest_complete_checkpoint
@@ -66,7 +67,7 @@ def any_rank_nonfinite(value: torch.Tensor | float) -> bool:
     flag = (~torch.isfinite(value)).any().to(torch.int32).reshape(1)
     if process_group_exists():
         if torch.distributed.get_backend() == "nccl":
-            flag = flag.to(torch.accelerator.current_accelerator())
+            flag = flag.to(available_accelerator())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -210,7 +211,7 @@ class NonFiniteGuard:
         earliest = first.clone().reshape(1)
         if process_group_exists():
             if torch.distributed.get_backend() == "nccl":
-                earliest = earliest.to(torch.accelerator.current_accelerator())
+                earliest = earliest.to(available_accelerator())
             torch.distributed.all_reduce(earliest, op=torch.distributed.ReduceOp.MIN)
         code = earliest.item()  # the window's one read
         if math.isinf(code):

@@ -126,20 +126,21 @@ def test_bfloat16_weights_turn_on_bf16_training(train_file, tmp_path):
     assert args.bf16 and str(args.torch_dtype) == "torch.bfloat16"
 
 
-def test_no_pinned_memory_without_an_accelerator(train_file, tmp_path, monkeypatch):
-    monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: None)
+def test_no_pinned_memory_without_an_accelerator(train_file, tmp_path, accelerator_seen):
+    accelerator_seen(None)
     args = parse(["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)])
     assert args.dataloader_pin_memory is False
-    monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: torch.device("cuda"))
+    accelerator_seen(torch.device("cuda"))
     assert pinned_memory_helps(use_cpu=False) and not pinned_memory_helps(use_cpu=True)
 
 
-def test_batches_reach_an_accelerator_without_a_synchronising_copy(train_file, tmp_path, monkeypatch):
+def test_batches_reach_an_accelerator_without_a_synchronising_copy(train_file, tmp_path, accelerator_seen):
     """Pinned batches are copied to the device asynchronously (accelerate's non_blocking), unless
     --accelerator_config says otherwise; on the CPU nothing is pinned and nothing changes."""
     common = ["--model_name_or_path", "m", "--train_file", train_file, "--output_dir", str(tmp_path)]
+    accelerator_seen(None)
     assert parse(common).accelerator_config.non_blocking is False
-    monkeypatch.setattr("torch.accelerator.current_accelerator", lambda: torch.device("cuda"))
+    accelerator_seen(torch.device("cuda"))
     assert parse(common).accelerator_config.non_blocking is True
     user = parse([*common, "--accelerator_config", '{"non_blocking": false}']).accelerator_config
     assert user.non_blocking is False

@@ -19,8 +19,8 @@ from hf_lora_ds.launch import world
 @pytest.mark.parametrize(
     ("accelerator", "expected"), [(None, False), (torch.device("mps"), False), (torch.device("cuda"), True)]
 )
-def test_has_distributed_accelerator(monkeypatch, accelerator, expected):
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args, **kwargs: accelerator)
+def test_has_distributed_accelerator(accelerator_seen, accelerator, expected):
+    accelerator_seen(accelerator)
     assert world.has_distributed_accelerator() is expected
 
 
