@@ -1,8 +1,5 @@
-"""Which module answers accelerator memory questions, for every torch in the supported range.
-
-``torch.accelerator`` covers every backend but gained its memory functions only in torch 2.9; before that, CUDA
-(and ROCm, which presents itself as CUDA) answers through ``torch.cuda``. On a CPU-only host there is no device
-memory to report: callers then report host RSS alone.
+"""The accelerator a process can use and its memory (``torch.accelerator``, every backend), and the run's dtype by
+device. On a CPU-only host there is no device memory to report: callers then report host RSS alone.
 """
 
 from __future__ import annotations
@@ -24,30 +21,21 @@ def available_accelerator() -> torch.device | None:
 
 
 def device_memory_api() -> Any:
-    """``torch.accelerator`` (torch >= 2.9), else ``torch.cuda`` when CUDA is up, else ``None``. The module returned
-    has ``synchronize``, ``memory_allocated``, ``max_memory_allocated`` and ``reset_peak_memory_stats``."""
-    if hasattr(torch.accelerator, "max_memory_allocated") and torch.accelerator.is_available():
-        api = torch.accelerator
-    elif torch.cuda.is_available():
-        api = torch.cuda
-    else:
+    """``torch.accelerator`` when one is up, else ``None``. The module returned has ``synchronize``,
+    ``memory_allocated``, ``max_memory_allocated`` and ``reset_peak_memory_stats``."""
+    if not torch.accelerator.is_available():
         return None
     try:
-        api.memory_allocated()
+        torch.accelerator.memory_allocated()
     except RuntimeError as err:  # a backend without allocator statistics
         logger.warning("Accelerator memory is not traced: %s", err)
         return None
-    return api
+    return torch.accelerator
 
 
-def free_device_memory(device: torch.device) -> int | None:
-    """Bytes free on the accelerator ``device`` (by the driver, other processes' use included); None where this
-    torch cannot say (``torch.accelerator`` gained ``get_memory_info`` in torch 2.9)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if hasattr(torch.accelerator, "get_memory_info"):
-        return torch.accelerator.get_memory_info(device)[0]
-    return None
+def free_device_memory(device: torch.device) -> int:
+    """Bytes free on the accelerator ``device`` (by the driver, other processes' use included)."""
+    return torch.accelerator.get_memory_info(device)[0]
 
 
 def auto_dtype(on_accelerator: bool, fp16: bool = False) -> str:

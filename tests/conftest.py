@@ -331,7 +331,7 @@ def varlen_attention(varlen_attention_cleared):
 
     from hf_lora_ds.model.varlen_attention import register_varlen_attention
 
-    register_varlen_attention(PretrainedConfig(), "cpu")
+    register_varlen_attention(PretrainedConfig())
     return varlen_attention_cleared
 
 

@@ -18,17 +18,10 @@ def _fake_api(raises: bool = False) -> types.SimpleNamespace:
     )
 
 
-def test_prefers_torch_accelerator(monkeypatch):
+def test_the_accelerator_answers_memory_questions(monkeypatch):
     fake = _fake_api()
     monkeypatch.setattr(torch, "accelerator", fake)
     assert devices.device_memory_api() is fake
-
-
-def test_falls_back_to_cuda_on_a_torch_without_accelerator_memory(monkeypatch):
-    monkeypatch.setattr(torch, "accelerator", types.SimpleNamespace(is_available=lambda: True))  # torch < 2.9
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
-    assert devices.device_memory_api() is torch.cuda
 
 
 def test_a_cuda_build_without_a_gpu_has_no_accelerator(accelerator_seen, monkeypatch):
@@ -44,7 +37,6 @@ def test_a_cuda_build_without_a_gpu_has_no_accelerator(accelerator_seen, monkeyp
 
 def test_none_without_accelerator_or_statistics(monkeypatch):
     monkeypatch.setattr(torch, "accelerator", types.SimpleNamespace(is_available=lambda: False))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert devices.device_memory_api() is None
     monkeypatch.setattr(torch, "accelerator", _fake_api(raises=True))
     assert devices.device_memory_api() is None

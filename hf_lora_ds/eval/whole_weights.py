@@ -74,7 +74,7 @@ def _fits(partitioned: list[torch.nn.Parameter], device: torch.device) -> bool:
         free = psutil.virtual_memory().available // launcher_ranks_per_node()
     else:
         free = free_device_memory(device)
-    return free is not None and needed <= ROOM_SHARE * free
+    return needed <= ROOM_SHARE * free
 
 
 def _remove_hooks(offload: Any) -> None:

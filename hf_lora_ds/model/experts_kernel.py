@@ -64,25 +64,20 @@ def experts_kernel_text(model: torch.nn.Module) -> str:
 def grouped_mm_failure(device_type: str, dtype: torch.dtype) -> str | None:
     """Why torch's grouped GEMM, as transformers calls it for an expert stack, cannot train on ``device_type`` in
     ``dtype``; None when it runs there, forward and backward."""
-    grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
     where = f"torch's grouped GEMM does not run on {device_type} in {str(dtype).removeprefix('torch.')}"
-    if grouped_mm is None:
-        return f"{where} (torch {torch.__version__} has none)"
     if device_type == "meta":
         return None  # shapes only: the planner stands in for every kernel
-    try:
-        from transformers.integrations.moe import _can_use_grouped_mm
-    except ImportError:  # a transformers release that always calls the kernel
-        _can_use_grouped_mm = None
+    from transformers.integrations.moe import _can_use_grouped_mm
+
     device = torch.device(device_type)
     # Not random: a draw here, between the run's seed and the adapter's init, would change the run's trajectory.
     tokens = torch.ones(8, 16, device=device, dtype=dtype, requires_grad=True)
     stack = torch.ones(4, 32, 16, device=device, dtype=dtype, requires_grad=True)  # (experts, out, in)
     offsets = torch.tensor([2, 4, 6, 8], device=device, dtype=torch.int32)
-    if _can_use_grouped_mm is not None and not _can_use_grouped_mm(tokens, stack.transpose(-2, -1), offsets):
+    if not _can_use_grouped_mm(tokens, stack.transpose(-2, -1), offsets):
         return f"{where} (transformers would loop over the experts in Python)"
     try:
-        out = grouped_mm(tokens, stack.transpose(-2, -1), offs=offsets)
+        out = torch.nn.functional.grouped_mm(tokens, stack.transpose(-2, -1), offs=offsets)
         out.backward(torch.ones_like(out))
     except (RuntimeError, NotImplementedError) as error:
         return f"{where} ({str(error).splitlines()[0]})"

@@ -54,7 +54,7 @@ def load_base_model(args: SFTTrainingArguments) -> tuple[PreTrainedModel, str | 
     with hub_load_errors(args.model_name_or_path):
         config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code, **source_kwargs)
         if args.attn_implementation == VARLEN_ATTENTION:
-            register_varlen_attention(config, args.device)
+            register_varlen_attention(config)
         model = auto_model_class(config).from_pretrained(
             source,
             dtype=args.torch_dtype,

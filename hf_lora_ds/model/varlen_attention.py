@@ -15,7 +15,6 @@ Generation (left padding, a KV cache, no bounds) runs under sdpa (hf_lora_ds.eva
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import math
 from typing import Any, NamedTuple
@@ -46,16 +45,14 @@ class Bounds(NamedTuple):
     max_length_k: int
 
 
-def register_varlen_attention(config: PretrainedConfig, device: torch.device | str) -> None:
-    """Make ``varlen_attn`` a name transformers accepts, for a run whose model loads with it on ``device``. The entry
-    goes into the shared registry's per-process overrides (where DeepSpeed puts its Ulysses wrapper), not the
-    class-wide map. A vision-language model is refused: its tower's bidirectional attention and Qwen-VL's (4, B, L)
-    positions are not proven with this kernel; so is a CUDA run on a torch without the kernel."""
+def register_varlen_attention(config: PretrainedConfig) -> None:
+    """Make ``varlen_attn`` a name transformers accepts, for a run whose model loads with it. The entry goes into
+    the shared registry's per-process overrides (where DeepSpeed puts its Ulysses wrapper), not the class-wide map.
+    A vision-language model is refused: its tower's bidirectional attention and Qwen-VL's (4, B, L) positions are
+    not proven with this kernel."""
     if vision_model_class(config) is not None:
         raise UserError(f"{_FLAG}: vision-language models are not supported; use sdpa or flash_attention_2")
     _check_config(config.get_text_config())
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("torch.nn.attention.varlen") is None:
-        raise UserError(f"{_FLAG}: torch {torch.__version__} has no torch.nn.attention.varlen (2.10 has); use sdpa")
     ALL_ATTENTION_FUNCTIONS[VARLEN_ATTENTION] = varlen_attention_forward
 
 

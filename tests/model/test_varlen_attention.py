@@ -26,6 +26,11 @@ from hf_lora_ds.model.varlen_attention import (
 from hf_lora_ds.training.batches import boundary_keys
 
 REAL_VARLEN_ATTN = torch.nn.attention.varlen.varlen_attn
+# torch 2.10's kernel takes is_causal and no window or scale (its keywords: TORCH_2_10 below)
+needs_a_windowed_kernel = pytest.mark.skipif(
+    "window_size" not in inspect.signature(REAL_VARLEN_ATTN).parameters,
+    reason="this torch's varlen_attn has no window_size (torch 2.10)",
+)
 SAMPLES = [list(range(5, 16)), list(range(20, 24)), list(range(30, 37))]  # 11, 4 and 7 tokens
 
 
@@ -112,6 +117,7 @@ class OpCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@needs_a_windowed_kernel
 @pytest.mark.parametrize(("kv_heads", "window"), [(2, None), (4, None), (2, 3)], ids=["gqa", "mha", "sliding"])
 def test_the_cuda_call_on_the_meta_device(kv_heads, window):
     """torch's varlen op has a fake implementation: the CUDA branch's tokens-first layout, GQA and window run here.
@@ -140,6 +146,18 @@ def torch_2_11_varlen_attn(
     )  # fmt: skip
 
 
+def test_a_causal_call_at_the_default_scale_runs_on_every_torch_with_the_kernel():
+    """No scale given, no window: what torch 2.10's kernel takes too; causal by its is_causal or by the window (-1, 0),
+    which sets is_causal from 2.11 on."""
+    q = torch.empty(22, 4, 16, device="meta", dtype=torch.bfloat16)
+    kv = torch.empty(22, 2, 16, device="meta", dtype=torch.bfloat16)
+    with OpCalls() as spy:
+        assert flash_varlen(q, kv, kv, bounds([11, 4, 7], "meta"), None, None).shape == (22, 4, 16)
+    [args] = [args for func, args in spy.calls if func is torch.ops.torch_attn._varlen_attn.default]
+    assert args[7] is True  # the op's is_causal
+
+
+@needs_a_windowed_kernel
 def test_the_cuda_call_takes_what_an_older_torch_s_kernel_takes(monkeypatch):
     """torch 2.11's varlen_attn has no ``enable_gqa`` (2.13 added it): a GQA model's call must not pass it."""
     monkeypatch.setattr(torch.nn.attention.varlen, "varlen_attn", torch_2_11_varlen_attn)
@@ -168,20 +186,6 @@ def test_a_kernel_without_window_or_scale_is_called_causal_or_refused(scaling, w
     else:
         with pytest.raises(UserError, match=f"^--attn_implementation varlen_attn: torch .*'s varlen_attn {options}"):
             _kernel_options(TORCH_2_10, q, k, scaling, window)
-
-
-def test_a_cuda_run_on_a_torch_without_the_kernel_is_refused_at_loading(monkeypatch, varlen_attention_cleared):
-    import importlib.util
-
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "torch.nn.attention.varlen" else real_find_spec(name, *a),
-    )
-    register_varlen_attention(PretrainedConfig(), "cpu")  # the CPU path needs only sdpa
-    with pytest.raises(UserError, match=r"has no torch.nn.attention.varlen \(2.10 has\); use sdpa$"):
-        register_varlen_attention(PretrainedConfig(), torch.device("cuda", 1))
 
 
 def test_a_narrower_value_is_padded_for_the_kernel_and_cropped():
@@ -243,8 +247,8 @@ def test_a_vision_language_model_is_refused_and_a_text_model_registered(varlen_a
 
     vlm = AutoConfig.for_model("qwen2_vl")
     with pytest.raises(UserError, match="varlen_attn: vision-language models are not supported"):
-        register_varlen_attention(vlm, "cpu")
-    register_varlen_attention(PretrainedConfig(), "cpu")
+        register_varlen_attention(vlm)
+    register_varlen_attention(PretrainedConfig())
     assert ALL_ATTENTION_FUNCTIONS[varlen_attention] is varlen_attention_forward
     assert varlen_attention not in type(ALL_ATTENTION_FUNCTIONS)._global_mapping  # the process's overrides only
 
@@ -256,7 +260,7 @@ def test_a_vision_language_model_is_refused_and_a_text_model_registered(varlen_a
 def test_a_config_the_kernel_cannot_run_is_refused_at_loading(field, message, varlen_attention):
     config = AutoConfig.for_model("qwen2", **{field: 0.1})
     with pytest.raises(UserError, match="^--attn_implementation varlen_attn") as refused:
-        register_varlen_attention(config, "cpu")
+        register_varlen_attention(config)
     assert message in str(refused.value)
 
 
