@@ -8,9 +8,9 @@ import importlib.util
 
 import pytest
 import torch
-import transformers.modeling_utils
 from peft import LoraConfig
 from transformers import Qwen2ForCausalLM
+from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401 (accepts_position_mask looks it up here)
 
 from hf_lora_ds._testing.tiny_models import build_tiny_qwen2
 from hf_lora_ds.config import SFTTrainingArguments
@@ -228,14 +228,6 @@ def test_evaluation_with_metrics_gets_full_logits(tiny64, qwen_style_tokenizer, 
     assert trainer.evaluate()["eval_loss"] == pytest.approx(loss_with_logits, rel=1e-6)
 
 
-# transformers 5.17 (the GPU machine's in November) has none: its forward keeps whole sequences, as NoPositionMaskLM's
-needs_position_mask = pytest.mark.skipif(
-    not hasattr(transformers.modeling_utils, "slice_logits_to_keep"),
-    reason="this transformers' forward takes no boolean logits_to_keep mask",
-)
-
-
-@needs_position_mask
 def test_outputs_hold_the_loss_or_the_supervised_rows(tiny64, qwen_style_tokenizer, dataset, tmp_path):
     batch = build_collator("padded", qwen_style_tokenizer)(list(dataset)[:4])
     trainer = make_trainer(tiny64, qwen_style_tokenizer, dataset, tmp_path, True)
@@ -294,6 +286,7 @@ def test_models_without_a_position_mask_still_train_on_supervised_positions(
 ):
     """The fused head selects the supervised rows itself (the first GPU run's transformers 5.17 fell back to full
     logits: 1.8x TRL's peak memory); without the fused head, the loss reads the supervised rows of full logits."""
+    assert accepts_position_mask(tiny64)
     model = NoPositionMaskLM(tiny64.config)
     model.load_state_dict(tiny64.state_dict())
     assert not accepts_position_mask(model)
