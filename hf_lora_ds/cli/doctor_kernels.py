@@ -34,13 +34,13 @@ def default_kernels() -> Iterator[tuple[str, str]]:
 
 
 def faster_options() -> str:
-    """flash_attn, liger_kernel and torch's varlen attention: each with whether it works on this machine."""
+    """flash_attn, liger_kernel and torch's varlen attention (in every supported torch; it needs sm80): each with
+    whether it works on this machine."""
     sm80 = torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] >= 8
-    varlen = installed("torch.nn.attention.varlen")
     options = {
         "--attn_implementation flash_attention_2": installed("flash_attn") and sm80,
         "--use_liger_kernel": installed("liger_kernel") and torch.cuda.is_available(),
-        "--attn_implementation varlen_attn": varlen and sm80,
+        "--attn_implementation varlen_attn": sm80,
         "--torch_compile": True,
     }
     return ", ".join(f"{flag} {'yes' if ok else 'no'}" for flag, ok in options.items())

@@ -5,8 +5,6 @@ what it cannot do refused in one line."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 import torch.nn.attention.varlen
@@ -18,6 +16,8 @@ from hf_lora_ds.data.batches.collator import build_collator
 from hf_lora_ds.errors import UserError
 from hf_lora_ds.model.varlen_attention import (
     Bounds,
+    _kernel_options,
+    _keywords,
     flash_varlen,
     per_sample_sdpa,
     register_varlen_attention,
@@ -28,7 +28,7 @@ from hf_lora_ds.training.batches import boundary_keys
 REAL_VARLEN_ATTN = torch.nn.attention.varlen.varlen_attn
 # torch 2.10's kernel takes is_causal and no window or scale (its keywords: TORCH_2_10 below)
 needs_a_windowed_kernel = pytest.mark.skipif(
-    "window_size" not in inspect.signature(REAL_VARLEN_ATTN).parameters,
+    "window_size" not in _keywords(REAL_VARLEN_ATTN),
     reason="this torch's varlen_attn has no window_size (torch 2.10)",
 )
 SAMPLES = [list(range(5, 16)), list(range(20, 24)), list(range(30, 37))]  # 11, 4 and 7 tokens
@@ -129,7 +129,7 @@ def test_the_cuda_call_on_the_meta_device(kv_heads, window):
     assert out.shape == (22, 4, 16) and out.dtype == torch.bfloat16
     [args] = [args for func, args in spy.calls if func is torch.ops.torch_attn._varlen_attn.default]
     max_q, max_k, is_causal, scale, window_size, *gqa = args[5:11]  # the dispatcher drops a trailing default
-    takes_gqa = "enable_gqa" in inspect.signature(REAL_VARLEN_ATTN).parameters  # torch 2.13 on; 2.11's FA2 as is
+    takes_gqa = "enable_gqa" in _keywords(REAL_VARLEN_ATTN)  # torch 2.13 on; 2.11's FA2 as is
     assert (max_q, max_k, scale, gqa == [True]) == (11, 11, 0.25, kv_heads != 4 and takes_gqa)
     assert (is_causal, window_size) == ((True, [-1, 0]) if window is None else (False, [window - 1, 0]))
 
@@ -139,7 +139,7 @@ def torch_2_11_varlen_attn(
 ):
     """torch 2.11's keywords (the GPU machine's torch; 2.13 added ``enable_gqa``), on to this torch's kernel."""
     gqa = query.shape[1] != key.shape[1]
-    takes_gqa = "enable_gqa" in inspect.signature(REAL_VARLEN_ATTN).parameters
+    takes_gqa = "enable_gqa" in _keywords(REAL_VARLEN_ATTN)
     return REAL_VARLEN_ATTN(
         query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size,
         **({"enable_gqa": gqa} if takes_gqa else {}),
@@ -178,8 +178,6 @@ TORCH_2_10 = frozenset({"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q"
 def test_a_kernel_without_window_or_scale_is_called_causal_or_refused(scaling, window, options):
     """torch 2.10's varlen_attn: causal by ``is_causal``; what it cannot do (a scale other than 1/sqrt(d), a sliding
     window) refused in one line rather than run as something else."""
-    from hf_lora_ds.model.varlen_attention import _kernel_options
-
     q, k = torch.empty(5, 4, 16, device="meta"), torch.empty(5, 2, 16, device="meta")
     if isinstance(options, dict):
         assert _kernel_options(TORCH_2_10, q, k, scaling, window) == options
