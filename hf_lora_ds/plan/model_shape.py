@@ -3,12 +3,13 @@ is read or allocated, so a 72B config takes seconds) and wrapped with PEFT using
 frozen and trainable parameter counts and the largest module are counted, not derived from formulas.
 
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
-every tensor autograd saves for backward (``saved_tensors_hooks``), in the dtypes the run uses (PEFT's fp32 adapters
-cast their inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, and dropout on a GPU keeps a one-byte
-mask: ``RunDeviceOps``). Their difference is what each further layer adds (the first layer saves less: its
-input, the frozen embedding's output, needs no gradient). Memory-efficient attention kernels (sdpa's fused kernels,
-flash attention) keep their inputs, output and a log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta
-device sdpa takes its math path and would record the scores: ``_FusedAttention`` stands in for them.
+every tensor autograd saves for backward (``saved_tensors_hooks``), as the run saves them (PEFT's fp32 adapters cast
+their inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, dropout on a GPU keeps a one-byte mask,
+ZeRO-3's linear keeps every linear layer's input: ``RunDeviceOps``). Their difference is what each further layer
+adds (the first layer saves less: its input, the frozen embedding's output, needs no gradient). Memory-efficient
+attention kernels (sdpa's fused kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the
+``B·H·T²`` score matrix, but on the meta device sdpa takes its math path and would record the scores:
+``_FusedAttention`` stands in for them.
 
 Mixture-of-Experts layers are counted as their grouped GEMM runs them (``_planned_experts_forward``): each token's
 hidden state once per expert it is routed to (the active experts, not all of them) and, for an expert weight LoRA
@@ -96,6 +97,7 @@ def measure_model_shape(
     adapters_in_compute_dtype: bool = False,
     train_lora_a: bool = True,
     on_accelerator: bool = False,
+    zero3_linear: bool = False,
 ) -> ModelShape:
     """Count parameters and saved activations for ``seq_len`` tokens of one sample. ``quantization`` is ``"4bit"``,
     ``"8bit"`` or None; quantized bases are counted with bitsandbytes' storage of their linear layers.
@@ -106,6 +108,7 @@ def measure_model_shape(
     casts it back for the adapter's matmuls, which save that 16-bit copy. DeepSpeed casts all parameters to the
     compute dtype and does not autocast (``adapters_in_compute_dtype``): those copies go. ``on_accelerator``: the
     run's dropout is CUDA's fused kernel, which saves a bool mask where the CPU's saves one in the input's dtype.
+    ``zero3_linear``: DeepSpeed ZeRO-3's ``F.linear``, which keeps each linear layer's input, a frozen one's too.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
     settings = (
         dtype,
@@ -115,6 +118,7 @@ def measure_model_shape(
         adapters_in_compute_dtype,
         train_lora_a,
         on_accelerator,
+        zero3_linear,
     )
     key = (config.to_json_string(), repr(lora), *settings)
     if key not in _MEASURED:
@@ -135,6 +139,7 @@ def _measure(
     adapters_in_compute_dtype: bool,
     train_lora_a: bool,
     on_accelerator: bool,
+    zero3_linear: bool,
 ) -> ModelShape:
     init = lora_init_from_peft(lora.init_lora_weights)
     lora = shape_config(lora)
@@ -148,7 +153,7 @@ def _measure(
 
     # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
     autocast = dtype.itemsize == 2 and not adapters_in_compute_dtype
-    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator)
+    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator, zero3_linear=zero3_linear)
 
     def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
         return _saved_activation_bytes(

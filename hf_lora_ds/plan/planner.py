@@ -201,12 +201,11 @@ def make_plan(settings: PlanSettings, configs: dict[str, dict | None], runtime: 
     """One row per configuration and gradient-checkpointing setting, in the recommendation's order, at the run's
     sequence-parallel size; when none fits (a sequence too long for one device), the DeepSpeed configurations again
     at each larger size the world and the model allow."""
-    shapes = _model_shapes(settings)
-    rows = _rows(shapes, settings, configs, runtime, settings.sequence_parallel)
+    rows = _rows(settings, configs, runtime, settings.sequence_parallel)
     if not any(row.fits for row in rows):
         deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
         for size in sequence_parallel_sizes(settings):
-            rows += _rows(shapes, settings, deepspeed, runtime, size)
+            rows += _rows(settings, deepspeed, runtime, size)
     return sorted(
         rows,
         key=lambda row: (row.sequence_parallel, _rank(row.config.removesuffix(".json")), row.gradient_checkpointing),
@@ -220,7 +219,6 @@ def fits_with_more_devices(
     sequence-parallel group of the smallest size that does, up to ``most`` devices of the planned memory (on a CPU,
     machines like the planned one: ranks on one machine share its memory, so only more machines add any)."""
     deepspeed = {name: config for name, config in configs.items() if config is not None and not is_fsdp(config)}
-    shapes = _model_shapes(settings)
     for size in sequence_parallel_sizes(replace(settings, sequence_parallel=1), largest=most):
         if size <= settings.world_size:
             continue
@@ -231,7 +229,7 @@ def fits_with_more_devices(
         )
         fitting = recommend(
             sorted(
-                _rows(shapes, world, deepspeed, runtime, size),
+                _rows(world, deepspeed, runtime, size),
                 key=lambda row: (_rank(row.config.removesuffix(".json")), row.gradient_checkpointing),
             )
         )
@@ -240,46 +238,30 @@ def fits_with_more_devices(
     return None
 
 
-def _model_shapes(settings: PlanSettings) -> dict[bool, ModelShape]:
-    """The model's shape without and under DeepSpeed (which casts the adapters to the compute dtype)."""
-    seq_len = settings.profile.worst_batch(1, padding_free=False).row_tokens
-    shapes = {}
-    for under_deepspeed in (False, True):
-        if under_deepspeed and settings.dtype.itemsize == 4:
-            shapes[True] = shapes[False]
-            continue
-        shapes[under_deepspeed] = measure_model_shape(
-            settings.model_config,
-            settings.lora,
-            settings.dtype,
-            seq_len,
-            settings.attn_implementation,
-            settings.quantization,
-            adapters_in_compute_dtype=under_deepspeed,
-            train_lora_a=settings.lora_optimizer != "lorafa",
-            on_accelerator=settings.on_accelerator,
-        )
-    return shapes
+def _model_shape(settings: PlanSettings, layout: DeepSpeedLayout) -> ModelShape:
+    """The model's shape as the configuration trains it: DeepSpeed casts the adapters to the compute dtype (in fp32
+    they are already), and ZeRO-3's linear keeps every linear layer's input. Measured once per process for each."""
+    return measure_model_shape(
+        settings.model_config,
+        settings.lora,
+        settings.dtype,
+        settings.profile.worst_batch(1, padding_free=False).row_tokens,
+        settings.attn_implementation,
+        settings.quantization,
+        adapters_in_compute_dtype=layout.stage is not None and settings.dtype.itemsize < 4,
+        train_lora_a=settings.lora_optimizer != "lorafa",
+        on_accelerator=settings.on_accelerator,
+        zero3_linear=layout.zero3_linear,
+    )
 
 
 def _rows(
-    shapes: dict[bool, ModelShape],
-    settings: PlanSettings,
-    configs: dict[str, dict | None],
-    runtime: int,
-    sequence_parallel: int,
+    settings: PlanSettings, configs: dict[str, dict | None], runtime: int, sequence_parallel: int
 ) -> list[PlanRow]:
+    layouts = {name: DeepSpeedLayout.from_config(config) for name, config in configs.items()}
     return [
-        _row(
-            shapes[config is not None and not is_fsdp(config)],
-            settings,
-            name,
-            DeepSpeedLayout.from_config(config),
-            checkpointing,
-            runtime,
-            sequence_parallel,
-        )
-        for name, config in configs.items()
+        _row(_model_shape(settings, layout), settings, name, layout, checkpointing, runtime, sequence_parallel)
+        for name, layout in layouts.items()
         for checkpointing in (False, True)
     ]
 

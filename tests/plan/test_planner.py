@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+
+import torch
+from peft import LoraConfig, TaskType
+
+from hf_lora_ds.model.source import load_model_config
 from hf_lora_ds.plan.estimate import BatchShape, Estimate
-from hf_lora_ds.plan.planner import PlanRow, SequenceProfile, is_fsdp, recommend, shipped_configs
+from hf_lora_ds.plan.planner import (
+    CUDA_CONTEXT_BYTES,
+    PlanRow,
+    PlanSettings,
+    SequenceProfile,
+    is_fsdp,
+    make_plan,
+    recommend,
+    shipped_configs,
+)
+from hf_lora_ds.resources import MODEL_CONFIGS
 
 
 def test_the_worst_batch_holds_the_longest_samples():
@@ -38,3 +54,33 @@ def row(config: str, fits: bool) -> PlanRow:
     return PlanRow(
         config, False, Estimate({"weights": 2**30}, {"loading": 2**31}), fits, 2**29 if fits else -(2**29), 4
     )
+
+
+def test_zero3_rows_count_the_linear_inputs_deepspeed_s_linear_keeps():
+    """A ZeRO-3 row's activations are its own (DeepSpeed's linear keeps every linear layer's input, where with LoRA
+    dropout the adapters keep a copy of it); ZeRO-2's, and ZeRO-3's with ``memory_efficient_linear`` off, are those
+    of the model without it."""
+    configs = shipped_configs()
+    plain_linear = copy.deepcopy(configs["stage3.json"])
+    plain_linear["zero_optimization"]["memory_efficient_linear"] = False
+    settings = PlanSettings(
+        model_config=load_model_config(str(MODEL_CONFIGS / "qwen2.5-0.5b-instruct"), False),
+        lora=LoraConfig(
+            task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16, lora_dropout=0.05, target_modules="all-linear"
+        ),
+        dtype=torch.bfloat16,
+        batch_size=2,
+        profile=SequenceProfile.from_samples([512] * 4, [256] * 4),
+        world_size=1,
+        ranks_per_node=1,
+        device_memory=80 * 2**30,
+        host_memory=512 * 2**30,
+        on_accelerator=True,
+    )
+    plan = {"stage2.json": configs["stage2.json"], "stage3.json": configs["stage3.json"], "plain": plain_linear}
+    activations = {
+        row.config: row.estimate.device_items["activations"]
+        for row in make_plan(settings, plan, CUDA_CONTEXT_BYTES)
+        if not row.gradient_checkpointing
+    }
+    assert activations["stage3.json"] > activations["stage2.json"] == activations["plain"]
