@@ -9,7 +9,7 @@ ZeRO-3's linear keeps every linear layer's input: ``RunDeviceOps``). Their diffe
 adds (the first layer saves less: its input, the frozen embedding's output, needs no gradient). Memory-efficient
 attention kernels (sdpa's fused kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the
 ``B·H·T²`` score matrix, but on the meta device sdpa takes its math path and would record the scores:
-``_FusedAttention`` stands in for them.
+``meta_attention`` stands in for them.
 
 Mixture-of-Experts layers are counted as their grouped GEMM runs them (``_planned_experts_forward``): each token's
 hidden state once per expert it is routed to (the active experts, not all of them) and, for an expert weight LoRA
@@ -22,20 +22,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
 from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.tuners.lora.layer import ParamWrapper
-from transformers import AttentionInterface, PretrainedConfig
+from transformers import PretrainedConfig
 from transformers.integrations.moe import ExpertsInterface
 from transformers.modeling_utils import set_zero3_state
 
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
-from hf_lora_ds.plan.run_device_ops import RunDeviceOps
+from hf_lora_ds.plan.run_device_ops import RunDeviceOps, meta_attention
 from hf_lora_ds.vision.modules import auto_model_class
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "measure_model_shape",
 ]
 
-_FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
 _GROUPED = "hf_lora_ds_plan_grouped"  # registered name of the stand-in experts kernel
 _LORA_STACKS = "_hf_lora_ds_lora_stacks"  # on an experts module: the stacks LoRA adapts
 _MEASURED: dict[tuple, ModelShape] = {}
@@ -118,14 +117,26 @@ def measure_model_shape(
         adapters_in_compute_dtype,
         train_lora_a,
         on_accelerator,
-        zero3_linear,
     )
-    key = (config.to_json_string(), repr(lora), *settings)
+    key = (config.to_json_string(), repr(lora), *settings, zero3_linear)
     if key not in _MEASURED:
         # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
         # LoRA initialisation of the run that plans (run_sft seeds before it plans).
         with torch.random.fork_rng(devices=[]):
-            _MEASURED[key] = _measure(config, lora, *settings)
+            if zero3_linear:  # the parameters are those counted without it: only what the forward saves differs
+                saved = _saved_fields(
+                    config,
+                    shape_config(lora),
+                    dtype,
+                    seq_len,
+                    attn_implementation,
+                    adapters_in_compute_dtype,
+                    on_accelerator,
+                    zero3_linear=True,
+                )
+                _MEASURED[key] = replace(measure_model_shape(config, lora, *settings), **saved)
+            else:
+                _MEASURED[key] = _measure(config, lora, *settings)
     return _MEASURED[key]
 
 
@@ -139,7 +150,6 @@ def _measure(
     adapters_in_compute_dtype: bool,
     train_lora_a: bool,
     on_accelerator: bool,
-    zero3_linear: bool,
 ) -> ModelShape:
     init = lora_init_from_peft(lora.init_lora_weights)
     lora = shape_config(lora)
@@ -150,18 +160,6 @@ def _measure(
     frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
     weight_bytes = sum(_stored_bytes(name, p, dtype, quantization) for name, p in frozen)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-
-    # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
-    autocast = dtype.itemsize == 2 and not adapters_in_compute_dtype
-    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator, zero3_linear=zero3_linear)
-
-    def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
-        return _saved_activation_bytes(
-            measured, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype, ops
-        )
-
-    one, largest_saved = saved(config, 1)
-    further, largest_further = _further_layer_bytes(config, lambda second: saved(second, 2)[0] - one)
     text = config.get_text_config()
     hidden = text.hidden_size
     heads = text.num_attention_heads
@@ -174,16 +172,45 @@ def _measure(
         vocab_size=config.get_text_config().vocab_size,
         num_layers=config.get_text_config().num_hidden_layers,
         seq_len=seq_len,
-        first_layer_activation_bytes=one,
-        layer_activation_bytes=further,
-        recomputed_layer_bytes=largest_further,
         layer_input_bytes=seq_len * hidden * dtype.itemsize,
-        backward_working_bytes=_backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
         init_pass_bytes=_covariance_bytes(model) if init.data_pass is DataPass.CORDA else 0,
         attention_heads=heads,
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or hidden // heads,
+        **_saved_fields(
+            config, lora, dtype, seq_len, attn_implementation, adapters_in_compute_dtype, on_accelerator, False
+        ),
     )
+
+
+def _saved_fields(
+    config: PretrainedConfig,
+    lora: LoraConfig,
+    dtype: torch.dtype,
+    seq_len: int,
+    attn_implementation: str | None,
+    adapters_in_compute_dtype: bool,
+    on_accelerator: bool,
+    zero3_linear: bool,
+) -> dict[str, int]:
+    """``ModelShape``'s counts of what the forward saves, from a one-layer and a two-layer copy of the decoder."""
+    # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
+    autocast = dtype.itemsize == 2 and not adapters_in_compute_dtype
+    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator, zero3_linear=zero3_linear)
+
+    def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
+        return _saved_activation_bytes(
+            measured, lora, dtype, attn_implementation, seq_len, layers, adapters_in_compute_dtype, ops
+        )
+
+    one, largest_saved = saved(config, 1)
+    further, largest_further = _further_layer_bytes(config, lambda second: saved(second, 2)[0] - one)
+    return {
+        "first_layer_activation_bytes": one,
+        "layer_activation_bytes": further,
+        "recomputed_layer_bytes": largest_further,
+        "backward_working_bytes": _backward_working_bytes(config, seq_len, largest_saved, attn_implementation),
+    }
 
 
 def _covariance_bytes(model: torch.nn.Module) -> int:
@@ -212,7 +239,7 @@ def _meta_peft_model(
     _register_planned_experts()
     with set_zero3_state(), torch.device("meta"):
         model = auto_model_class(config).from_config(
-            config, dtype=dtype, attn_implementation=_meta_attention(attn), experts_implementation=_GROUPED
+            config, dtype=dtype, attn_implementation=meta_attention(attn), experts_implementation=_GROUPED
         )
     model = wrap_with_lora(model, copy.deepcopy(lora))
     if adapters_in_compute_dtype:
@@ -220,14 +247,6 @@ def _meta_peft_model(
             if param.requires_grad:
                 param.data = param.data.to(dtype)
     return model
-
-
-def _meta_attention(attn: str | None) -> str:
-    """Eager attention is counted as it is (it keeps the scores); every other kernel as a fused one."""
-    if attn == "eager":
-        return "eager"
-    _register_fused_attention()
-    return _FUSED
 
 
 def _stored_bytes(name: str, param: torch.Tensor, dtype: torch.dtype, quantization: str | None) -> int:
@@ -328,31 +347,6 @@ def _saved_activation_bytes(
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), ops:
         decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
     return sum(storages.values()), max(storages.values(), default=0)
-
-
-class _FusedAttention(torch.autograd.Function):
-    """Shapes only: what a fused attention kernel saves (query, key, value, output, an fp32 log-sum-exp per row)."""
-
-    @staticmethod
-    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        batch, heads, length, _ = query.shape
-        output = query.new_empty(batch, length, heads, value.shape[-1])
-        logsumexp = query.new_empty(batch, heads, length, dtype=torch.float32)
-        ctx.save_for_backward(query, key, value, output, logsumexp)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # never run: the planner's forward is on the meta device
-        raise NotImplementedError
-
-
-def _fused_attention_forward(module, query, key, value, attention_mask, **kwargs):
-    return _FusedAttention.apply(query, key, value), None
-
-
-@cache
-def _register_fused_attention() -> None:
-    AttentionInterface.register(_FUSED, _fused_attention_forward)
 
 
 class _GroupedMatmul(torch.autograd.Function):

@@ -1,13 +1,19 @@
 """What a training run's device and engine do that the planner's meta-device forward does not, for the tensors
-autograd saves (hf_lora_ds.plan.model_shape counts them): autocast's casts, CUDA's fused dropout and ZeRO-3's linear."""
+autograd saves (hf_lora_ds.plan.model_shape counts them): autocast's casts, CUDA's fused dropout, ZeRO-3's linear and
+fused attention kernels."""
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from transformers import AttentionInterface
 
-__all__ = ["RunDeviceOps"]
+__all__ = ["RunDeviceOps", "meta_attention"]
+
+_FUSED = "hf_lora_ds_plan_fused"  # registered name of the stand-in attention
 
 
 class RunDeviceOps(TorchFunctionMode):
@@ -69,3 +75,37 @@ class _Zero3Linear(torch.autograd.Function):
 
 def _zero3_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return _Zero3Linear.apply(input, weight, bias)
+
+
+def meta_attention(attn: str | None) -> str:
+    """The attention the planner's meta forward runs: eager as it is (it keeps the scores), every other kernel as a
+    fused one."""
+    if attn == "eager":
+        return "eager"
+    _register_fused_attention()
+    return _FUSED
+
+
+class _FusedAttention(torch.autograd.Function):
+    """Shapes only: what a fused attention kernel saves (query, key, value, output, an fp32 log-sum-exp per row)."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, _ = query.shape
+        output = query.new_empty(batch, length, heads, value.shape[-1])
+        logsumexp = query.new_empty(batch, heads, length, dtype=torch.float32)
+        ctx.save_for_backward(query, key, value, output, logsumexp)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # never run: the planner's forward is on the meta device
+        raise NotImplementedError
+
+
+def _fused_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    return _FusedAttention.apply(query, key, value), None
+
+
+@cache
+def _register_fused_attention() -> None:
+    AttentionInterface.register(_FUSED, _fused_attention_forward)
