@@ -1,4 +1,4 @@
-"""The run device's ops on the meta device: autocast's casts of the matmuls and CUDA's dropout mask."""
+"""The run device's ops on the meta device: autocast's casts of the matmuls, CUDA's dropout mask, ZeRO-3's linear."""
 
 from __future__ import annotations
 
@@ -9,16 +9,21 @@ import torch.nn.functional as F
 from hf_lora_ds.plan.run_device_ops import RunDeviceOps
 
 
-def saved_dtypes(run) -> list[torch.dtype]:
+def saved_shapes(run) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+    """The dtype and shape of each tensor autograd saves for backward over ``run()``."""
     saved = []
 
     def pack(tensor):
-        saved.append(tensor.dtype)
+        saved.append((tensor.dtype, tuple(tensor.shape)))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         run()
     return saved
+
+
+def saved_dtypes(run) -> list[torch.dtype]:
+    return [dtype for dtype, _ in saved_shapes(run)]
 
 
 def test_matmuls_run_in_the_autocast_dtype_and_other_ops_do_not():
@@ -42,18 +47,6 @@ def test_dropout_keeps_a_bool_mask_where_the_run_s_is_cuda_s():
         assert saved_dtypes(lambda: F.dropout(x, 0.1, training=False)) == []
     with RunDeviceOps(None, fused_dropout=False):
         assert saved_dtypes(lambda: F.dropout(x, 0.1, training=True)) == [torch.float32]
-
-
-def saved_shapes(run) -> list[tuple[torch.dtype, tuple[int, ...]]]:
-    saved = []
-
-    def pack(tensor):
-        saved.append((tensor.dtype, tuple(tensor.shape)))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        run()
-    return saved
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
