@@ -303,19 +303,19 @@ def _logits_bytes(shape: ModelShape, batch: BatchShape, weight_bytes: int, super
     """Full logits: the head output (compute dtype), the fp32 upcast (when the head is not fp32) and the
     log-softmax the loss keeps, then in backward the gradients of the fp32 part and of the head output.
 
-    Supervised positions only (the fused head-and-loss): the hidden rows and their gradient (compute dtype), one
-    fp32 log-normaliser a row, and one chunk's logits at a time: the head output, its fp32 upcast and one fp32
-    temporary (log-sum-exp in forward, the softmax in backward)."""
+    Supervised positions only (the fused head-and-loss), the larger of two moments: at the end of its forward the
+    hidden rows and their gradient (compute dtype) with one chunk's logits at a time (the head output, its fp32
+    upcast and the fp32 log-probabilities); at the start of backward that gradient, its fp32 copy and the scaled
+    result."""
     if not supervised_only:
         elements = batch.rows * batch.row_tokens * shape.vocab_size
         upcast = 4 if weight_bytes < 4 else 0
         return elements * (2 * weight_bytes + upcast + 4 + 4 + upcast)
-    positions = batch.supervised_tokens
+    row_elements = batch.supervised_tokens * shape.hidden_size
     upcast = 4 if weight_bytes < 4 else 0
-    rows = min(positions, chunk_rows(shape.vocab_size, weight_bytes))
-    return positions * (2 * shape.hidden_size * weight_bytes + 4) + rows * shape.vocab_size * (
-        weight_bytes + upcast + 4
-    )
+    rows = min(batch.supervised_tokens, chunk_rows(shape.vocab_size, weight_bytes))
+    chunk = rows * shape.vocab_size * (weight_bytes + upcast + 4)
+    return 2 * weight_bytes * row_elements + max(chunk, 4 * row_elements)
 
 
 def _deepspeed_buffers(shape: ModelShape, layout: DeepSpeedLayout, weight_bytes: int) -> dict[str, int]:

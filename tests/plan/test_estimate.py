@@ -133,9 +133,10 @@ def test_gradient_checkpointing_trades_activations():
 
 
 def test_logits_follow_the_supervised_positions_and_the_chunking():
-    """Fused head-and-loss: the hidden rows and their gradient, a log-normaliser a row, and one chunk of logits
-    (bf16 output, fp32 upcast, one fp32 temporary); a chunk is capped by the budget, not by the batch."""
-    hidden_rows = 2 * SHAPE.hidden_size * 2 + 4
+    """Fused head-and-loss: the hidden rows and their gradient, and one chunk of logits (bf16 output, fp32 upcast,
+    fp32 log-probabilities) at the end of forward; a chunk is capped by the budget, not by the batch. With enough
+    rows, backward's fp32 copy of their gradient outweighs the chunk."""
+    hidden_rows = 2 * SHAPE.hidden_size * 2
     small = BatchShape(rows=2, row_tokens=64, supervised_tokens=50)  # fewer rows than a chunk
     assert estimate(batch=small).device_items["logits and loss"] == 50 * hidden_rows + 50 * 150_000 * (2 + 4 + 4)
     full = estimate(batch=small, supervised_only=False).device_items["logits and loss"]
@@ -146,6 +147,8 @@ def test_logits_follow_the_supervised_positions_and_the_chunking():
     assert chunked == 600 * hidden_rows + rows * 150_000 * (2 + 4 + 4)
     eightfold = estimate(batch=BatchShape(rows=16, row_tokens=1024, supervised_tokens=4800))
     assert eightfold.device_items["logits and loss"] - chunked == 4200 * hidden_rows
+    many = estimate(batch=BatchShape(rows=64, row_tokens=1024, supervised_tokens=40_000))
+    assert many.device_items["logits and loss"] == 40_000 * (hidden_rows + 4 * SHAPE.hidden_size)
 
 
 @pytest.mark.parametrize("config", [{"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, None])

@@ -69,3 +69,48 @@ def test_no_tensor_grows_with_the_rows_times_the_vocabulary():
     with LargestTensor() as seen:  # what the fused loss replaces: n x vocab logits
         F.cross_entropy(F.linear(rows, weight), targets, reduction="sum").backward()
     assert seen.largest == 64 * vocab
+
+
+class HeadMatmuls(TorchDispatchMode):
+    """The matrix products with an operand or result of ``vocab`` rows or columns: the head's matmuls."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.count = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            shapes = [t.shape for t in (*args, result) if isinstance(t, torch.Tensor)]
+            self.count += any(self.vocab in shape for shape in shapes)
+        return result
+
+
+@pytest.mark.parametrize(
+    "trainable_head, grad_mode, per_chunk",
+    [(False, True, 2), (True, True, 3), (False, False, 1)],
+    ids=["frozen head: logits, hidden gradient", "trained head: and its gradient", "no grad: logits only"],
+)
+def test_each_chunk_makes_its_logits_once(trainable_head, grad_mode, per_chunk):
+    """Forward turns each chunk's logits into the gradients at once; backward only scales them (no head matmul:
+    recomputing the logits there cost a third head matmul a chunk). Without gradient mode, the logits only."""
+    vocab, budget = 300, 5 * 300 * 16  # 5 rows a chunk in fp32: 8 chunks of 37 rows
+    rows, weight, targets = rows_and_head(37, vocab, trainable_head=trainable_head)
+    with torch.set_grad_enabled(grad_mode), HeadMatmuls(vocab) as forward:
+        loss = fused_head_loss(rows, weight, targets, budget)
+    assert forward.count == 8 * per_chunk
+    if grad_mode:
+        with HeadMatmuls(vocab) as backward:
+            loss.backward()
+        assert backward.count == 0
+
+
+def test_a_retained_graph_gives_the_same_gradient_again():
+    """Backward scales the saved gradients out of place: a second backward through a retained graph adds the same."""
+    rows, weight, targets = rows_and_head(9, 40)
+    loss = fused_head_loss(rows, weight, targets, budget=4 * 40 * 16)
+    loss.backward(retain_graph=True)
+    first = (rows.grad.clone(), weight.grad.clone())
+    (loss * 3).backward()
+    torch.testing.assert_close(rows.grad, 4 * first[0])
+    torch.testing.assert_close(weight.grad, 4 * first[1])
