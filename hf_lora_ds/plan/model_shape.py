@@ -3,8 +3,8 @@ is read or allocated, so a 72B config takes seconds) and wrapped with PEFT using
 frozen and trainable parameter counts and the largest module are counted, not derived from formulas.
 
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
-every tensor autograd saves for backward (``saved_tensors_hooks``), as the run saves them (PEFT's fp32 adapters cast
-their inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, dropout on a GPU keeps a one-byte mask,
+every tensor autograd saves for backward (``saved_tensors_hooks``), as the run saves them (PEFT's fp32 adapters take
+16-bit inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, dropout on a GPU keeps a one-byte mask,
 ZeRO-3's linear keeps every linear layer's input: ``RunDeviceOps``). Their difference is what each further layer
 adds (the first layer saves less: its input, the frozen embedding's output, needs no gradient). Memory-efficient
 attention kernels (sdpa's fused kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the
@@ -36,6 +36,7 @@ from transformers.modeling_utils import set_zero3_state
 from hf_lora_ds.config.lora_init import DataPass, lora_init_from_peft
 from hf_lora_ds.model.lora import shape_config, wrap_with_lora
 from hf_lora_ds.plan.run_device_ops import RunDeviceOps, meta_attention
+from hf_lora_ds.training.adapter_inputs import inputs_as_they_come, uncast_in_training
 from hf_lora_ds.vision.modules import auto_model_class
 
 __all__ = [
@@ -103,9 +104,9 @@ def measure_model_shape(
     ``train_lora_a`` False: LoRA-FA, whose A is frozen (no gradient, no optimizer state). ``lora``'s
     initialisation is read for what its data pass holds (``init_pass_bytes``); the shapes are PEFT's default's.
 
-    PEFT keeps adapters in fp32 under a 16-bit base and casts each adapted layer's input to fp32; the run's autocast
-    casts it back for the adapter's matmuls, which save that 16-bit copy. DeepSpeed casts all parameters to the
-    compute dtype and does not autocast (``adapters_in_compute_dtype``): those copies go. ``on_accelerator``: the
+    PEFT keeps adapters in fp32 under a 16-bit base; the run autocasts, and its training step leaves the adapted
+    layers' inputs in 16 bits (hf_lora_ds.training.adapter_inputs). DeepSpeed casts all parameters to the compute
+    dtype and does not autocast (``adapters_in_compute_dtype``). ``on_accelerator``: the
     run's dropout is CUDA's fused kernel, which saves a bool mask where the CPU's saves one in the input's dtype.
     ``zero3_linear``: DeepSpeed ZeRO-3's ``F.linear``, which keeps each linear layer's input, a frozen one's too.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
@@ -344,7 +345,8 @@ def _saved_activation_bytes(
     input_ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     # A ready 4-D mask: transformers would otherwise inspect the (meta) positions for packed sequences.
     causal_mask = torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device="meta")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), ops:
+    uncast = uncast_in_training(model, autocasts=ops.autocast_dtype is not None, on_accelerator=ops.fused_dropout)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), ops, inputs_as_they_come(uncast):
         decoder(input_ids=input_ids, attention_mask=causal_mask, use_cache=False)
     return sum(storages.values()), max(storages.values(), default=0)
 

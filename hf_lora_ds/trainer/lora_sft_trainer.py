@@ -38,6 +38,7 @@ from hf_lora_ds.model.lora_variants import variant_line
 from hf_lora_ds.trainer.answers import before_and_after
 from hf_lora_ds.trainer.final_adapter import finish_final_adapter
 from hf_lora_ds.trainer.run_inputs import prepare_run_inputs
+from hf_lora_ds.training.adapter_inputs import inputs_as_they_come, uncast_in_training
 from hf_lora_ds.training.batches import prepare_batches, with_supervised_positions
 from hf_lora_ds.training.checkpoints import lost_ranks, resolve_resume_checkpoint, save_failures
 from hf_lora_ds.training.compile import check_torch_compile, compiled_regions, without_whole_model_compile
@@ -139,6 +140,8 @@ class LoraSFTTrainer(Trainer):
         # What decides the run is the trainer's own: the adapter check's highest learning rate, preemption.
         self.max_learning_rate = 0.0
         self.preemption = Preemption() if "preemption" in chosen_callbacks(args.run_callbacks) else None
+        on_accelerator = self.args.device.type != "cpu"
+        self._uncast_lora_layers = uncast_in_training(self.model, self.accelerator.native_amp, on_accelerator)
         logger.info(trainable_parameters_line(self.model))
         # Models that take a boolean logits_to_keep pass the head's rows on flattened: the head can pick them itself.
         self._position_mask = accepts_position_mask(self.model)
@@ -260,7 +263,8 @@ class LoraSFTTrainer(Trainer):
         an optimizer step's last micro-batch, the preemption decision: before ``on_step_end``, so every callback
         sees the save and the stop there, as it sees Trainer's own decisions."""
         self.max_learning_rate = max(self.max_learning_rate, *(group["lr"] for group in self.optimizer.param_groups))
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        with inputs_as_they_come(self._uncast_lora_layers):  # under autocast (hf_lora_ds.training.adapter_inputs)
+            loss = super().training_step(model, inputs, num_items_in_batch)
         if self.preemption is not None and self.accelerator.sync_gradients:
             self.preemption.stop_if_signalled(self.control, self.args.device)
         return loss

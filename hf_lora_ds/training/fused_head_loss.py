@@ -32,7 +32,7 @@ def _loss_and_gradients(
     """The summed fp32 cross-entropy and the gradients of that sum asked for (the head weight's in fp32), one chunk
     of ``rows`` at a time."""
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    hidden_gradient = torch.empty_like(hidden) if grad_hidden else None
+    hidden_gradient = hidden.new_empty(hidden.shape) if grad_hidden else None  # contiguous: written by row chunks
     weight_gradient = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_weight else None
     for start in range(0, hidden.shape[0], rows):
         chunk = slice(start, start + rows)

@@ -21,6 +21,7 @@ from hf_lora_ds.model.lora import lora_config_from_args, wrap_with_lora
 from hf_lora_ds.model.source import load_model_config
 from hf_lora_ds.plan.model_shape import _decoder_copy, measure_model_shape
 from hf_lora_ds.resources import MODEL_CONFIGS
+from hf_lora_ds.training.adapter_inputs import inputs_as_they_come, uncast_lora_layers
 
 
 def lora(rank: int = 4) -> LoraConfig:
@@ -131,7 +132,8 @@ class NativeDropout(torch.nn.Module):
 
 def test_a_gpu_run_s_dropout_keeps_a_bool_mask(qwen_style_tokenizer):
     """On a GPU each LoRA dropout keeps a one-byte mask; the CPU's keeps its noise in the fp32 input's dtype, which
-    the planner counted for GPU runs too (a third of a Qwen2.5-0.5B layer's saved bytes)."""
+    the planner counted for GPU runs too (a third of a Qwen2.5-0.5B layer's saved bytes). A GPU run's training step
+    leaves the adapters' inputs in bf16 (hf_lora_ds.training.adapter_inputs)."""
     torch.manual_seed(0)
     base = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3).to(torch.bfloat16)
     base.set_attn_implementation("eager")
@@ -141,10 +143,30 @@ def test_a_gpu_run_s_dropout_keeps_a_bool_mask(qwen_style_tokenizer):
             module.lora_dropout["default"] = NativeDropout(0.1)
     gpu = measure_model_shape(base.config, lora(), torch.bfloat16, 24, attn_implementation="eager", on_accelerator=True)
     cpu = measure_model_shape(base.config, lora(), torch.bfloat16, 24, attn_implementation="eager")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), inputs_as_they_come(uncast_lora_layers(real)):
         expected = real_saved_bytes(real, 24)
     assert gpu.activation_bytes(1, gradient_checkpointing=False) == expected + gpu.backward_working_bytes
     assert gpu.activation_bytes(1, False) < cpu.activation_bytes(1, False)
+
+
+def test_a_gpu_run_without_dropout_keeps_no_copy_of_the_adapted_inputs(qwen_style_tokenizer):
+    """Without dropout, PEFT's cast and autocast's cast back keep a second bf16 copy of each adapted input; a GPU
+    run's training step leaves the input as it is (hf_lora_ds.training.adapter_inputs), which the base layer keeps
+    anyway."""
+    torch.manual_seed(0)
+    base = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3).to(torch.bfloat16)
+    base.set_attn_implementation("eager")
+    no_dropout = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    real = get_peft_model(base, no_dropout)
+    gpu = measure_model_shape(
+        base.config, no_dropout, torch.bfloat16, 24, attn_implementation="eager", on_accelerator=True
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        peft_cast = real_saved_bytes(real, 24)
+        with inputs_as_they_come(uncast_lora_layers(real)):
+            uncast = real_saved_bytes(real, 24)
+    assert gpu.activation_bytes(1, gradient_checkpointing=False) == uncast + gpu.backward_working_bytes
+    assert uncast < peft_cast
 
 
 def test_gradient_checkpointing_keeps_layer_inputs_and_one_layer():
