@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_lora_ds.training.fused_head_loss import chunk_rows, fused_head_loss
+from hf_lora_ds.training.fused_head_loss import CHUNK_BYTES, chunk_rows, fused_head_loss
 
 
 def rows_and_head(n: int, vocab: int, hidden: int = 16, dtype=torch.float32, trainable_head: bool = True):
@@ -31,6 +31,16 @@ def test_loss_and_gradients_equal_full_logits(dtype, tolerance):
     for grad, expected_grad in zip(grads, expected_grads):
         assert grad.dtype == dtype
         torch.testing.assert_close(grad, expected_grad, rtol=tolerance[0], atol=tolerance[1])
+
+
+@pytest.mark.parametrize(
+    "vocab, itemsize, rows", [(151_936, 2, 128), (49_152, 2, 384), (32_000, 2, 640), (151_936, 4, 110)]
+)
+def test_chunks_are_whole_row_tiles_within_the_budget(vocab, itemsize, rows):
+    """147 rows of Qwen2.5's vocabulary in bf16 fit the budget; 128 run as one GPU row tile where 147 would run as
+    two. Below 128 rows, what fits."""
+    assert chunk_rows(vocab, itemsize) == rows
+    assert rows * vocab * (2 * itemsize + 8) <= CHUNK_BYTES
 
 
 def test_a_frozen_head_gets_no_gradient():
