@@ -35,7 +35,7 @@ def _loss_and_gradients(
     """The summed fp32 cross-entropy and the gradients of that sum asked for (the head weight's in fp32), one chunk
     of ``rows`` at a time."""
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    hidden_gradient = hidden.new_empty(hidden.shape) if grad_hidden else None  # contiguous: written by row chunks
+    hidden_gradient = torch.empty_like(hidden) if grad_hidden else None
     weight_gradient = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_weight else None
     for start in range(0, hidden.shape[0], rows):
         chunk = slice(start, start + rows)
@@ -47,8 +47,8 @@ def _loss_and_gradients(
         probabilities = log_probabilities.exp_()  # softmax - one-hot: the logits' gradient
         probabilities.scatter_add_(1, chunk_targets, probabilities.new_full(chunk_targets.shape, -1.0))
         grad_logits = probabilities.to(hidden.dtype)
-        if hidden_gradient is not None:
-            torch.mm(grad_logits, weight, out=hidden_gradient[chunk])
+        if hidden_gradient is not None:  # a matmul autocast sees (forward keeps the caller's autocast)
+            hidden_gradient[chunk] = grad_logits @ weight
         if weight_gradient is not None:
             weight_gradient.addmm_(grad_logits.t().float(), hidden[chunk].float())
     return total, hidden_gradient, weight_gradient
