@@ -124,3 +124,18 @@ def test_a_retained_graph_gives_the_same_gradient_again():
     (loss * 3).backward()
     torch.testing.assert_close(rows.grad, 4 * first[0])
     torch.testing.assert_close(weight.grad, 4 * first[1])
+
+
+def test_fp32_rows_with_a_16_bit_head_under_autocast():
+    """The rows' gradient is a matmul the caller's autocast sees, as the logits are: fp32 rows (a norm kept in
+    fp32) and a bf16 head meet in bf16, as in the full-logits path."""
+    rows, weight, targets = rows_and_head(37, 300, trainable_head=False)
+    weight = weight.detach().to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fused_head_loss(rows, weight, targets, budget=5 * 300 * 12)
+        expected = F.cross_entropy(F.linear(rows, weight).float(), targets, reduction="sum")
+    (grad,) = torch.autograd.grad(loss, rows)
+    (expected_grad,) = torch.autograd.grad(expected, rows)
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=2e-3, atol=1e-3)
+    torch.testing.assert_close(grad, expected_grad, rtol=2e-2, atol=1e-4)
