@@ -7,7 +7,8 @@ and without dropout a second 16-bit copy of the input kept for backward. Around 
 accelerator, the plain LoRA layers take their input as it comes; the planner's meta forward does the same
 (hf_lora_ds.plan.model_shape). Not on a CPU: its dropout scales a 16-bit input in 16 bits (CUDA's fused kernel in
 fp32, rounding once, as after PEFT's cast), and 16-bit CPU runs are not the fast path anyway. Outside the step
-(generation, a user's own forward without autocast) PEFT's cast is back.
+(generation, a user's own forward without autocast) PEFT's cast is back. PEFT's own ``disable_input_dtype_casting``
+walks every module at each entry and exit and takes in the variants too: the layers here are listed once a run.
 """
 
 from __future__ import annotations
