@@ -46,7 +46,7 @@ DEMO_FLAGS = [
     "--learning_rate",
     "3e-3",
     "--max_steps",
-    "120",
+    "180",
     "--per_device_train_batch_size",
     "16",
     "--train_projector",
@@ -89,7 +89,7 @@ def test_documented_command_parses_to_the_demo(tmp_path, monkeypatch):
     assert Path(args.model_name_or_path).resolve() == VISION_DEMO_MODEL
     assert Path(args.train_file).resolve() == VISION_DEMO_DATA / "train.jsonl"
     assert Path(args.eval_file).resolve() == VISION_DEMO_DATA / "eval.jsonl"
-    assert (args.eval_task, args.learning_rate, args.max_steps) == ("exact_match", 3e-3, 120)
+    assert (args.eval_task, args.learning_rate, args.max_steps) == ("exact_match", 3e-3, 180)
     assert (args.per_device_train_batch_size, args.train_projector) == (16, "full")
 
 
