@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["deepspeed_startup_trimmed", "items_replaced"]
+__all__ = ["attribute_kept", "attribute_replaced", "deepspeed_startup_trimmed", "items_replaced"]
 
 _MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
@@ -23,14 +23,21 @@ def deepspeed_startup_trimmed() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """``owner.name`` is ``value`` inside, and what it was after."""
+def attribute_kept(owner: Any, name: str) -> Iterator[None]:
+    """``owner.name`` after the block (or each call of a function it decorates) is what it was on entering it."""
     original = getattr(owner, name)
-    setattr(owner, name, value)
     try:
         yield
     finally:
         setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def attribute_replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside, and what it was after (whatever the block set it to)."""
+    with attribute_kept(owner, name):
+        setattr(owner, name, value)
+        yield
 
 
 @contextlib.contextmanager
@@ -64,7 +71,7 @@ def _kernel_compiles_deferred() -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     if not callable(getattr(compiler, "compile", None)):
         return contextlib.nullcontext()
-    return _replaced(compiler, "compile", _compile_on_first_call)
+    return attribute_replaced(compiler, "compile", _compile_on_first_call)
 
 
 def _compile_on_first_call() -> Callable[[Callable], Callable]:
@@ -100,4 +107,4 @@ def _first_cpu_info_kept() -> contextlib.AbstractContextManager:
     def get_cpu_info() -> dict[str, Any]:
         return dict(first_answer())
 
-    return _replaced(cpuinfo, "get_cpu_info", get_cpu_info)
+    return attribute_replaced(cpuinfo, "get_cpu_info", get_cpu_info)

@@ -282,8 +282,18 @@ def environment_restored():
         del os.environ[name]
     os.environ.update(saved)
     if torch.distributed.is_initialized() and not had_group:
-        torch.distributed.destroy_process_group()
+        destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's singletons hold the group's backend
+
+
+def destroy_process_group() -> None:
+    """Through DeepSpeed where it is imported: it also drops the groups it keeps (its data-parallel group), which a
+    later in-process ZeRO-3 run would otherwise use ("Group ... is not registered")."""
+    deepspeed_comm = sys.modules.get("deepspeed.comm")
+    if deepspeed_comm is not None and deepspeed_comm.is_initialized():
+        deepspeed_comm.destroy_process_group()
+    else:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(autouse=True)

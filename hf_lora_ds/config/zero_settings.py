@@ -15,6 +15,7 @@ class ZeroSettings:
     optimizer_device: str = "none"  # "none" (on the accelerator), "cpu" or "nvme"
     param_device: str = "none"
     reduce_scatter: bool = field(default=True, compare=False)  # ZeRO-3's gradient path (DeepSpeed's default: true)
+    memory_efficient_linear: bool = field(default=True, compare=False)  # ZeRO-3's own F.linear (default: true)
 
     @classmethod
     def of(cls, deepspeed_config: dict[str, Any] | None) -> ZeroSettings:
@@ -30,7 +31,14 @@ class ZeroSettings:
             device("offload_optimizer"),
             device("offload_param"),
             bool(zero.get("reduce_scatter", True)),
+            bool(zero.get("memory_efficient_linear", True)),
         )
+
+    @property
+    def zero3_linear(self) -> bool:
+        """Whether ZeRO-3 partitions the model and replaces ``F.linear`` with DeepSpeed's own
+        (hf_lora_ds.training.zero3_linear)."""
+        return self.stage == 3 and self.memory_efficient_linear
 
     @property
     def offloads_optimizer(self) -> bool:

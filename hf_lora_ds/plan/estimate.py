@@ -72,7 +72,6 @@ class DeepSpeedLayout:
     reuse_distance: int = 10**9  # ZeRO-3: a gathered weight used again within this many elements stays gathered
     max_live_parameters: int = 10**9  # ZeRO-3: at most this many elements gathered at once, prefetch included
     fsdp: bool = False  # FSDP2 instead of DeepSpeed: everything sharded, one wrapped unit gathered at a time
-    zero3_linear: bool = False  # ZeRO-3's F.linear (memory_efficient_linear): every linear layer's input kept
 
     @classmethod
     def from_config(cls, config: dict | None) -> DeepSpeedLayout:
@@ -95,7 +94,6 @@ class DeepSpeedLayout:
             prefetch_bucket_size=elements("stage3_prefetch_bucket_size"),
             reuse_distance=int(float(zero.get("stage3_max_reuse_distance", 10**9))),
             max_live_parameters=int(float(zero.get("stage3_max_live_parameters", 10**9))),
-            zero3_linear=zero_settings.stage == 3 and bool(zero.get("memory_efficient_linear", True)),
         )
 
 

@@ -4,12 +4,12 @@ frozen and trainable parameter counts and the largest module are counted, not de
 
 Activations are counted the same way: a meta-device forward of a one-layer and a two-layer copy of the decoder records
 every tensor autograd saves for backward (``saved_tensors_hooks``), as the run saves them (PEFT's fp32 adapters take
-16-bit inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, dropout on a GPU keeps a one-byte mask,
-ZeRO-3's linear keeps every linear layer's input: ``RunDeviceOps``). Their difference is what each further layer
-adds (the first layer saves less: its input, the frozen embedding's output, needs no gradient). Memory-efficient
-attention kernels (sdpa's fused kernels, flash attention) keep their inputs, output and a log-sum-exp instead of the
-``B·H·T²`` score matrix, but on the meta device sdpa takes its math path and would record the scores:
-``meta_attention`` stands in for them.
+16-bit inputs, RMSNorm upcasts, a 16-bit run without DeepSpeed autocasts, dropout on a GPU keeps a one-byte mask:
+``RunDeviceOps``; ZeRO-3's linear, as the run's steps use it, keeps what torch's does). Their difference is what each
+further layer adds (the first layer saves less: its input, the frozen embedding's output, needs no gradient).
+Memory-efficient attention kernels (sdpa's fused kernels, flash attention) keep their inputs, output and a
+log-sum-exp instead of the ``B·H·T²`` score matrix, but on the meta device sdpa takes its math path and would record
+the scores: ``meta_attention`` stands in for them.
 
 Mixture-of-Experts layers are counted as their grouped GEMM runs them (``_planned_experts_forward``): each token's
 hidden state once per expert it is routed to (the active experts, not all of them) and, for an expert weight LoRA
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -97,7 +97,6 @@ def measure_model_shape(
     adapters_in_compute_dtype: bool = False,
     train_lora_a: bool = True,
     on_accelerator: bool = False,
-    zero3_linear: bool = False,
 ) -> ModelShape:
     """Count parameters and saved activations for ``seq_len`` tokens of one sample. ``quantization`` is ``"4bit"``,
     ``"8bit"`` or None; quantized bases are counted with bitsandbytes' storage of their linear layers.
@@ -108,7 +107,6 @@ def measure_model_shape(
     layers' inputs in 16 bits (hf_lora_ds.training.adapter_inputs). DeepSpeed casts all parameters to the compute
     dtype and does not autocast (``adapters_in_compute_dtype``). ``on_accelerator``: the
     run's dropout is CUDA's fused kernel, which saves a bool mask where the CPU's saves one in the input's dtype.
-    ``zero3_linear``: DeepSpeed ZeRO-3's ``F.linear``, which keeps each linear layer's input, a frozen one's too.
     Results are kept for the process: run_sft plans twice (``--deepspeed auto``, then the plan line)."""
     settings = (
         dtype,
@@ -119,25 +117,12 @@ def measure_model_shape(
         train_lora_a,
         on_accelerator,
     )
-    key = (config.to_json_string(), repr(lora), *settings, zero3_linear)
+    key = (config.to_json_string(), repr(lora), *settings)
     if key not in _MEASURED:
         # Building a model draws from torch's CPU generator even on the meta device: planning must not change the
         # LoRA initialisation of the run that plans (run_sft seeds before it plans).
         with torch.random.fork_rng(devices=[]):
-            if zero3_linear:  # the parameters are those counted without it: only what the forward saves differs
-                saved = _saved_fields(
-                    config,
-                    shape_config(lora),
-                    dtype,
-                    seq_len,
-                    attn_implementation,
-                    adapters_in_compute_dtype,
-                    on_accelerator,
-                    zero3_linear=True,
-                )
-                _MEASURED[key] = replace(measure_model_shape(config, lora, *settings), **saved)
-            else:
-                _MEASURED[key] = _measure(config, lora, *settings)
+            _MEASURED[key] = _measure(config, lora, *settings)
     return _MEASURED[key]
 
 
@@ -178,9 +163,7 @@ def _measure(
         attention_heads=heads,
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or hidden // heads,
-        **_saved_fields(
-            config, lora, dtype, seq_len, attn_implementation, adapters_in_compute_dtype, on_accelerator, False
-        ),
+        **_saved_fields(config, lora, dtype, seq_len, attn_implementation, adapters_in_compute_dtype, on_accelerator),
     )
 
 
@@ -192,12 +175,11 @@ def _saved_fields(
     attn_implementation: str | None,
     adapters_in_compute_dtype: bool,
     on_accelerator: bool,
-    zero3_linear: bool,
 ) -> dict[str, int]:
     """``ModelShape``'s counts of what the forward saves, from a one-layer and a two-layer copy of the decoder."""
     # Trainer autocasts a 16-bit run (bf16/fp16 follow --dtype); under DeepSpeed it does not.
     autocast = dtype.itemsize == 2 and not adapters_in_compute_dtype
-    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator, zero3_linear=zero3_linear)
+    ops = RunDeviceOps(dtype if autocast else None, fused_dropout=on_accelerator)
 
     def saved(measured: PretrainedConfig, layers: int) -> tuple[int, int]:
         return _saved_activation_bytes(

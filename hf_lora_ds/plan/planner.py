@@ -240,7 +240,7 @@ def fits_with_more_devices(
 
 def _model_shape(settings: PlanSettings, layout: DeepSpeedLayout) -> ModelShape:
     """The model's shape as the configuration trains it: DeepSpeed casts the adapters to the compute dtype (in fp32
-    they are already), and ZeRO-3's linear keeps every linear layer's input. Measured once per process for each."""
+    they are already). Measured once per process for each."""
     return measure_model_shape(
         settings.model_config,
         settings.lora,
@@ -251,7 +251,6 @@ def _model_shape(settings: PlanSettings, layout: DeepSpeedLayout) -> ModelShape:
         adapters_in_compute_dtype=layout.stage is not None and settings.dtype.itemsize < 4,
         train_lora_a=settings.lora_optimizer != "lorafa",
         on_accelerator=settings.on_accelerator,
-        zero3_linear=layout.zero3_linear,
     )
 
 

@@ -68,6 +68,7 @@ from hf_lora_ds.training.supervised_logits import (
     supervised_targets,
 )
 from hf_lora_ds.training.universal_checkpoint import enable_universal_loading
+from hf_lora_ds.training.zero3_linear import functional_linear_kept, zero3_linear_for_lora
 from hf_lora_ds.vision.collator import IMAGES
 
 __all__ = ["LoraSFTTrainer"]
@@ -86,6 +87,7 @@ class LoraSFTTrainer(Trainer):
     are eval records (``evaluate_answers``), and resolves ``args.resume_from_checkpoint`` once
     (hf_lora_ds.trainer.run_inputs)."""
 
+    @functional_linear_kept()  # ZeRO-3's model loading replaces F.linear process-wide (training.zero3_linear)
     def __init__(
         self,
         model: str | os.PathLike | torch.nn.Module,
@@ -217,15 +219,15 @@ class LoraSFTTrainer(Trainer):
             if len(samples.source_counts) > 1:
                 for name, audit in audit_by_source(samples).items():
                     logger.info(f"  {name}: {audit.line()}")
-        # What the run changes in other libraries is changed for it only: the engine, its ZeRO optimizer and
-        # accelerate's FSDP state are made inside train().
+        # What the run changes in other libraries is changed for it only: the engine, its ZeRO optimizer (and ZeRO-3's
+        # F.linear) and accelerate's FSDP state are made inside train().
         trimmed = deepspeed_startup_trimmed() if self.is_deepspeed_enabled else nullcontext()
         sharded = sharded_on_cpu(self) if self.fsdp_on_cpu else nullcontext()
         signals = self.preemption.handling_signals() if self.preemption else nullcontext()
         liger = liger_patches_restored() if self.args.use_liger_kernel else nullcontext()
         compiled = compiled_regions(self.model, self.args) if self.args.torch_compile else nullcontext()
         try:  # lost_ranks: a rank killed in a save is one line
-            with signals, lost_ranks(self.args.output_dir), trimmed, sharded, liger, compiled:
+            with signals, lost_ranks(self.args.output_dir), trimmed, sharded, liger, compiled, functional_linear_kept():
                 result = super().train(resume.checkpoint, *args, **kwargs)
             if self.preempted:  # the checkpoint is the run's state; a final adapter would look finished
                 signal_number, checkpoint = self.preemption.signal_received, f"checkpoint-{self.state.global_step}"
@@ -259,11 +261,12 @@ class LoraSFTTrainer(Trainer):
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
-        """Trainer's step, recording the learning rate it applies (the final adapter check's measure), then, after
-        an optimizer step's last micro-batch, the preemption decision: before ``on_step_end``, so every callback
-        sees the save and the stop there, as it sees Trainer's own decisions."""
+        """Trainer's step (with ZeRO-3's linear for LoRA and, under autocast on an accelerator, LoRA inputs uncast:
+        hf_lora_ds.training), recording the learning rate it applies (the final adapter check's measure), then,
+        after an optimizer step's last micro-batch, the preemption decision: before ``on_step_end``, so every
+        callback sees the save and the stop there, as it sees Trainer's own decisions."""
         self.max_learning_rate = max(self.max_learning_rate, *(group["lr"] for group in self.optimizer.param_groups))
-        with inputs_as_they_come(self._uncast_lora_layers):  # under autocast (hf_lora_ds.training.adapter_inputs)
+        with zero3_linear_for_lora(self.args.engine.zero.zero3_linear), inputs_as_they_come(self._uncast_lora_layers):
             loss = super().training_step(model, inputs, num_items_in_batch)
         if self.preemption is not None and self.accelerator.sync_gradients:
             self.preemption.stop_if_signalled(self.control, self.args.device)
@@ -314,9 +317,8 @@ class LoraSFTTrainer(Trainer):
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: torch.Tensor | float | None = None):
         """Trainer's gradient norm of the step, then the non-finite check (hf_lora_ds.training.nonfinite).
 
-        Overridden (a private Trainer method) because it is the one point of ``_inner_training_loop`` that holds the
-        step's gradient norm before ``optimizer.step()``: after clipping, once per optimizer step, under DDP,
-        DeepSpeed and a single process alike; no callback event receives the norm before the update."""
+        Overridden (a private Trainer method): the one point of ``_inner_training_loop`` holding the step's clipped
+        gradient norm before ``optimizer.step()``, under DDP, DeepSpeed and one process alike; no callback gets it."""
         grad_norm = full_grad_norm(super()._get_grad_norm(model, grad_norm=grad_norm))
         ends = ends_window(self.args, self.state)  # the non-finite check reads the device only at a window's end
         self.nonfinite.check_grad_norm(grad_norm, model, self.state.global_step + 1, self.is_deepspeed_enabled, ends)

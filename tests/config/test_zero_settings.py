@@ -43,3 +43,10 @@ def test_no_deepspeed_and_sections_without_a_device():
 def test_describe():
     assert ZeroSettings(3, "cpu", "nvme").describe() == "ZeRO-3, offload optimizer cpu, parameters nvme"
     assert ZeroSettings(2).describe() == "ZeRO-2"
+
+
+def test_zero3_s_own_linear_is_on_unless_the_config_turns_it_off():
+    assert ZeroSettings.of({"zero_optimization": {"stage": 3}}).zero3_linear
+    assert not ZeroSettings.of({"zero_optimization": {"stage": 3, "memory_efficient_linear": False}}).zero3_linear
+    assert not ZeroSettings.of({"zero_optimization": {"stage": 2}}).zero3_linear
+    assert not ZeroSettings.of(None).zero3_linear

@@ -157,14 +157,6 @@ def test_layout_from_config(config):
     assert (layout.stage, layout.reduce_bucket_size) == ((2, 500_000_000) if config else (None, None))
 
 
-def test_zero3_s_linear_is_on_unless_the_config_turns_it_off():
-    assert DeepSpeedLayout.from_config({"zero_optimization": {"stage": 3}}).zero3_linear
-    off = {"zero_optimization": {"stage": 3, "memory_efficient_linear": False}}
-    assert not DeepSpeedLayout.from_config(off).zero3_linear
-    assert not DeepSpeedLayout.from_config({"zero_optimization": {"stage": 2}}).zero3_linear
-    assert not DeepSpeedLayout.from_config(None).zero3_linear
-
-
 def test_fsdp2_shards_every_state_and_gathers_a_unit_at_a_time():
     items = estimate(DeepSpeedLayout(fsdp=True)).device_items
     assert items["frozen weights"] == 2_000_000_000 // 4

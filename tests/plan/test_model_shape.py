@@ -98,25 +98,26 @@ def test_a_16_bit_run_is_counted_as_its_autocast_saves_and_a_deepspeed_one_witho
     assert deepspeed.activation_bytes(1, False) == real_saved_bytes(real, 24) + deepspeed.backward_working_bytes
 
 
-def test_under_zero3_every_linear_layer_s_input_is_kept(qwen_style_tokenizer, monkeypatch):
-    """ZeRO-3 replaces F.linear with DeepSpeed's own, which keeps each linear layer's input for backward, a frozen
-    one's too: counted without it, the plan missed both norms' outputs and the MLP's product a layer, which LoRA's
-    dropout copies and frozen layers need not keep (Qwen2.5-0.5B: 16% of what a layer saves)."""
+def test_under_zero3_a_step_keeps_what_the_plan_counts(qwen_style_tokenizer, monkeypatch):
+    """ZeRO-3 replaces F.linear with DeepSpeed's own, which keeps every linear layer's input, a frozen one's too (both
+    norms' outputs and the MLP's product a layer, 16% of a Qwen2.5-0.5B layer); the run's steps use the same function
+    keeping only a trained weight's input (hf_lora_ds.training.zero3_linear), which the DeepSpeed plan counts."""
     from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+    from hf_lora_ds.training.zero3_linear import lora_zero3_linear
 
     torch.manual_seed(0)
     base = build_tiny_qwen2(qwen_style_tokenizer, hidden_size=32, num_hidden_layers=3).to(torch.bfloat16)
     base.set_attn_implementation("eager")
     real = get_peft_model(base, lora()).to(torch.bfloat16)  # DeepSpeed casts the adapters too
-    zero3 = measure_model_shape(
-        base.config, lora(), torch.bfloat16, 24, "eager", adapters_in_compute_dtype=True, zero3_linear=True
-    )
-    plain = real_saved_bytes(real, 24)
-    monkeypatch.setattr(torch.nn.functional, "linear", zero3_linear_wrap)  # after planning: the plan's own stand-in
-    assert zero3.activation_bytes(1, gradient_checkpointing=False) == real_saved_bytes(real, 24) + (
-        zero3.backward_working_bytes
-    )
-    assert real_saved_bytes(real, 24) > plain
+    plan = measure_model_shape(base.config, lora(), torch.bfloat16, 24, "eager", adapters_in_compute_dtype=True)
+    with monkeypatch.context() as patched:  # after planning: the plan's forward keeps torch's F.linear
+        patched.setattr(torch.nn.functional, "linear", lora_zero3_linear)
+        step = real_saved_bytes(real, 24)
+        patched.setattr(torch.nn.functional, "linear", zero3_linear_wrap)
+        deepspeed = real_saved_bytes(real, 24)
+    assert plan.activation_bytes(1, gradient_checkpointing=False) == step + plan.backward_working_bytes
+    assert deepspeed > step
 
 
 class NativeDropout(torch.nn.Module):

@@ -56,10 +56,9 @@ def row(config: str, fits: bool) -> PlanRow:
     )
 
 
-def test_zero3_rows_count_the_linear_inputs_deepspeed_s_linear_keeps():
-    """A ZeRO-3 row's activations are its own (DeepSpeed's linear keeps every linear layer's input, where with LoRA
-    dropout the adapters keep a copy of it); ZeRO-2's, and ZeRO-3's with ``memory_efficient_linear`` off, are those
-    of the model without it."""
+def test_zero3_rows_count_what_zero2_s_do():
+    """ZeRO-3's steps keep what ZeRO-2's keep (the run's ZeRO-3 linear keeps only a trained weight's input:
+    hf_lora_ds.training.zero3_linear), with ``memory_efficient_linear`` on or off."""
     configs = shipped_configs()
     plain_linear = copy.deepcopy(configs["stage3.json"])
     plain_linear["zero_optimization"]["memory_efficient_linear"] = False
@@ -83,4 +82,4 @@ def test_zero3_rows_count_the_linear_inputs_deepspeed_s_linear_keeps():
         for row in make_plan(settings, plan, CUDA_CONTEXT_BYTES)
         if not row.gradient_checkpointing
     }
-    assert activations["stage3.json"] > activations["stage2.json"] == activations["plain"]
+    assert activations["stage3.json"] == activations["stage2.json"] == activations["plain"]

@@ -1,8 +1,7 @@
-"""The run device's ops on the meta device: autocast's casts of the matmuls, CUDA's dropout mask, ZeRO-3's linear."""
+"""The run device's ops on the meta device: autocast's casts of the matmuls, CUDA's dropout mask."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -47,23 +46,3 @@ def test_dropout_keeps_a_bool_mask_where_the_run_s_is_cuda_s():
         assert saved_dtypes(lambda: F.dropout(x, 0.1, training=False)) == []
     with RunDeviceOps(None, fused_dropout=False):
         assert saved_dtypes(lambda: F.dropout(x, 0.1, training=True)) == [torch.float32]
-
-
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("input_needs_grad", [False, True])
-def test_zero3_s_linear_keeps_what_deepspeed_s_keeps(with_bias, input_needs_grad):
-    """The stand-in saves what DeepSpeed's own ZeRO-3 linear saves (its input, for a frozen weight too), where plain
-    F.linear saves only the weight: a DeepSpeed that stops keeping the input turns this red."""
-    from deepspeed.runtime.zero.linear import zero3_linear_wrap
-
-    def tensors(device: str):
-        x = torch.ones(2, 5, 8, device=device, requires_grad=input_needs_grad)
-        weight, bias = torch.ones(3, 8, device=device), torch.ones(3, device=device) if with_bias else None
-        return x, weight, bias
-
-    with RunDeviceOps(None, fused_dropout=False, zero3_linear=True):
-        planned = saved_shapes(lambda: F.linear(*tensors("meta")))
-    assert planned == saved_shapes(lambda: zero3_linear_wrap(*tensors("cpu")))
-    if input_needs_grad:
-        assert (torch.float32, (2, 5, 8)) in planned
-        assert (torch.float32, (2, 5, 8)) not in saved_shapes(lambda: F.linear(*tensors("cpu")))

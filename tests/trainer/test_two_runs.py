@@ -8,11 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import cpuinfo
+import pytest
+import torch
 from accelerate.state import AcceleratorState, PartialState
 from deepspeed.runtime import compiler
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
+from hf_lora_ds.training.zero3_linear import lora_zero3_linear
 from tests.e2e.launching import free_port
 from tests.trainer.test_lora_sft_trainer import RECORDS
 
@@ -21,32 +25,66 @@ def library_attributes() -> dict[str, Any]:
     """Every attribute of another library a run may replace, as it is now."""
     return {
         "deepspeed.runtime.compiler.compile": compiler.compile,
+        "torch.nn.functional.linear": torch.nn.functional.linear,
         "cpuinfo.get_cpu_info": cpuinfo.get_cpu_info,
         "AcceleratorState": dict(AcceleratorState._shared_state),
         "PartialState": dict(PartialState._shared_state),
     }
 
 
-def test_after_each_of_two_deepspeed_runs_the_libraries_are_their_own(tiny_model_dir, tmp_path, no_launcher):
+def launched_alone(no_launcher) -> None:
+    """One process, launched: what torchrun (or run_sft alone) gives DeepSpeed."""
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-        no_launcher.setenv(name, value)  # one process, launched: what torchrun (or run_sft alone) gives DeepSpeed
+        no_launcher.setenv(name, value)
     no_launcher.setenv("MASTER_PORT", str(free_port()))
+
+
+def deepspeed_run(output_dir, deepspeed: str) -> SFTTrainingArguments:
+    return SFTTrainingArguments(
+        output_dir=str(output_dir),
+        deepspeed=deepspeed,
+        use_cpu=True,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        lora_dropout=0.0,
+        report_to="none",
+        save_strategy="no",
+    )
+
+
+def test_after_each_of_two_deepspeed_runs_the_libraries_are_their_own(tiny_model_dir, tmp_path, no_launcher):
+    launched_alone(no_launcher)
     own = {"deepspeed.runtime.compiler.compile": compiler.compile, "cpuinfo.get_cpu_info": cpuinfo.get_cpu_info}
     for run in ("first", "second"):
-        args = SFTTrainingArguments(
-            output_dir=str(tmp_path / run),
-            deepspeed="stage0",  # DeepSpeed's start is trimmed for the run (hf_lora_ds._compat)
-            use_cpu=True,
-            max_steps=2,
-            per_device_train_batch_size=4,
-            learning_rate=1e-2,
-            lora_dropout=0.0,
-            report_to="none",
-            save_strategy="no",
-        )
+        # DeepSpeed's start is trimmed for the run (hf_lora_ds._compat)
+        args = deepspeed_run(tmp_path / run, "stage0")
         trainer = LoraSFTTrainer(str(tiny_model_dir), args, train_dataset=RECORDS)
         assert trainer.is_deepspeed_enabled
         before = library_attributes()  # accelerate's state as the trainer's Accelerator made it
         trainer.train()
         assert library_attributes() == before, run
         assert {name: before[name] for name in own} == own, run
+
+
+@pytest.mark.parametrize("loaded_by", ["the run", "the caller"])
+def test_a_zero3_run_steps_with_its_own_linear_and_leaves_torch_s(loaded_by, tiny_model_dir, tmp_path, no_launcher):
+    """ZeRO-3 replaces F.linear for the whole process, as the run loads the model (zero.Init) or as its engine
+    partitions a model the caller loaded: the run's steps use the package's ZeRO-3 linear
+    (hf_lora_ds.training.zero3_linear), and F.linear is torch's again once the trainer is built and after training
+    (a ZeRO-3 run left DeepSpeed's in the caller's process)."""
+    launched_alone(no_launcher)
+    original = torch.nn.functional.linear
+    model, tokenizer = str(tiny_model_dir), None
+    if loaded_by == "the caller":
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = deepspeed_run(tmp_path, "stage3")
+    trainer = LoraSFTTrainer(model, args, train_dataset=RECORDS, processing_class=tokenizer)
+    assert torch.nn.functional.linear is original
+    in_forward = []
+    first_mlp = trainer.model.get_base_model().model.layers[0].mlp
+    first_mlp.register_forward_pre_hook(lambda *_: in_forward.append(torch.nn.functional.linear))
+    trainer.train()
+    assert torch.nn.functional.linear is original
+    assert in_forward and all(linear is lora_zero3_linear for linear in in_forward)
