@@ -67,7 +67,8 @@ TRAINERS = ("hf_lora_ds", "trl_default", "trl_fastest")
 # The package's default run with one kernel choice changed each (the issue keeps a choice only where it wins), and
 # whether it needs CUDA: torch's FlashAttention-2 varlen kernel for padding-free/packed rows; Liger's RMSNorm, SwiGLU
 # and RoPE with the package's fused head; the same with Liger's fused linear cross-entropy for the loss instead;
-# the decoder layers compiled (hf_lora_ds.training.compile).
+# the decoder layers compiled (hf_lora_ds.training.compile); PEFT's form of the LoRA update instead of the package's
+# one addmm (hf_lora_ds.training.lora_update: no flag, the trainer's list of layers emptied by TRAINER_CHANGES).
 VARIANTS = {
     "hf_lora_ds_varlen": (["--attn_implementation", "varlen_attn"], True),
     "hf_lora_ds_liger": (
@@ -76,9 +77,13 @@ VARIANTS = {
     ),
     "hf_lora_ds_liger_flce": (["--use_liger_kernel", "true"], True),
     "hf_lora_ds_compile": (["--torch_compile", "true"], False),
+    "hf_lora_ds_peft_update": ([], False),
     # Not a kernel: whether the default dropout (0.05) is worth its copies of every adapted input (LLaMA-Factory's and
     # Unsloth's default is 0); last, so a deadline cuts it before the kernels.
     "hf_lora_ds_no_dropout": (["--lora_dropout", "0"], False),
+}
+TRAINER_CHANGES: dict[str, Callable[[Any], None]] = {
+    "hf_lora_ds_peft_update": lambda trainer: setattr(trainer, "one_matmul_layers", []),
 }
 # Run by run_acceptance.py's variants stage, after the stages the issue's goals read, so a deadline cuts variants,
 # never the comparison with TRL or the planner's check: on two shapes (chats and the 1.5B packed rows), fewer steps.
@@ -173,9 +178,16 @@ class _Run:
         return figures
 
 
-def run_hf_lora_ds(shape: SpeedShape, work: Path, run: _Run, windows: Windows, change: tuple[str, ...] = ()) -> dict:
-    """The package as run_sft runs it (its callbacks, its defaults; ``change``: a variant's flags), built in-process
-    so the timer can attach."""
+def run_hf_lora_ds(
+    shape: SpeedShape,
+    work: Path,
+    run: _Run,
+    windows: Windows,
+    change: tuple[str, ...] = (),
+    trainer_change: Callable[[Any], None] | None = None,
+) -> dict:
+    """The package as run_sft runs it (its callbacks, its defaults; ``change``: a variant's flags, ``trainer_change``
+    what it changes on the built trainer), built in-process so the timer can attach."""
     from hf_lora_ds import LoraSFTTrainer
     from hf_lora_ds.cli.log import configure_logging
     from hf_lora_ds.cli.run import parse_args
@@ -197,6 +209,8 @@ def run_hf_lora_ds(shape: SpeedShape, work: Path, run: _Run, windows: Windows, c
     ]
     args = parse_args(argv)
     trainer = LoraSFTTrainer(args.model_name_or_path, args)
+    if trainer_change is not None:
+        trainer_change(trainer)
     figures = run.measure(trainer)
     merged: dict = {}
     for entry in trainer.state.log_history:
@@ -343,7 +357,9 @@ def run_variants(shape: SpeedShape, work: Path, out: Path, on_cpu: bool) -> dict
     """The variants' runs of the shape, with fewer steps (``VARIANT_WINDOWS``); one that needs CUDA is recorded as
     skipped on the CPU."""
     runs = {
-        variant: lambda run, change=change: run_hf_lora_ds(shape, work, run, VARIANT_WINDOWS, tuple(change))
+        variant: lambda run, change=change, variant=variant: run_hf_lora_ds(
+            shape, work, run, VARIANT_WINDOWS, tuple(change), TRAINER_CHANGES.get(variant)
+        )
         for variant, (change, needs_cuda) in VARIANTS.items()
         if not (needs_cuda and on_cpu)
     }

@@ -1,11 +1,12 @@
 """The ``kernels:`` line: which kernels a run's step uses, read from the live objects once Trainer has built the
 optimizer and wrapped the model, printed on rank 0 beside the ``engine:`` line (hf_lora_ds.callbacks.engine_line).
 
-``kernels: attention sdpa, padded; loss fused chunked LM head; optimizer AdamW fused; torch.compile off``: the
-attention kernel the model was loaded with and how rows are batched, the head the loss comes from (the trainer's
-choice: hf_lora_ds.training.loss_head), Liger's kernels where ``--use_liger_kernel`` put them in, the optimizer's
-implementation, and whether the decoder layers are compiled (hf_lora_ds.training.compile). The doctor prints the
-same words for a default run on its machine.
+``kernels: attention sdpa, padded; LoRA update addmm; loss fused chunked LM head; optimizer AdamW fused;
+torch.compile off``: the attention kernel the model was loaded with and how rows are batched, how the LoRA layers add
+their update in a step (one ``addmm`` or PEFT's form: hf_lora_ds.training.lora_update), the head the loss comes from
+(the trainer's choice: hf_lora_ds.training.loss_head), Liger's kernels where ``--use_liger_kernel`` put them in,
+the optimizer's implementation, and whether the decoder layers are compiled (hf_lora_ds.training.compile). The
+doctor prints the same words for a default run on its machine.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def kernels_record(trainer: Trainer) -> dict[str, Any]:
     return {
         "attention": trainer.model.config._attn_implementation,
         "batching": trainer.args.batching.replace("_", "-"),
+        "lora_update": "addmm" if trainer.one_matmul_layers else "PEFT's",
         "loss": loss_head(trainer),
         "liger": liger_ops(trainer.args),
         "optimizer": optimizer_kind(trainer.optimizer),
@@ -35,9 +37,11 @@ def kernels_record(trainer: Trainer) -> dict[str, Any]:
 
 
 def kernels_line(record: dict[str, Any]) -> str:
-    """``kernels: attention sdpa, padded; loss fused chunked LM head; optimizer AdamW fused; torch.compile off``."""
+    """``kernels: attention sdpa, padded; LoRA update addmm; loss fused chunked LM head; optimizer AdamW fused;
+    torch.compile off``."""
     parts = [
         f"attention {record['attention']}, {record['batching']}",
+        f"LoRA update {record['lora_update']}",
         f"loss {record['loss']}",
         *([f"Liger {', '.join(record['liger'])}"] if record["liger"] else []),
         f"optimizer {record['optimizer']}",

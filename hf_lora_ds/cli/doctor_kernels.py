@@ -17,13 +17,14 @@ __all__ = ["default_kernels", "faster_options"]
 
 
 def default_kernels() -> Iterator[tuple[str, str]]:
-    """A default run's kernels here: transformers' sdpa, ``--batching auto`` for it, the fused head, Trainer's
-    ``adamw_torch_fused`` where torch has the fused kernel for the device, no compile."""
+    """A default run's kernels here: transformers' sdpa, ``--batching auto`` for it, LoRA updates by addmm, the fused
+    head, Trainer's ``adamw_torch_fused`` where torch has the fused kernel for the device, no compile."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fused = device in _get_fused_kernels_supported_devices()
     record = {
         "attention": "sdpa",
         "batching": resolve_batching("auto", "sdpa").replace("_", "-"),
+        "lora_update": "addmm",
         "loss": FUSED_HEAD,
         "liger": [],
         "optimizer": "AdamW fused" if fused else "AdamW foreach",

@@ -46,6 +46,7 @@ from hf_lora_ds.training.fsdp2 import full_adapter_state_dict, full_grad_norm, s
 from hf_lora_ds.training.liger import check_liger, liger_patches_restored
 from hf_lora_ds.training.lora_init import wrap_as_initialised
 from hf_lora_ds.training.lora_optimizers import create_lora_optimizer
+from hf_lora_ds.training.lora_update import one_matmul_layers, updates_in_one_matmul
 from hf_lora_ds.training.loss_head import full_logits_reason as full_logits_reason_of
 from hf_lora_ds.training.nonfinite import NonFiniteGuard, ends_window
 from hf_lora_ds.training.preemption import Preemption
@@ -144,6 +145,7 @@ class LoraSFTTrainer(Trainer):
         self.preemption = Preemption() if "preemption" in chosen_callbacks(args.run_callbacks) else None
         on_accelerator = self.args.device.type != "cpu"
         self._uncast_lora_layers = uncast_in_training(self.model, self.accelerator.native_amp, on_accelerator)
+        self.one_matmul_layers = one_matmul_layers(self.model, partitioned=self.args.engine.zero.stage == 3)
         logger.info(trainable_parameters_line(self.model))
         # Models that take a boolean logits_to_keep pass the head's rows on flattened: the head can pick them itself.
         self._position_mask = accepts_position_mask(self.model)
@@ -171,9 +173,8 @@ class LoraSFTTrainer(Trainer):
         self.nonfinite = NonFiniteGuard(self.args.on_nonfinite, self.args.output_dir, dataset)
 
     def create_accelerator_and_postprocess(self) -> None:
-        """Trainer's accelerator, then FSDP2 kept on a CPU-only multi-process launch, where accelerate drops the
-        plugin and would train plain DDP without a word: ``train()`` gives it back for the run
-        (hf_lora_ds.training.fsdp2.sharded_on_cpu)."""
+        """Trainer's accelerator; FSDP2 kept on a CPU-only multi-process launch, where accelerate drops the plugin
+        and would train plain DDP silently: ``train()`` gives it back (hf_lora_ds.training.fsdp2.sharded_on_cpu)."""
         super().create_accelerator_and_postprocess()
         self.fsdp_on_cpu = shards_on_cpu(self)
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_on_cpu
@@ -189,16 +190,13 @@ class LoraSFTTrainer(Trainer):
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, IMAGES]))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        """Print the mask audit before training (the one look at the labels most runs never get), then save the
-        adapter and tokenizer after it, so a finished run always leaves them in ``output_dir``, and raise
-        ``UntrainedAdapterError`` (on every rank) if that adapter never moved from its initial state.
+        """Print the mask audit before training, then save the adapter and tokenizer after it (a finished run always
+        leaves them in ``output_dir``), and raise ``UntrainedAdapterError`` (on every rank) if that adapter never moved.
 
-        Resumes where ``args.resume_from_checkpoint`` says, resolved when the trainer was built, before the model
-        loaded; a ``resume_from_checkpoint`` given here instead: "auto" (or True) takes the latest checkpoint in
-        ``output_dir`` that every rank finished writing, or starts fresh when there is none (Trainer's own True takes
-        the highest-numbered one, complete or not); a path is used as given. A ZeRO checkpoint written by another
-        number of ranks is converted to a DeepSpeed universal checkpoint first
-        (hf_lora_ds.training.universal_checkpoint), or refused where this run cannot load one."""
+        Resumes where ``args.resume_from_checkpoint`` says (resolved before the model loaded); one given here: "auto"
+        (or True) takes the latest checkpoint in ``output_dir`` every rank finished writing, or starts fresh without
+        one (Trainer's True takes the highest-numbered, complete or not); a path as given. A ZeRO checkpoint of another
+        number of ranks is converted to a universal one (hf_lora_ds.training.universal_checkpoint) or refused."""
         deepspeed_config = self.args.engine.deepspeed_config  # the live dict the engine will be built from
         resume = self.resume
         if resume_from_checkpoint:
@@ -247,13 +245,11 @@ class LoraSFTTrainer(Trainer):
 
     @property
     def preempted(self) -> bool:
-        """Whether a preemption signal stopped training (with --run_callbacks preemption): the run's state is its
-        last checkpoint, no final adapter was saved."""
+        """Whether a preemption signal stopped training: the run's state is its last checkpoint, no final adapter."""
         return self.preemption is not None and self.preemption.preempted
 
     def _announce(self, event: str) -> None:
-        """One of this trainer's events beyond Trainer's, to each callback that defines it (MemoryTraceCallback);
-        like Trainer's, the trainer reads nothing back."""
+        """One of this trainer's events beyond Trainer's, to each callback that defines it; nothing is read back."""
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, event):
                 getattr(callback, event)(self.args, self.state, self.control)
@@ -261,12 +257,16 @@ class LoraSFTTrainer(Trainer):
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
-        """Trainer's step (with ZeRO-3's linear for LoRA and, under autocast on an accelerator, LoRA inputs uncast:
-        hf_lora_ds.training), recording the learning rate it applies (the final adapter check's measure), then,
-        after an optimizer step's last micro-batch, the preemption decision: before ``on_step_end``, so every
-        callback sees the save and the stop there, as it sees Trainer's own decisions."""
+        """Trainer's step with the LoRA layers' step forms (hf_lora_ds.training: ZeRO-3's linear, updates by one
+        matmul, inputs uncast under autocast on an accelerator), recording the learning rate it applies (the final
+        adapter check's measure), then, after an optimizer step's last micro-batch, the preemption decision: before
+        ``on_step_end``, so every callback sees the save and the stop there, as it sees Trainer's own decisions."""
         self.max_learning_rate = max(self.max_learning_rate, *(group["lr"] for group in self.optimizer.param_groups))
-        with zero3_linear_for_lora(self.args.engine.zero.zero3_linear), inputs_as_they_come(self._uncast_lora_layers):
+        with (
+            zero3_linear_for_lora(self.args.engine.zero.zero3_linear),
+            inputs_as_they_come(self._uncast_lora_layers),
+            updates_in_one_matmul(self.one_matmul_layers),
+        ):
             loss = super().training_step(model, inputs, num_items_in_batch)
         if self.preemption is not None and self.accelerator.sync_gradients:
             self.preemption.stop_if_signalled(self.control, self.args.device)

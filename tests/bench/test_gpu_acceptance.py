@@ -257,3 +257,15 @@ def test_the_budget_plugin_runs_slow_tests_last_and_skips_what_the_budget_cannot
     )
     done.assert_outcomes(passed=2, skipped=1)
     done.stdout.fnmatch_lines(["SKIPPED * the gpu_tests stage's budget was spent"])
+
+
+def test_the_peft_update_variant_trains_in_peft_s_form(tiny_model, qwen_style_tokenizer, tmp_path):
+    """It has no flag: the worker changes the built trainer, and the run's kernels line says what it used."""
+    from hf_lora_ds.callbacks.kernels_line import kernels_line, kernels_record
+    from tests.trainer.test_lora_sft_trainer import make_trainer
+
+    trainer = make_trainer(tiny_model, qwen_style_tokenizer, tmp_path, max_steps=1)
+    assert "LoRA update addmm" in kernels_line(kernels_record(trainer))
+    speed.TRAINER_CHANGES["hf_lora_ds_peft_update"](trainer)
+    assert trainer.one_matmul_layers == [] and "LoRA update PEFT's" in kernels_line(kernels_record(trainer))
+    assert set(speed.TRAINER_CHANGES) <= set(speed.VARIANTS)

@@ -13,7 +13,10 @@ from hf_lora_ds.callbacks.kernels_line import kernels_line, kernels_record, opti
 from hf_lora_ds.training.loss_head import FULL_LOGITS, LIGER_HEAD
 from tests.trainer.test_lora_sft_trainer import make_trainer
 
-CPU_DEFAULT = "kernels: attention sdpa, padded; loss fused chunked LM head; optimizer AdamW fused; torch.compile off"
+CPU_DEFAULT = (
+    "kernels: attention sdpa, padded; LoRA update addmm; loss fused chunked LM head; optimizer AdamW fused; "
+    "torch.compile off"
+)
 
 
 def test_a_cpu_run_prints_and_records_its_kernels(tiny_model, qwen_style_tokenizer, tmp_path, package_log):
@@ -34,6 +37,7 @@ def test_a_cpu_run_prints_and_records_its_kernels(tiny_model, qwen_style_tokeniz
         ({"supervised_logits_only": False}, f"loss {FULL_LOGITS}"),
         ({"lora_optimizer": "lorafa"}, "optimizer LoraFAOptimizer"),
         ({"lora_optimizer": "loraplus"}, "optimizer AdamW fused"),
+        ({"use_dora": True}, "LoRA update PEFT's"),  # DoRA's own forward
     ],
 )
 def test_flags_change_the_words(tiny_model, qwen_style_tokenizer, tmp_path, flags, words):
@@ -51,7 +55,7 @@ def test_attention_liger_and_compile_are_named(tiny_model, qwen_style_tokenizer,
     trainer.args.liger_kernel_config = {"swiglu": False}
     trainer.model.base_model.model.model.layers[0].compile()
     line = kernels_line(kernels_record(trainer))
-    assert line.startswith("kernels: attention eager, padded;")
+    assert line.startswith("kernels: attention eager, padded; LoRA update addmm;")
     assert f"loss {LIGER_HEAD}; Liger rope, rms_norm, fused_linear_cross_entropy;" in line
     assert line.endswith("torch.compile regional (1 layers)")
 
