@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from accelerate.hooks import ModelHook, add_hook_to_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_lora_ds.training.lora_update import one_matmul_layers, updates_in_one_matmul
@@ -84,6 +85,7 @@ def test_a_16_bit_result_with_fp32_adapters_outside_autocast_keeps_peft_s_sum():
     assert all(torch.equal(a, b) for a, b in zip(grads, peft_grads))
 
 
+@pytest.mark.filterwarnings("ignore:`lora_bias=True` was passed")  # the stack's layers have no bias to merge into
 def test_only_layers_whose_lora_b_call_is_its_matmul():
     model = lora_stack()
     assert len(one_matmul_layers(model, partitioned=False)) == 2
@@ -102,6 +104,9 @@ def test_a_layer_whose_lora_b_has_a_hook_when_the_step_begins_keeps_peft_s_form(
         model(torch.randn(2, 16, dtype=torch.bfloat16))
         assert [bool(layer.lora_variant) for layer in layers] == [False, True]
     assert calls == [1]
+    add_hook_to_module(model.base_model.model.down.lora_B["default"], ModelHook())
+    with updates_in_one_matmul(layers):
+        assert not any(layer.lora_variant for layer in layers)
 
 
 def test_peft_s_form_is_back_after_the_block_even_when_it_fails():
