@@ -6,7 +6,7 @@ the same sum inside the matmul, as Unsloth's LoRA kernels do: the output is read
 falls on the rank-r factors. Around a training step the layers listed here compute their update that way (a PEFT
 LoRA variant registered for the step only); outside it (evaluation, generation, merging) PEFT's form is back.
 The bypassed ``lora_B`` call must do nothing but its matmul: not under ZeRO-3, which gathers its weight in that call,
-nor where a hook sits on it when the step begins (accelerate's device map, a user's).
+nor where a hook sits on it when the step begins (ZeRO-3's on every module, accelerate's device map, a user's).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.trainer.lora_sft_trainer import LoraSFTTrainer
+from hf_lora_ds.training.lora_update import one_matmul_layers
 from hf_lora_ds.training.zero3_linear import lora_zero3_linear
 from tests.e2e.launching import free_port
 from tests.trainer.test_lora_sft_trainer import RECORDS
@@ -72,7 +73,8 @@ def test_a_zero3_run_steps_with_its_own_linear_and_leaves_torch_s(loaded_by, tin
     """ZeRO-3 replaces F.linear for the whole process, as the run loads the model (zero.Init) or as its engine
     partitions a model the caller loaded: the run's steps use the package's ZeRO-3 linear
     (hf_lora_ds.training.zero3_linear), and F.linear is torch's again once the trainer is built and after training
-    (a ZeRO-3 run left DeepSpeed's in the caller's process)."""
+    (a ZeRO-3 run left DeepSpeed's in the caller's process). Its LoRA layers keep PEFT's form of the update, whose
+    lora_B call gathers the weight: left out by the config, and by ZeRO-3's hooks where a list still names them."""
     launched_alone(no_launcher)
     original = torch.nn.functional.linear
     model, tokenizer = str(tiny_model_dir), None
@@ -82,9 +84,15 @@ def test_a_zero3_run_steps_with_its_own_linear_and_leaves_torch_s(loaded_by, tin
     args = deepspeed_run(tmp_path, "stage3")
     trainer = LoraSFTTrainer(model, args, train_dataset=RECORDS, processing_class=tokenizer)
     assert torch.nn.functional.linear is original
+    assert trainer.one_matmul_layers == []
+    trainer.one_matmul_layers = one_matmul_layers(trainer.model, partitioned=False)
+    forms = []
+    for layer in trainer.one_matmul_layers:
+        layer.register_forward_pre_hook(lambda module, args: forms.append(bool(module.lora_variant)))
     in_forward = []
     first_mlp = trainer.model.get_base_model().model.layers[0].mlp
     first_mlp.register_forward_pre_hook(lambda *_: in_forward.append(torch.nn.functional.linear))
     trainer.train()
     assert torch.nn.functional.linear is original
     assert in_forward and all(linear is lora_zero3_linear for linear in in_forward)
+    assert forms and not any(forms)
