@@ -85,6 +85,8 @@ GPU_TEST_FILES = (
     "tests/config/test_arguments.py",
     "tests/training/test_supervised_logits.py",
     "tests/training/test_host_reads.py",
+    "tests/training/test_adapter_inputs.py",
+    "tests/training/test_lora_update.py",
     "tests/callbacks/test_memory.py",
     "tests/plan/test_gpu.py",  # slow: a run_sft and a planner process a test; pytest_budget.py runs them last
 )

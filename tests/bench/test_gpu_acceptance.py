@@ -269,3 +269,13 @@ def test_the_peft_update_variant_trains_in_peft_s_form(tiny_model, qwen_style_to
     speed.TRAINER_CHANGES["hf_lora_ds_peft_update"](trainer)
     assert trainer.one_matmul_layers == [] and "LoRA update PEFT's" in kernels_line(kernels_record(trainer))
     assert set(speed.TRAINER_CHANGES) <= set(speed.VARIANTS)
+
+
+def test_the_gpu_tests_stage_runs_every_file_with_gpu_tests():
+    """A file left off the list never runs on the lent GPU (test_adapter_inputs.py's were, 2026-12-02 to -03)."""
+    marked = {
+        str(path.relative_to(REPO))
+        for path in (REPO / "tests").rglob("test_*.py")
+        if "pytest.mark.gpu" in path.read_text(encoding="utf-8") and path.name != "test_gpu_acceptance.py"
+    }
+    assert set(run_acceptance.GPU_TEST_FILES) == marked

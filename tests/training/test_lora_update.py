@@ -36,7 +36,7 @@ def step(model: torch.nn.Module, x: torch.Tensor, one_matmul: bool, autocast: bo
     torch.manual_seed(1)  # the same dropout draw
     x.grad = None
     with updates_in_one_matmul(one_matmul_layers(model, partitioned=False) if one_matmul else []):
-        with OutputPasses() as forward, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with OutputPasses() as forward, torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
             output = model(x)
         with OutputPasses() as backward:
             output.float().square().sum().backward()
@@ -59,9 +59,16 @@ def test_peft_s_outputs_and_gradients_with_fewer_passes_over_the_output(dropout)
     assert (passes[0], passes[1]) == (peft_passes[0] - 2, peft_passes[1] - 1)
 
 
-def test_under_autocast_the_update_is_one_16_bit_addmm_no_further_from_fp32():
-    model = lora_stack(dtype=torch.bfloat16)
-    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+def test_under_autocast_the_update_is_one_16_bit_addmm_no_further_from_fp32(device):
+    model = lora_stack(dtype=torch.bfloat16, device=device)
+    x = torch.randn(8, 16, dtype=torch.bfloat16, device=device, requires_grad=True)
     exact, exact_grads, _ = step(copy.deepcopy(model).float(), x.detach().float().requires_grad_(), one_matmul=False)
     peft_output, peft_grads, peft_passes = step(model, x, one_matmul=False, autocast=True)
     output, grads, passes = step(model, x, one_matmul=True, autocast=True)
