@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,8 +18,9 @@ _MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 @contextlib.contextmanager
 def deepspeed_startup_trimmed() -> Iterator[None]:
     """Inside: DeepSpeed skips the work it does on every rank's start that no run needs (enter it before the engine
-    is built). DeepSpeed and py-cpuinfo get their own functions back on the way out; a no-op without them."""
-    with _kernel_compiles_deferred(), _first_cpu_info_kept():
+    is built, and around ``deepspeed.comm``'s initialisation). DeepSpeed and py-cpuinfo get their own functions back
+    on the way out; a no-op without them."""
+    with _kernel_compiles_deferred(), _first_cpu_info_kept(), _cpu_shared_memory_allreduce_skipped():
         yield
 
 
@@ -92,6 +94,26 @@ def _compile_on_first_call() -> Callable[[Callable], Callable]:
         return call
 
     return decorate
+
+
+def _cpu_shared_memory_allreduce_skipped() -> contextlib.AbstractContextManager:
+    """``deepspeed.comm``'s backend, made inside, goes without DeepSpeed's CPU shared-memory allreduce (``shm_comm``).
+
+    On the CPU accelerator every backend JIT-builds it (1-3 min on a machine's first run) and maps a ~69 MB buffer
+    per rank in /dev/shm, for ``inference_all_reduce`` alone (tensor-parallel inference layers), which without it
+    is torch.distributed's ``all_reduce``, as training's collectives always are. Other accelerators have no such op."""
+    try:
+        backend = importlib.import_module("deepspeed.comm.torch")  # the module: as an attribute, it is torch itself
+    except ImportError:
+        return contextlib.nullcontext()
+    if not callable(getattr(backend, "build_shm_op", None)):
+        return contextlib.nullcontext()
+    return attribute_replaced(backend, "build_shm_op", _no_shared_memory_op)
+
+
+def _no_shared_memory_op() -> None:
+    """What ``build_shm_op`` returns where the op is not available."""
+    return None
 
 
 def _first_cpu_info_kept() -> contextlib.AbstractContextManager:

@@ -1,8 +1,10 @@
 """hf_lora_ds._compat: inside a run, DeepSpeed's compiled kernels are compiled at their first call, not when ZeRO
-imports them, and py-cpuinfo is asked once; after it, both libraries have their own functions back."""
+imports them, its communication goes without the CPU shared-memory allreduce, and py-cpuinfo is asked once; after
+it, both libraries have their own functions back."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -75,11 +77,26 @@ def test_cpu_info_is_asked_once_and_each_caller_gets_a_copy(monkeypatch):
     assert len(asked) == 1
 
 
+def test_a_communication_backend_made_inside_has_no_shared_memory_allreduce(monkeypatch):
+    """The backend's one call for the op: inside, nothing is built (no JIT build, no /dev/shm buffer) and the
+    backend is left without it, as where the op is unavailable; outside, DeepSpeed's own function builds it."""
+    backend = importlib.import_module("deepspeed.comm.torch")
+    built = []
+    monkeypatch.setattr(backend, "build_shm_op", lambda: built.append(1) or "the op")
+    with _compat.deepspeed_startup_trimmed():
+        assert backend.build_shm_op() is None and built == []
+    assert backend.build_shm_op() == "the op" and built == [1]
+
+
 def _patched_attributes() -> dict[str, object]:
     import cpuinfo
     from deepspeed.runtime import compiler
 
-    return {"deepspeed.runtime.compiler.compile": compiler.compile, "cpuinfo.get_cpu_info": cpuinfo.get_cpu_info}
+    return {
+        "deepspeed.runtime.compiler.compile": compiler.compile,
+        "cpuinfo.get_cpu_info": cpuinfo.get_cpu_info,
+        "deepspeed.comm.torch.build_shm_op": importlib.import_module("deepspeed.comm.torch").build_shm_op,
+    }
 
 
 def test_the_libraries_are_their_own_after_each_run(monkeypatch):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 import torch
 from transformers import TrainingArguments
 
+from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.config.batching import Batching, resolve_batching
 from hf_lora_ds.config.data import DataArguments, check_data_fields, join_sources
 from hf_lora_ds.config.deepspeed import deepspeed_config_path
@@ -85,7 +87,9 @@ class SFTTrainingArguments(
         if not pinned_memory_helps(self.use_cpu):
             self.dataloader_pin_memory = False  # else every DataLoader warns that pinning did nothing
         non_blocking_asked = _non_blocking_given(self.accelerator_config)
-        super().__post_init__()
+        # accelerate initialises deepspeed.comm here on its accelerator path: as the run makes it (hf_lora_ds._compat)
+        with deepspeed_startup_trimmed() if self.deepspeed else nullcontext():
+            super().__post_init__()
         if self.dataloader_pin_memory and not non_blocking_asked:
             # A blocking copy to the device synchronises its stream: the host would wait for the last step's kernels
             # at every batch tensor instead of queueing the next step's.

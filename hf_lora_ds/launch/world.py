@@ -15,6 +15,7 @@ import socket
 import torch
 from transformers import TrainingArguments
 
+from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.config import SFTTrainingArguments
 from hf_lora_ds.devices import available_accelerator
 from hf_lora_ds.distributed import WORLD_SIZE_VARIABLES, launcher_world_size, process_group_exists
@@ -105,18 +106,19 @@ def share_process_group_with_deepspeed(args: TrainingArguments) -> None:
     ``deepspeed.comm`` for the world size and silently falls back to 1 when deepspeed.comm was never initialised;
     the batch assertion then fails (``4 != 2 * 1 * 1``). accelerate initialises deepspeed.comm itself only on its
     accelerator path; on the ``use_cpu`` path it creates a plain torch.distributed group. Wrapping that same group
-    is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else. A world of one has
-    nothing to agree on (the fallback is right), and on a CPU that spares a run that only parses its arguments the
-    build of DeepSpeed's shared-memory allreduce (minutes, the first time).
+    is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else, made as the run
+    makes it (``deepspeed_startup_trimmed``: no CPU shared-memory allreduce). A world of one has nothing to agree on
+    (the fallback is right).
     """
     if not args.deepspeed or not process_group_exists() or torch.distributed.get_world_size() == 1:
         return
     import deepspeed.comm
 
     if not deepspeed.comm.is_initialized():
-        deepspeed.comm.init_distributed(
-            dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, timeout=args.ddp_timeout_delta
-        )
+        with deepspeed_startup_trimmed():
+            deepspeed.comm.init_distributed(
+                dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, timeout=args.ddp_timeout_delta
+            )
 
 
 def check_world_size(args: TrainingArguments) -> None:
@@ -151,6 +153,7 @@ def unlink_deepspeed_shm_buffers(shm_dir: str = "/dev/shm") -> None:
     every CPU launch leaves them in ``/dev/shm``, which is RAM: on this project's machine they piled up to 21 GB and
     got the compiler OOM-killed. Each rank maps every other rank's buffer before its communication init returns, so
     after a barrier the names can go: the mappings stay valid until the processes exit, and then the memory is freed.
+    The run's own initialisation makes none (``deepspeed_startup_trimmed``); a script's may have, before the run.
     """
     if not process_group_exists():
         return

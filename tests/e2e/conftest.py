@@ -22,11 +22,11 @@ EVAL_RECORDS = 6
 
 @pytest.fixture(scope="session")
 def deepspeed_cpu_ops():
-    """DeepSpeed's CPU ops (shm_comm, cpu_adam) built before the first launch (tests/e2e/deepspeed_ops.py): this waits
+    """DeepSpeed's CPU ops (cpu_adam) built before the first launch (tests/e2e/deepspeed_ops.py): this waits
     for the build the suite started in the background as it began, or builds them where it did not (one file run
     alone), and every launch then loads the cached libraries. Each pytest-xdist worker runs this fixture."""
     start = time.perf_counter()
-    # The limit catches a hung build (~4 min on 2 cores the first time, seconds once cached)
+    # The limit catches a hung build (1-3 min on 2 cores the first time, seconds once cached)
     done = subprocess.run(deepspeed_ops.command(), env=launch_env(), capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"building DeepSpeed's CPU ops failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
     print(f"\nDeepSpeed CPU ops ready in {time.perf_counter() - start:.0f} s:\n{done.stdout.strip()}")

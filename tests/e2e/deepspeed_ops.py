@@ -1,12 +1,12 @@
-"""DeepSpeed's CPU ops (shm_comm for every multi-rank launch, cpu_adam for every ``*_offload`` config), JIT-built by
-ninja on first use, ~1-3 min each on 2 cores, then cached in ``$TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``). Left to the launches, the first one of each op would pay the build inside its
-timeout, and its ranks would race on the build directory. So the suite starts the build in the background as it
-starts (tests/conftest.py), while the tests that need no launch run, and every e2e worker waits for it before its
-first launch (tests/e2e/conftest.py); torch's build lock makes a second build wait for the first and load its
-library.
+"""DeepSpeed's CPU Adam op (every ``*_offload`` config), JIT-built by ninja on first use, ~1-2 min on 2 cores, then
+cached in ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Left to the launches, the first one to
+need it would pay the build inside its timeout, and its ranks would race on the build directory. So the suite starts
+the build in the background as it starts (tests/conftest.py), while the tests that need no launch run, and every e2e
+worker waits for it before its first launch (tests/e2e/conftest.py); torch's build lock makes a second build wait
+for the first and load its library. (DeepSpeed's other CPU op, the shared-memory allreduce, the package's runs never
+build: hf_lora_ds._compat.)
 
-    python tests/e2e/deepspeed_ops.py [BuilderName ...]   (default: ShareMemCommBuilder CPUAdamBuilder)
+    python tests/e2e/deepspeed_ops.py [BuilderName ...]   (default: CPUAdamBuilder)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-BUILDERS = ("ShareMemCommBuilder", "CPUAdamBuilder")
+BUILDERS = ("CPUAdamBuilder",)
 
 
 def command() -> list[str]:

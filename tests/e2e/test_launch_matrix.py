@@ -47,6 +47,7 @@ from tests.e2e.launching import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test of a launcher waits for its whole launch
+SHM_OP_BUILT = "deepspeed_shm_comm_op built successfully"  # what deepspeed.comm prints when its backend builds it
 
 
 def config_flag(config: str) -> str:
@@ -100,6 +101,8 @@ def launched(tiny_model_dir, sum_data, tmp_path_factory):
         launch = run(command + sft_args(tiny_model_dir, sum_data, out), root / f"{kind}-{nproc}.log")
         check_ok(launch)
         print(f"{kind} x{nproc}: {len(runs[kind, nproc])} runs in {launch.seconds:.1f} s")
+        # made by accelerate (one rank) or by the package (two): neither builds the op training never calls
+        assert SHM_OP_BUILT not in launch.log, "DeepSpeed's CPU shared-memory allreduce was built"
         if port := master_port(command):  # a launcher's port; python's is the package's choice, unseen here
             assert not deepspeed_shm_buffers(port), "DeepSpeed's shm allreduce buffers were left in /dev/shm"
         check_process_groups_released(out, nproc)
