@@ -106,11 +106,11 @@ def share_process_group_with_deepspeed(args: TrainingArguments) -> None:
     ``deepspeed.comm`` for the world size and silently falls back to 1 when deepspeed.comm was never initialised;
     the batch assertion then fails (``4 != 2 * 1 * 1``). accelerate initialises deepspeed.comm itself only on its
     accelerator path; on the ``use_cpu`` path it creates a plain torch.distributed group. Wrapping that same group
-    is what ``deepspeed.initialize`` would do later anyway, so doing it now changes nothing else, made as the run
-    makes it (``deepspeed_startup_trimmed``: no CPU shared-memory allreduce). A world of one has nothing to agree on
-    (the fallback is right).
+    is what ``deepspeed.initialize`` would do later anyway (or, in a world of one, ``zero.Init`` as the model loads),
+    so doing it now changes nothing else, made as the run makes it (``deepspeed_startup_trimmed``: no CPU
+    shared-memory allreduce).
     """
-    if not args.deepspeed or not process_group_exists() or torch.distributed.get_world_size() == 1:
+    if not args.deepspeed or not process_group_exists():
         return
     import deepspeed.comm
 

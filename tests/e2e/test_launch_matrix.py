@@ -74,7 +74,9 @@ def launch_runs(root) -> dict[tuple[str, int], dict[str, str]]:
             "stage3_all_checkpointed": f"--deepspeed {stage3_every_parameter_partitioned(root)} "
             "--activation_checkpointing true --eval_file=",  # training is the subject; "stage3" runs the whole job
         },
-        ("deepspeed", 1): {"stage3_offload": config_flag("stage3_offload")},
+        # use_cpu as given, not resolved: accelerate makes a process group of one, which zero.Init would join as the
+        # model loads, making DeepSpeed's communication there
+        ("deepspeed", 1): {"stage3_offload": f"{config_flag('stage3_offload')} --use_cpu true"},
         ("torchrun", 2): {
             "ddp": "",
             "stage3": f"{config_flag('stage3')} --eval_gather_zero3_weights false",  # deepspeed x2 gathers them once

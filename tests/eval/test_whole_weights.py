@@ -61,10 +61,12 @@ import deepspeed, torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from hf_lora_ds._compat import deepspeed_startup_trimmed
 from hf_lora_ds.eval.whole_weights import zero3_weights_gathered
 
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-deepspeed.init_distributed("gloo")
+with deepspeed_startup_trimmed():  # as a run makes it: no CPU shared-memory allreduce built, nor left in /dev/shm
+    deepspeed.init_distributed("gloo")
 model = get_peft_model(AutoModelForCausalLM.from_pretrained(sys.argv[1]), LoraConfig(r=4, target_modules="all-linear"))
 config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,  # no whole layer kept:

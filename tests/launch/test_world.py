@@ -5,6 +5,7 @@ what every rank actually saw."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import SimpleNamespace
 
@@ -83,19 +84,31 @@ def test_a_single_process_agrees_with_itself(tmp_path, no_launcher):
         world.ensure_world_agreement(args)
 
 
-@pytest.mark.parametrize(("world_size", "shared"), [(1, False), (2, True)])
-def test_deepspeed_comm_gets_the_process_group_of_several_ranks(monkeypatch, world_size, shared):
+@pytest.mark.parametrize(
+    ("config", "group", "world_size", "shared"),
+    [("ds_configs/stage3.json", True, 1, True), ("ds_configs/stage3.json", True, 2, True)]
+    + [("ds_configs/stage3.json", False, 1, False), (None, True, 2, False)],
+)
+def test_deepspeed_comm_gets_the_process_group_made_without_the_shared_memory_op(
+    monkeypatch, config, group, world_size, shared
+):
+    """A world of one too: zero.Init would make DeepSpeed's communication as the model loads, building the op."""
     import deepspeed.comm
 
+    backend = importlib.import_module("deepspeed.comm.torch")
     initialised = []
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: group)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda *group: world_size)
     monkeypatch.setattr(torch.distributed, "get_backend", lambda *group: "gloo")
     monkeypatch.setattr(deepspeed.comm, "is_initialized", lambda: False)
-    monkeypatch.setattr(deepspeed.comm, "init_distributed", lambda **options: initialised.append(options))
-    args = SimpleNamespace(deepspeed="ds_configs/stage3.json", ddp_timeout_delta=None)
+    monkeypatch.setattr(backend, "build_shm_op", lambda: "the op")
+    monkeypatch.setattr(
+        deepspeed.comm, "init_distributed", lambda **options: initialised.append(backend.build_shm_op())
+    )
+    args = SimpleNamespace(deepspeed=config, ddp_timeout_delta=None)
     world.share_process_group_with_deepspeed(args)
-    assert bool(initialised) is shared
+    assert initialised == ([None] if shared else [])
+    assert backend.build_shm_op() == "the op"
 
 
 def test_disagreement_is_reported_with_the_fix(tmp_path, no_launcher):
