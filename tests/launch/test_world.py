@@ -86,8 +86,12 @@ def test_a_single_process_agrees_with_itself(tmp_path, no_launcher):
 
 @pytest.mark.parametrize(
     ("config", "group", "world_size", "shared"),
-    [("ds_configs/stage3.json", True, 1, True), ("ds_configs/stage3.json", True, 2, True)]
-    + [("ds_configs/stage3.json", False, 1, False), (None, True, 2, False)],
+    [
+        ("ds_configs/stage3.json", True, 1, True),  # a world of one: not left to zero.Init
+        ("ds_configs/stage3.json", True, 2, True),
+        ("ds_configs/stage3.json", False, 1, False),  # no process group to share
+        (None, True, 2, False),  # no DeepSpeed
+    ],
 )
 def test_deepspeed_comm_gets_the_process_group_made_without_the_shared_memory_op(
     monkeypatch, config, group, world_size, shared
